@@ -1,0 +1,38 @@
+"""Dilated attention implementations, the dense reference, pattern cache and memory pool."""
+
+from .cache import PatternCache, get_global_pattern_cache, reset_global_pattern_cache
+from .dilated import DilatedAttention, ImprovedDilatedAttention
+from .merge import merge_partial_, merge_partials
+from .multihead import ImprovedMultiheadDilatedAttention, MultiheadDilatedAttention
+from .pool import MemoryPool, get_global_memory_pool, reset_global_memory_pool
+from .reference import dilated_attention_reference
+from .registry import (
+    REGISTRY,
+    Implementation,
+    create_dilated_attention,
+    create_multihead_dilated_attention,
+    get_implementation,
+    register,
+)
+
+__all__ = [
+    "DilatedAttention",
+    "ImprovedDilatedAttention",
+    "MultiheadDilatedAttention",
+    "ImprovedMultiheadDilatedAttention",
+    "dilated_attention_reference",
+    "merge_partial_",
+    "merge_partials",
+    "PatternCache",
+    "get_global_pattern_cache",
+    "reset_global_pattern_cache",
+    "MemoryPool",
+    "get_global_memory_pool",
+    "reset_global_memory_pool",
+    "REGISTRY",
+    "Implementation",
+    "register",
+    "get_implementation",
+    "create_dilated_attention",
+    "create_multihead_dilated_attention",
+]

@@ -1,0 +1,208 @@
+"""Attention backends for one block: dense attention on (b, h, m, D) that returns (out, lse).
+
+Each backend offers `forward` and `backward`. The backward takes the *merged* out and lse of the rows
+(not the block's own), which makes the per-block gradients sum to the exact gradient of the merged
+result (the technique ring attention uses); see engine.py.
+
+* math  — plain PyTorch matmuls, any device, any dtype, dropout; chunked over b to bound scores.
+* sdpa  — PyTorch's fused kernels through the aten ops that return the logsumexp.
+* flash — the flash-attn package (CUDA, fp16/bf16), when installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+
+NEG_INF = float("-inf")
+MATH_SCORE_BUDGET_BYTES = 1 << 28
+
+
+@dataclass(frozen=True)
+class BlockCall:
+    """What one backend call needs besides the tensors."""
+
+    causal: bool
+    scale: float
+    dropout_p: float = 0.0
+    seed: int = 0
+
+
+def _key_bias(key_pad: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """(b, m) bool, True = ignore → additive (b, 1, 1, m) bias."""
+    if key_pad is None:
+        return None
+    bias = torch.zeros(key_pad.shape, dtype=dtype, device=key_pad.device).masked_fill(key_pad, NEG_INF)
+    return bias[:, None, None, :]
+
+
+class MathBackend:
+    name = "math"
+
+    def _chunks(self, q: torch.Tensor):
+        b, h, m, _ = q.shape
+        per_item = max(1, h * m * m * 4 * 3)
+        step = max(1, MATH_SCORE_BUDGET_BYTES // per_item)
+        return [slice(i, min(b, i + step)) for i in range(0, b, step)]
+
+    def _scores(self, q, k, key_pad, call: BlockCall, rows: slice) -> torch.Tensor:
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        s = torch.matmul(q[rows].to(acc), k[rows].to(acc).transpose(-1, -2)).mul_(call.scale)
+        bias = _key_bias(None if key_pad is None else key_pad[rows], acc)
+        if bias is not None:
+            s.add_(bias)
+        if call.causal:
+            m = q.shape[2]
+            s.masked_fill_(torch.ones(m, m, dtype=torch.bool, device=q.device).triu_(1), NEG_INF)
+        return s
+
+    def _dropout_scale(self, shape, call: BlockCall, rows: slice, device) -> torch.Tensor:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(call.seed + rows.start)
+        keep = torch.rand(shape, generator=gen, device=device) >= call.dropout_p
+        return keep.float() / (1.0 - call.dropout_p)
+
+    def forward(self, q, k, v, key_pad, call: BlockCall):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        for rows in self._chunks(q):
+            s = self._scores(q, k, key_pad, call, rows)
+            block_lse = torch.logsumexp(s, dim=-1, keepdim=True)
+            p = torch.exp(s - block_lse.masked_fill(block_lse == NEG_INF, 0.0))
+            if call.dropout_p > 0:
+                p.mul_(self._dropout_scale(p.shape, call, rows, q.device))
+            out[rows] = torch.matmul(p, v[rows].to(p.dtype)).to(q.dtype)
+            lse[rows] = block_lse.squeeze(-1)
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        for rows in self._chunks(q):
+            s = self._scores(q, k, key_pad, call, rows)
+            row_lse = lse[rows].unsqueeze(-1).to(s.dtype)
+            p = torch.exp(s - row_lse.masked_fill(row_lse == NEG_INF, float("inf")))
+            do, o = dout[rows].to(s.dtype), out[rows].to(s.dtype)
+            dp = torch.matmul(do, v[rows].to(s.dtype).transpose(-1, -2))
+            if call.dropout_p > 0:
+                keep = self._dropout_scale(p.shape, call, rows, q.device)
+                dv[rows] = torch.matmul((p * keep).transpose(-1, -2), do).to(v.dtype)
+                dp.mul_(keep)
+            else:
+                dv[rows] = torch.matmul(p.transpose(-1, -2), do).to(v.dtype)
+            delta = (do * o).sum(-1, keepdim=True)
+            ds = p.mul_(dp.sub_(delta)).mul_(call.scale)
+            dq[rows] = torch.matmul(ds, k[rows].to(s.dtype)).to(q.dtype)
+            dk[rows] = torch.matmul(ds.transpose(-1, -2), q[rows].to(s.dtype)).to(k.dtype)
+        return dq, dk, dv
+
+
+class SdpaBackend:
+    """PyTorch's fused attention: the CPU flash kernel, or on CUDA the memory-efficient kernel
+    (the one fused CUDA kernel that takes an additive mask and returns the logsumexp)."""
+
+    name = "sdpa"
+
+    def forward(self, q, k, v, key_pad, call: BlockCall):
+        bias = _key_bias(key_pad, q.dtype)
+        if q.is_cuda:
+            if bias is not None:
+                bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+            out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, bias, True, 0.0, call.causal, scale=call.scale
+            )
+            lse = lse[..., : q.shape[2]]
+        else:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, call.causal, attn_mask=bias, scale=call.scale
+            )
+        if key_pad is not None:  # the fused kernels report lse 0 for a row with every key masked
+            lse = lse.masked_fill(key_pad.all(dim=-1)[:, None, None], NEG_INF)
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
+        bias = _key_bias(key_pad, q.dtype)
+        lse = lse.masked_fill(lse == NEG_INF, float("inf")).contiguous()  # empty rows: p = 0
+        if q.is_cuda:
+            m = q.shape[2]
+            padded = torch.nn.functional.pad(lse, (0, -(-m // 32) * 32 - m))
+            if bias is not None:
+                bias = bias.expand(q.shape[0], q.shape[1], m, k.shape[2])
+            zero = torch.zeros((), dtype=torch.int64, device=q.device)
+            dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+                dout, q, k, v, bias, out, padded, zero, zero, 0.0, [True, True, True, False], call.causal,
+                scale=call.scale,
+            )
+            return dq, dk, dv
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse, 0.0, call.causal, attn_mask=bias, scale=call.scale
+        )
+
+
+class FlashBackend:
+    """flash-attn 2 (CUDA, fp16/bf16). Its layout is (b, m, h, D); lse is (b, h, m)."""
+
+    name = "flash"
+
+    def forward(self, q, k, v, key_pad, call: BlockCall):
+        from flash_attn.flash_attn_interface import _flash_attn_forward
+
+        if key_pad is not None:
+            raise NotImplementedError("the flash backend takes no key_padding_mask; use backend='sdpa' or 'math'")
+        out, lse, _, _ = _flash_attn_forward(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, call.scale, call.causal,
+            -1, -1, 0.0, None, False,
+        )
+        return out.transpose(1, 2), lse
+
+    def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
+        from flash_attn.flash_attn_interface import _flash_attn_backward
+
+        t = lambda x: x.transpose(1, 2).contiguous()  # noqa: E731
+        dq, dk, dv = (torch.empty_like(t(x)) for x in (q, k, v))
+        _flash_attn_backward(
+            t(dout), t(q), t(k), t(v), t(out), lse.contiguous(), dq, dk, dv, 0.0, call.scale, call.causal,
+            -1, -1, 0.0, None, False, None,
+        )
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+BACKENDS = {"math": MathBackend(), "sdpa": SdpaBackend(), "flash": FlashBackend()}
+
+
+def flash_available() -> bool:
+    return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def available_backends(device: torch.device | str) -> list[str]:
+    device = torch.device(device)
+    names = ["math", "sdpa"]
+    if device.type == "cuda" and flash_available():
+        names.append("flash")
+    return names
+
+
+def resolve_backend(
+    requested: str, device: torch.device, dtype: torch.dtype, dropout_active: bool, key_padding: bool
+) -> tuple[str, str]:
+    """Pick the backend for one call: (name, reason)."""
+    if requested not in ("auto", *BACKENDS):
+        raise ValueError(f"backend={requested!r} is unknown: use one of auto, {', '.join(BACKENDS)}")
+    if requested != "auto":
+        if requested == "flash" and not (device.type == "cuda" and flash_available()):
+            raise ValueError("backend='flash' needs CUDA and the flash-attn package: install dattn[flash] or use 'auto'")
+        if requested != "math" and dropout_active:
+            raise ValueError(
+                f"backend={requested!r} cannot apply attention dropout under the exact merge: use backend='math' or 'auto'"
+            )
+        if requested == "flash" and key_padding:
+            raise ValueError("backend='flash' takes no key_padding_mask: use backend='sdpa' or 'auto'")
+        return requested, "requested"
+    if dropout_active:
+        return "math", "dropout is active in training; only the math backend applies it exactly"
+    if dtype == torch.float64 and device.type == "cuda":
+        return "math", "float64 input; the fused CUDA kernels do not take float64"
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and flash_available() and not key_padding:
+        return "flash", "CUDA half precision with flash-attn installed"
+    return "sdpa", f"fused PyTorch attention on {device.type}"

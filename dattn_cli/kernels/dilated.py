@@ -1,0 +1,156 @@
+"""Single-device dilated attention modules (SPEC §3).
+
+DilatedAttention and ImprovedDilatedAttention compute the same function through the same engine;
+they differ only in how they reach a block's rows and what they keep between calls:
+
+* DilatedAttention: gathers kept rows into new tensors by index and scatters results back; plans the
+  pattern on every call unless `use_pattern_cache=True`.
+* ImprovedDilatedAttention: strided views of q, k, v and of the accumulators (no gather, in-place
+  merge and gradient adds), the plan from the pattern cache, fp32 scratch from the memory pool.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .backends import BlockCall, resolve_backend
+from .cache import PatternCache, get_global_pattern_cache
+from .engine import BlockAttention, IndexAccess, RowAccess, ViewAccess, block_attention
+from .pattern import Block, pair_blocks, validate_pattern
+from .pool import MemoryPool, get_global_memory_pool
+from .validation import check_key_padding_mask, check_qkv
+
+
+class _DilatedAttentionBase(nn.Module):
+    gathers_by_index = True
+    default_pattern_cache = False
+    default_memory_pool = False
+
+    def __init__(
+        self,
+        segment_lengths: Sequence[int],
+        dilation_rates: Sequence[int],
+        *,
+        semantics: str = "longnet",
+        scale: float | None = None,
+        dropout: float = 0.0,
+        backend: str = "auto",
+        use_pattern_cache: bool | None = None,
+        enable_memory_pool: bool | None = None,
+    ):
+        super().__init__()
+        self.segment_lengths, self.dilation_rates = validate_pattern(segment_lengths, dilation_rates, semantics)
+        self.semantics = semantics
+        if scale is not None and (not isinstance(scale, (int, float)) or scale <= 0):
+            raise ValueError(f"scale must be a positive number or None (= head_dim ** -0.5), got {scale!r}")
+        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        if backend not in ("auto", "math", "sdpa", "flash"):
+            raise ValueError(f"backend={backend!r} is unknown: use one of auto, math, sdpa, flash")
+        if backend not in ("auto", "math") and dropout > 0:
+            raise ValueError(f"backend={backend!r} cannot apply dropout under the exact merge: use backend='math' or 'auto'")
+        self.scale = scale
+        self.dropout = float(dropout)
+        self.backend = backend
+        self.use_pattern_cache = self.default_pattern_cache if use_pattern_cache is None else bool(use_pattern_cache)
+        self.enable_memory_pool = self.default_memory_pool if enable_memory_pool is None else bool(enable_memory_pool)
+        self.pattern_cache: PatternCache = get_global_pattern_cache()
+        self.memory_pool: MemoryPool = get_global_memory_pool()
+        self.last_backend: tuple[str, str] | None = None
+        self.selection_reason: str | None = None
+
+    # planning ---------------------------------------------------------------------------------
+    def _plan_pair(self, pair: int, seq_len: int, num_heads: int, device: torch.device):
+        blocks = pair_blocks(
+            pair, seq_len, num_heads, self.segment_lengths[pair], self.dilation_rates[pair],
+            len(self.segment_lengths), self.semantics,
+        )
+        index = {b: b.flat_index(num_heads, device).flatten() for b in blocks} if self.gathers_by_index else {}
+        return blocks, index
+
+    def plan(self, seq_len: int, num_heads: int, device: torch.device) -> tuple[list[Block], RowAccess]:
+        if self.semantics == "head_groups" and num_heads < len(self.segment_lengths):
+            raise ValueError(
+                f"head_groups semantics needs at least one head per pair: {num_heads} heads < "
+                f"{len(self.segment_lengths)} pairs; use more heads, fewer pairs, or semantics='longnet'"
+            )
+        blocks: list[Block] = []
+        index: dict[Block, torch.Tensor] = {}
+        for pair, (w, r) in enumerate(zip(self.segment_lengths, self.dilation_rates)):
+            key = ((pair, len(self.segment_lengths), w, r), seq_len, num_heads, self.semantics, str(device), self.gathers_by_index)
+            build = lambda pair=pair: self._plan_pair(pair, seq_len, num_heads, device)  # noqa: E731
+            pair_plan, pair_index = self.pattern_cache.get_or_build(key, build) if self.use_pattern_cache else build()
+            blocks.extend(pair_plan)
+            index.update(pair_index)
+        access = IndexAccess(num_heads, device, index) if self.gathers_by_index else ViewAccess()
+        return blocks, access
+
+    # forward ----------------------------------------------------------------------------------
+    def forward_with_lse(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+        *, key_padding_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out (B, N, H, D), lse (B, N, H)); lse is −inf where no pair keeps a row."""
+        check_qkv(q, k, v)
+        batch, seq_len, num_heads, head_dim = q.shape
+        check_key_padding_mask(key_padding_mask, batch, seq_len, q.device)
+        dropout_active = self.training and self.dropout > 0
+        backend, reason = resolve_backend(self.backend, q.device, q.dtype, dropout_active, key_padding_mask is not None)
+        self.last_backend = (backend, reason)
+        blocks, access = self.plan(seq_len, num_heads, q.device)
+        call = BlockCall(
+            causal=bool(is_causal),
+            scale=head_dim**-0.5 if self.scale is None else float(self.scale),
+            dropout_p=self.dropout if dropout_active else 0.0,
+            seed=int(torch.randint(1 << 62, ()).item()) if dropout_active else 0,
+        )
+        pool = self.memory_pool if self.enable_memory_pool else None
+        return block_attention(q, k, v, key_padding_mask, BlockAttention(blocks, access, backend, call, pool))
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+        *, key_padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q, k, v: (batch, seq_len, heads, head_dim) -> out of the same shape and dtype."""
+        return self.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask)[0]
+
+    # reporting --------------------------------------------------------------------------------
+    def describe(self) -> str:
+        if self.last_backend:
+            backend = f"backend {self.backend} -> {self.last_backend[0]} on the last call ({self.last_backend[1]})"
+        else:
+            backend = f"backend {self.backend} (resolved per call from device, dtype, dropout and masks)"
+        rows = "gathered by index" if self.gathers_by_index else "reached through strided views"
+        parts = [
+            f"{type(self).__name__}: segments {list(self.segment_lengths)}, dilations {list(self.dilation_rates)}, "
+            f"semantics {self.semantics}",
+            backend,
+            f"kept rows {rows}",
+            f"pattern cache {'on' if self.use_pattern_cache else 'off'}, memory pool {'on' if self.enable_memory_pool else 'off'}",
+        ]
+        if self.selection_reason:
+            parts.insert(0, self.selection_reason)
+        return "; ".join(parts)
+
+    def extra_repr(self) -> str:
+        return (
+            f"segment_lengths={list(self.segment_lengths)}, dilation_rates={list(self.dilation_rates)}, "
+            f"semantics={self.semantics!r}, backend={self.backend!r}"
+        )
+
+
+class DilatedAttention(_DilatedAttentionBase):
+    """Per pair: gather kept rows by index, attend with an (out, lse) backend, scatter, exact LSE merge."""
+
+    gathers_by_index = True
+
+
+class ImprovedDilatedAttention(_DilatedAttentionBase):
+    """Same function as DilatedAttention; strided views, pattern cache and memory pool."""
+
+    gathers_by_index = False
+    default_pattern_cache = True
+    default_memory_pool = True

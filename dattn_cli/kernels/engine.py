@@ -1,0 +1,167 @@
+"""Block-wise dilated attention with an exact merge, behind one autograd boundary.
+
+Forward: for every block of kept rows (pattern.Block), run the backend on (b, h, m, D) and merge its
+(out, lse) into float32 accumulators with the shared merge routine. Backward: for every block, call the
+backend's backward with the *merged* out and lse of its rows. Since the merged softmax is
+P(t, u) = Σ_blocks exp(s(t, u) - lse(t)), each block's backward with the merged lse returns exactly
+its share of the gradient, the merge weights included (nothing is detached); the shares add up.
+
+Two ways to reach a block's rows (`RowAccess`):
+* IndexAccess — gather rows by index into new tensors, scatter them back (DilatedAttention);
+* ViewAccess  — strided views of the full tensors: no gather, merge and gradient adds in place
+                (ImprovedDilatedAttention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from .backends import BACKENDS, BlockCall
+from .merge import merge_partial_
+from .pattern import Block
+from .pool import MemoryPool
+
+
+class RowAccess(Protocol):
+    def gather(self, x: torch.Tensor, block: Block) -> torch.Tensor:
+        """(B, N, H, ...) -> (B*S, m, H_block, ...), a view where possible."""
+
+    def merge(self, out, lse, block: Block, block_out, block_lse) -> None:
+        """Merge a block's (out (b, m, h, D), lse (b, m, h)) into the (B, N, H, ...) accumulators."""
+
+    def add(self, acc: torch.Tensor, block: Block, value: torch.Tensor) -> None:
+        """acc[rows of block] += value (b, m, h, D)."""
+
+
+def _batch_segments(x: torch.Tensor, block: Block) -> torch.Tensor:
+    """(b, ...) with b = B * S back to (B, S, ...)."""
+    return x.unflatten(0, (-1, block.num_segments))
+
+
+class ViewAccess:
+    """Rows as strided views; copies only where (B, S) cannot be merged into one dimension."""
+
+    def gather(self, x, block):
+        return block.view(x).flatten(0, 1)  # a view unless B > 1 and a ragged tail splits (B, S)
+
+    def merge(self, out, lse, block, block_out, block_lse):
+        merge_partial_(block.view(out), block.view(lse), _batch_segments(block_out, block), _batch_segments(block_lse, block))
+
+    def add(self, acc, block, value):
+        block.view(acc).add_(_batch_segments(value, block))
+
+
+class IndexAccess:
+    """Rows gathered and scattered through flat (N * H) index tensors."""
+
+    def __init__(self, num_heads: int, device: torch.device, index: dict[Block, torch.Tensor]):
+        self.num_heads = num_heads
+        self.device = device
+        self._index = index
+
+    def _idx(self, block):
+        return self._index[block]
+
+    def _flat(self, x):
+        return x.flatten(1, 2)
+
+    def gather(self, x, block):
+        rows = self._flat(x).index_select(1, self._idx(block))
+        return rows.view(x.shape[0] * block.num_segments, block.rows, block.num_heads, *x.shape[3:])
+
+    def merge(self, out, lse, block, block_out, block_lse):
+        idx = self._idx(block)
+        out_rows = self._flat(out).index_select(1, idx)
+        lse_rows = self._flat(lse).index_select(1, idx)
+        merge_partial_(out_rows, lse_rows, block_out.reshape(out_rows.shape), block_lse.reshape(lse_rows.shape))
+        self._flat(out).index_copy_(1, idx, out_rows)
+        self._flat(lse).index_copy_(1, idx, lse_rows)
+
+    def add(self, acc, block, value):
+        self._flat(acc).index_add_(1, self._idx(block), value.reshape(acc.shape[0], -1, *acc.shape[3:]))
+
+
+@dataclass
+class BlockAttention:
+    """Everything one call needs: blocks, how to reach their rows, the backend and its options."""
+
+    blocks: Sequence[Block]
+    access: RowAccess
+    backend: str
+    call: BlockCall
+    pool: MemoryPool | None = None
+
+    def _key_pad(self, key_pad: torch.Tensor | None, block: Block) -> torch.Tensor | None:
+        if key_pad is None:
+            return None
+        end = block.start + block.num_segments * block.seg_len
+        rows = key_pad[:, block.start : end].unflatten(1, (block.num_segments, block.seg_len))
+        return rows[:, :, block.offset :: block.rate].flatten(0, 1)
+
+    def _call(self, index: int) -> BlockCall:
+        c = self.call
+        return BlockCall(c.causal, c.scale, c.dropout_p, c.seed + 1_000_003 * index)
+
+    def _accumulator(self, like: torch.Tensor, shape, fill: float) -> tuple[torch.Tensor, bool]:
+        """fp32 (or fp64) zeros/fill of `shape`; from the pool when it is scratch (half inputs)."""
+        dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+        scratch = dtype != like.dtype and self.pool is not None
+        acc = self.pool.acquire(shape, dtype, like.device) if scratch else torch.empty(shape, dtype=dtype, device=like.device)
+        return acc.fill_(fill), scratch
+
+    def _finish(self, acc: torch.Tensor, scratch: bool, dtype: torch.dtype) -> torch.Tensor:
+        result = acc.to(dtype)
+        if scratch:
+            self.pool.release(acc)
+        return result
+
+    def forward(self, q, k, v, key_pad=None) -> tuple[torch.Tensor, torch.Tensor]:
+        backend = BACKENDS[self.backend]
+        out, scratch = self._accumulator(q, q.shape, 0.0)
+        lse = torch.full(q.shape[:3], float("-inf"), dtype=out.dtype if q.dtype == torch.float64 else torch.float32, device=q.device)
+        for i, block in enumerate(self.blocks):
+            qb, kb, vb = (self.access.gather(x, block).transpose(1, 2) for x in (q, k, v))
+            block_out, block_lse = backend.forward(qb, kb, vb, self._key_pad(key_pad, block), self._call(i))
+            self.access.merge(out, lse, block, block_out.transpose(1, 2), block_lse.transpose(1, 2))
+        return self._finish(out, scratch, q.dtype), lse
+
+    def backward(self, dout, q, k, v, out, lse, key_pad=None):
+        backend = BACKENDS[self.backend]
+        grads = [self._accumulator(x, x.shape, 0.0) for x in (q, k, v)]
+        dout = dout.to(q.dtype)
+        for i, block in enumerate(self.blocks):
+            qb, kb, vb, dob, ob = (self.access.gather(x, block).transpose(1, 2) for x in (q, k, v, dout, out))
+            lb = self.access.gather(lse, block).transpose(1, 2)
+            parts = backend.backward(dob, qb, kb, vb, ob, lb, self._key_pad(key_pad, block), self._call(i))
+            for (acc, _), part in zip(grads, parts):
+                self.access.add(acc, block, part.transpose(1, 2))
+        return tuple(self._finish(acc, scratch, x.dtype) for (acc, scratch), x in zip(grads, (q, k, v)))
+
+
+class DilatedAttentionFunction(torch.autograd.Function):
+    """The autograd boundary: (q, k, v) -> (out, lse); lse is returned but not differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_pad, attention: BlockAttention):
+        out, lse = attention.forward(q, k, v, key_pad)
+        ctx.save_for_backward(q, k, v, out, lse, key_pad)
+        ctx.attention = attention
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, key_pad = ctx.saved_tensors
+        dq, dk, dv = ctx.attention.backward(dout, q, k, v, out, lse, key_pad)
+        return dq, dk, dv, None, None
+
+
+def block_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_pad: torch.Tensor | None, attention: BlockAttention
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        return DilatedAttentionFunction.apply(q, k, v, key_pad, attention)
+    return attention.forward(q, k, v, key_pad)

@@ -1,0 +1,127 @@
+"""nn.MultiheadAttention-style modules around the dilated attention cores (SPEC §3).
+
+One input projection weight (3E, E): self-attention (query is key is value) runs it as one fused
+matmul; otherwise its q/k/v slices project each input separately. Optional MAGNETO sub-LayerNorm before
+the output projection; Xavier-normal init with the MAGNETO gain `gamma_init` on the value and output
+projections (Wang et al., "Foundation Transformers", 2022).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .dilated import DilatedAttention, ImprovedDilatedAttention
+
+
+class MultiheadDilatedAttention(nn.Module):
+    attention_class: type[nn.Module] = DilatedAttention
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        segment_lengths: Sequence[int],
+        dilation_rates: Sequence[int],
+        semantics: str = "longnet",
+        dropout: float = 0.0,
+        bias: bool = True,
+        layer_norm: bool = True,
+        layer_norm_eps: float = 1e-5,
+        gamma_init: float = 1.0,
+        scale: float | None = None,
+        backend: str = "auto",
+        use_pattern_cache: bool | None = None,
+        enable_memory_pool: bool | None = None,
+        batch_first: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if embed_dim % num_heads:
+            raise ValueError(
+                f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}: choose embed_dim = num_heads * head_dim"
+            )
+        if not batch_first:
+            raise ValueError("batch_first=False is not supported: pass (batch, seq_len, embed_dim) with batch_first=True")
+        if gamma_init <= 0:
+            raise ValueError(f"gamma_init must be positive, got {gamma_init!r}")
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.batch_first = True
+        self.gamma_init = gamma_init
+        factory = {"device": device, "dtype": dtype}
+        self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, **factory)
+        self.attention = self.attention_class(
+            segment_lengths, dilation_rates, semantics=semantics, scale=scale, dropout=dropout, backend=backend,
+            use_pattern_cache=use_pattern_cache, enable_memory_pool=enable_memory_pool,
+        )
+        self.norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps, **factory) if layer_norm else None
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        e = self.embed_dim
+        with torch.no_grad():
+            nn.init.xavier_normal_(self.in_proj.weight[:e])
+            nn.init.xavier_normal_(self.in_proj.weight[e : 2 * e])
+            nn.init.xavier_normal_(self.in_proj.weight[2 * e :], gain=self.gamma_init)
+            nn.init.xavier_normal_(self.out_proj.weight, gain=self.gamma_init)
+            for lin in (self.in_proj, self.out_proj):
+                if lin.bias is not None:
+                    lin.bias.zero_()
+        if self.norm is not None:
+            self.norm.reset_parameters()
+
+    def _project(self, query, key, value):
+        if query is key and key is value:
+            return self.in_proj(query).chunk(3, dim=-1)
+        w = self.in_proj.weight.chunk(3)
+        b = self.in_proj.bias.chunk(3) if self.in_proj.bias is not None else (None, None, None)
+        return tuple(F.linear(x, wi, bi) for x, wi, bi in zip((query, key, value), w, b))
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        is_causal: bool = False,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+        attn_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, None]:
+        """query, key, value: (batch, seq_len, embed_dim) -> (out (batch, seq_len, embed_dim), None)."""
+        if attn_mask is not None:
+            raise NotImplementedError(
+                "attn_mask is not supported by dilated attention: use is_causal=True for causal masking "
+                "and key_padding_mask for padded keys"
+            )
+        if need_weights:
+            raise NotImplementedError("need_weights=True is not supported: dilated attention never forms the weight matrix")
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.embed_dim:
+                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{name} has shape {shape}: pass (batch, seq_len, {self.embed_dim})")
+        q, k, v = (x.unflatten(-1, (self.num_heads, self.head_dim)) for x in self._project(query, key, value))
+        out = self.attention(q, k, v, is_causal=is_causal, key_padding_mask=key_padding_mask).flatten(2)
+        if self.norm is not None:
+            out = self.norm(out)
+        return self.out_proj(out), None
+
+    def describe(self) -> str:
+        ln = "MAGNETO sub-LayerNorm" if self.norm is not None else "no sub-LayerNorm"
+        return (
+            f"{type(self).__name__}(embed_dim={self.embed_dim}, num_heads={self.num_heads}, {ln}) over "
+            + self.attention.describe()
+        )
+
+
+class ImprovedMultiheadDilatedAttention(MultiheadDilatedAttention):
+    attention_class = ImprovedDilatedAttention

@@ -1,0 +1,125 @@
+"""Dense reference for dilated attention (SPEC §2), built straight from the definition.
+
+For every (query, key, head) it counts c_h(t, u), the pairs under which t attends u, and computes
+one softmax with an additive log c bias (−inf where c = 0). Work is done in float64, a chunk of query
+rows at a time, so at most `max_block_elements` scores exist at once. It does not use the block
+decomposition of `pattern.py`, so it is an independent check of the implementations.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .pattern import validate_pattern
+from .validation import check_qkv
+
+DEFAULT_MAX_BLOCK_ELEMENTS = 1 << 22
+
+
+def pair_offsets(
+    head: int, num_heads: int, segment_lengths: Sequence[int], dilation_rates: Sequence[int], semantics: str
+) -> list[tuple[int, int, int]]:
+    """(segment length, rate, offset) of every pair that head uses."""
+    m = len(segment_lengths)
+    if semantics == "longnet":
+        return [(w, r, head % r) for w, r in zip(segment_lengths, dilation_rates)]
+    base, extra = divmod(num_heads, m)
+    bounds = [0]
+    for i in range(m):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    group = next(i for i in range(m) if bounds[i] <= head < bounds[i + 1])
+    return [(segment_lengths[group], dilation_rates[group], group % dilation_rates[group])]
+
+
+def pair_counts(
+    rows: torch.Tensor,
+    seq_len: int,
+    num_heads: int,
+    segment_lengths: Sequence[int],
+    dilation_rates: Sequence[int],
+    semantics: str,
+    is_causal: bool,
+) -> torch.Tensor:
+    """c_h(t, u) for t in `rows`, all u: int tensor (H, len(rows), N)."""
+    keys = torch.arange(seq_len, device=rows.device)
+    counts = torch.zeros(num_heads, rows.numel(), seq_len, dtype=torch.int32, device=rows.device)
+    for h in range(num_heads):
+        for w, r, offset in pair_offsets(h, num_heads, segment_lengths, dilation_rates, semantics):
+            w_hat = min(w, seq_len)
+            kept_t = (rows % w_hat) % r == offset
+            kept_u = (keys % w_hat) % r == offset
+            same_segment = (rows // w_hat).unsqueeze(1) == (keys // w_hat).unsqueeze(0)
+            attend = kept_t.unsqueeze(1) & kept_u.unsqueeze(0) & same_segment
+            if is_causal:
+                attend &= keys.unsqueeze(0) <= rows.unsqueeze(1)
+            counts[h] += attend.int()
+    return counts
+
+
+def dilated_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segment_lengths: Sequence[int],
+    dilation_rates: Sequence[int],
+    is_causal: bool = False,
+    semantics: str = "longnet",
+    scale: float | None = None,
+    *,
+    key_padding_mask: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+    max_block_elements: int = DEFAULT_MAX_BLOCK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (out (B, N, H, D) in q's dtype, lse (B, N, H) float32).
+
+    key_padding_mask: optional bool (B, N), True = that key takes part in no softmax.
+    compute_dtype: float64 for the reference; the input's own dtype gives the "naive same-dtype
+    dense computation" that half-precision tolerances are measured against.
+    Differentiable: gradients flow through autograd in compute_dtype.
+    """
+    segs, rates = validate_pattern(segment_lengths, dilation_rates, semantics)
+    check_qkv(q, k, v)
+    batch, seq_len, num_heads, head_dim = q.shape
+    if semantics == "head_groups" and num_heads < len(segs):
+        raise ValueError(f"head_groups semantics needs num_heads >= {len(segs)} pairs, got {num_heads}")
+    tau = head_dim**-0.5 if scale is None else scale
+    qc, kc, vc = (x.to(compute_dtype).transpose(1, 2) for x in (q, k, v))  # (B, H, N, D)
+    key_bias = None
+    if key_padding_mask is not None:
+        key_bias = torch.zeros(batch, 1, 1, seq_len, dtype=compute_dtype, device=q.device)
+        key_bias = key_bias.masked_fill(key_padding_mask.view(batch, 1, 1, seq_len), float("-inf"))
+    chunk = max(1, max_block_elements // max(1, batch * num_heads * seq_len))
+    outs, lses = [], []
+    for t0 in range(0, seq_len, chunk):
+        rows = torch.arange(t0, min(seq_len, t0 + chunk), device=q.device)
+        counts = pair_counts(rows, seq_len, num_heads, segs, rates, semantics, is_causal)
+        log_c = torch.log(counts.to(compute_dtype))  # log 0 = -inf masks keys no pair offers
+        scores = torch.matmul(qc[:, :, rows], kc.transpose(-1, -2)) * tau + log_c
+        if key_bias is not None:
+            scores = scores + key_bias
+        # Rows with no key at all (kept by no pair, or every key padded) output 0 with lse -inf;
+        # they are computed on zeroed scores so that no NaN reaches the gradients.
+        dead = (scores == float("-inf")).all(dim=-1, keepdim=True)
+        scores = scores.masked_fill(dead, 0.0)
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        probs = torch.exp(scores - lse).masked_fill(dead, 0.0)
+        outs.append(torch.matmul(probs, vc))
+        lses.append(lse.masked_fill(dead, float("-inf")).squeeze(-1))
+    out = torch.cat(outs, dim=2).transpose(1, 2).to(q.dtype)
+    lse = torch.cat(lses, dim=2).transpose(1, 2).float()
+    return out, lse
+
+
+def dense_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, scale: float | None = None
+) -> torch.Tensor:
+    """Plain softmax attention on (B, N, H, D), for checks where the dilated pattern is dense."""
+    tau = q.shape[-1] ** -0.5 if scale is None else scale
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    scores = torch.matmul(qt, kt.transpose(-1, -2)) * tau
+    if is_causal:
+        n = q.shape[1]
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), vt).transpose(1, 2)
