@@ -35,6 +35,9 @@ class RowAccess(Protocol):
     def add(self, acc: torch.Tensor, block: Block, value: torch.Tensor) -> None:
         """acc[rows of block] += value (b, m, h, D)."""
 
+    def adopt(self, block: Block, value: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
+        """`value` (b, m, h, ...) as the whole accumulator of `shape`, without a copy, or None."""
+
 
 def _batch_segments(x: torch.Tensor, block: Block) -> torch.Tensor:
     """(b, ...) with b = B * S back to (B, S, ...)."""
@@ -52,6 +55,20 @@ class ViewAccess:
 
     def add(self, acc, block, value):
         block.view(acc).add_(_batch_segments(value, block))
+
+    def adopt(self, block, value, shape):
+        # A block holding every row of every head (a pair with r = 1, N divisible by w) can hand its
+        # result over as the accumulator: the fused kernels lay (b, h, m, D) out as (b, m, h, D).
+        covers = (
+            block.start == 0 and block.num_segments * block.seg_len == shape[1] and block.rate == 1
+            and block.head_start == 0 and block.head_step == 1 and block.num_heads == shape[2]
+        )
+        if not covers:
+            return None
+        try:
+            return value.view(shape)
+        except RuntimeError:
+            return None
 
 
 class IndexAccess:
@@ -83,6 +100,9 @@ class IndexAccess:
     def add(self, acc, block, value):
         self._flat(acc).index_add_(1, self._idx(block), value.reshape(acc.shape[0], -1, *acc.shape[3:]))
 
+    def adopt(self, block, value, shape):
+        return None
+
 
 @dataclass
 class BlockAttention:
@@ -105,12 +125,25 @@ class BlockAttention:
         c = self.call
         return BlockCall(c.causal, c.scale, c.dropout_p, c.seed + 1_000_003 * index)
 
+    def _acc_dtype(self, like: torch.Tensor) -> torch.dtype:
+        return torch.float64 if like.dtype == torch.float64 else torch.float32
+
     def _accumulator(self, like: torch.Tensor, shape, fill: float) -> tuple[torch.Tensor, bool]:
-        """fp32 (or fp64) zeros/fill of `shape`; from the pool when it is scratch (half inputs)."""
-        dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+        """fp32 (or fp64) filled accumulator; from the pool when it is scratch (half inputs)."""
+        dtype = self._acc_dtype(like)
         scratch = dtype != like.dtype and self.pool is not None
         acc = self.pool.acquire(shape, dtype, like.device) if scratch else torch.empty(shape, dtype=dtype, device=like.device)
         return acc.fill_(fill), scratch
+
+    def _first(self, block, value, shape, like, fill) -> tuple[torch.Tensor, bool, bool]:
+        """The accumulator for the first block: its own result when it covers everything, else a
+        filled one. Returns (accumulator, is_scratch, adopted)."""
+        if value.dtype == self._acc_dtype(like):
+            adopted = self.access.adopt(block, value, shape)
+            if adopted is not None:
+                return adopted, False, True
+        acc, scratch = self._accumulator(like, shape, fill)
+        return acc, scratch, False
 
     def _finish(self, acc: torch.Tensor, scratch: bool, dtype: torch.dtype) -> torch.Tensor:
         result = acc.to(dtype)
@@ -120,24 +153,45 @@ class BlockAttention:
 
     def forward(self, q, k, v, key_pad=None) -> tuple[torch.Tensor, torch.Tensor]:
         backend = BACKENDS[self.backend]
-        out, scratch = self._accumulator(q, q.shape, 0.0)
-        lse = torch.full(q.shape[:3], float("-inf"), dtype=out.dtype if q.dtype == torch.float64 else torch.float32, device=q.device)
+        out = lse = None
+        scratch = False
         for i, block in enumerate(self.blocks):
             qb, kb, vb = (self.access.gather(x, block).transpose(1, 2) for x in (q, k, v))
             block_out, block_lse = backend.forward(qb, kb, vb, self._key_pad(key_pad, block), self._call(i))
-            self.access.merge(out, lse, block, block_out.transpose(1, 2), block_lse.transpose(1, 2))
+            block_out, block_lse = block_out.transpose(1, 2), block_lse.transpose(1, 2)
+            if out is None:
+                out, scratch, adopted_out = self._first(block, block_out, q.shape, q, 0.0)
+                lse, _, adopted_lse = self._first(block, block_lse, q.shape[:3], out, float("-inf"))
+                if adopted_out and adopted_lse:
+                    continue
+                if adopted_out or adopted_lse:  # only one could be handed over: start both afresh
+                    out, scratch = self._accumulator(q, q.shape, 0.0)
+                    lse, _ = self._accumulator(out, q.shape[:3], float("-inf"))
+            self.access.merge(out, lse, block, block_out, block_lse)
+        if out is None:  # no block at all: every row is kept by no pair
+            out, scratch = self._accumulator(q, q.shape, 0.0)
+            lse, _ = self._accumulator(out, q.shape[:3], float("-inf"))
         return self._finish(out, scratch, q.dtype), lse
 
     def backward(self, dout, q, k, v, out, lse, key_pad=None):
         backend = BACKENDS[self.backend]
-        grads = [self._accumulator(x, x.shape, 0.0) for x in (q, k, v)]
+        grads: list[tuple[torch.Tensor, bool] | None] = [None, None, None]
         dout = dout.to(q.dtype)
         for i, block in enumerate(self.blocks):
             qb, kb, vb, dob, ob = (self.access.gather(x, block).transpose(1, 2) for x in (q, k, v, dout, out))
             lb = self.access.gather(lse, block).transpose(1, 2)
             parts = backend.backward(dob, qb, kb, vb, ob, lb, self._key_pad(key_pad, block), self._call(i))
-            for (acc, _), part in zip(grads, parts):
-                self.access.add(acc, block, part.transpose(1, 2))
+            for j, (x, part) in enumerate(zip((q, k, v), parts)):
+                part = part.transpose(1, 2)
+                if grads[j] is None:
+                    acc, scratch, adopted = self._first(block, part, x.shape, x, 0.0)
+                    grads[j] = (acc, scratch)
+                    if adopted:
+                        continue
+                self.access.add(grads[j][0], block, part)
+        for j, x in enumerate((q, k, v)):
+            if grads[j] is None:
+                grads[j] = self._accumulator(x, x.shape, 0.0)
         return tuple(self._finish(acc, scratch, x.dtype) for (acc, scratch), x in zip(grads, (q, k, v)))
 
 

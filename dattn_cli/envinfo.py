@@ -1,0 +1,113 @@
+"""`dattn env` as a library: what this machine offers for attention work."""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel
+
+from . import __version__
+
+
+class Device(BaseModel):
+    index: int
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+
+
+class EnvironmentInfo(BaseModel):
+    dattn_version: str
+    git_commit: str | None
+    python: str
+    platform: str
+    cpu: str
+    cpu_count: int | None
+    torch_version: str
+    cuda_version: str | None
+    cuda_available: bool
+    nvidia_driver: str | None
+    nvidia_devices: list[Device]
+    nvml_status: str
+    backends: dict[str, bool]
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _nvml() -> tuple[str | None, list[Device], str]:
+    try:
+        import pynvml
+    except ImportError:
+        return None, [], "nvidia-ml-py not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return None, [], f"no NVIDIA device ({exc})"
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        devices = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            devices.append(Device(index=i, name=name.decode() if isinstance(name, bytes) else name,
+                                  memory_total_bytes=mem.total, memory_used_bytes=mem.used))
+        return (driver.decode() if isinstance(driver, bytes) else driver), devices, f"{len(devices)} NVIDIA device(s)"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _backends() -> dict[str, bool]:
+    return {
+        "math": True,
+        "sdpa": hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"),
+        "flash (flash-attn)": importlib.util.find_spec("flash_attn") is not None and torch.cuda.is_available(),
+        "triton": importlib.util.find_spec("triton") is not None,
+        "flex_attention": importlib.util.find_spec("torch.nn.attention.flex_attention") is not None,
+        "torch.distributed": torch.distributed.is_available(),
+        "gloo": torch.distributed.is_available() and torch.distributed.is_gloo_available(),
+        "nccl": torch.distributed.is_available() and torch.distributed.is_nccl_available(),
+    }
+
+
+def collect_environment() -> EnvironmentInfo:
+    import os
+
+    driver, devices, status = _nvml()
+    return EnvironmentInfo(
+        dattn_version=__version__,
+        git_commit=_git_commit(),
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        cpu=_cpu_name(),
+        cpu_count=os.cpu_count(),
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda,
+        cuda_available=torch.cuda.is_available(),
+        nvidia_driver=driver,
+        nvidia_devices=devices,
+        nvml_status=status,
+        backends=_backends(),
+    )

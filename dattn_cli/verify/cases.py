@@ -1,0 +1,35 @@
+"""The verification case matrix: small shapes chosen for the awkward corners of SPEC §2."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class VerifyCase(BaseModel):
+    name: str
+    batch: int
+    seq_len: int
+    heads: int
+    head_dim: int
+    segment_lengths: list[int]
+    dilation_rates: list[int]
+
+
+QUICK = [
+    VerifyCase(name="ragged N", batch=2, seq_len=50, heads=4, head_dim=8, segment_lengths=[16, 32], dilation_rates=[1, 2]),
+    VerifyCase(name="w > N", batch=1, seq_len=24, heads=4, head_dim=8, segment_lengths=[8, 64], dilation_rates=[1, 4]),
+    VerifyCase(name="w % r != 0, no r=1", batch=1, seq_len=45, heads=3, head_dim=8, segment_lengths=[10, 15], dilation_rates=[3, 4]),
+    VerifyCase(name="H % m != 0, H % r != 0", batch=2, seq_len=40, heads=5, head_dim=8, segment_lengths=[8, 16, 32], dilation_rates=[1, 2, 3]),
+    VerifyCase(name="divisible, batch 3", batch=3, seq_len=64, heads=4, head_dim=16, segment_lengths=[16, 32], dilation_rates=[1, 2]),
+]
+
+FULL = QUICK + [
+    VerifyCase(name="r > H", batch=1, seq_len=96, heads=2, head_dim=16, segment_lengths=[32, 96], dilation_rates=[1, 5]),
+    VerifyCase(name="single pair dense", batch=2, seq_len=33, heads=2, head_dim=8, segment_lengths=[33], dilation_rates=[1]),
+    VerifyCase(name="LongNet-like", batch=1, seq_len=509, heads=8, head_dim=32, segment_lengths=[64, 128, 256], dilation_rates=[1, 2, 4]),
+    VerifyCase(name="long ragged", batch=2, seq_len=1000, heads=6, head_dim=64, segment_lengths=[128, 512, 2048], dilation_rates=[1, 3, 8]),
+]
+
+
+def case_matrix(full: bool = False) -> list[VerifyCase]:
+    return list(FULL if full else QUICK)

@@ -1,0 +1,210 @@
+"""Run implementations against the reference and report per-case errors.
+
+Errors are max |impl - ref| (abs) and that divided by max |ref| (rel), ref in float64. Tolerance: fp32
+and fp64 rel <= 1e-5 for out and lse, <= 1e-4 for gradients; half precisions by the flash-attn rule:
+abs error vs the fp64 reference <= 2 x the abs error of a naive same-dtype dense computation + 1e-3.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable, Iterable
+
+import torch
+from pydantic import BaseModel
+from torch import nn
+
+from ..kernels.backends import available_backends
+from ..kernels.pattern import uncovered_fraction
+from ..kernels.reference import dilated_attention_reference
+from ..kernels.registry import REGISTRY, Implementation
+from .cases import VerifyCase, case_matrix
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HALF = (torch.float16, torch.bfloat16)
+
+
+class Error(BaseModel):
+    abs: float
+    rel: float
+    limit: float
+    passed: bool
+
+
+class CaseResult(BaseModel):
+    impl: str
+    case: str
+    backend: str
+    semantics: str
+    causal: bool
+    dtype: str
+    device: str
+    batch: int
+    seq_len: int
+    heads: int
+    head_dim: int
+    segment_lengths: list[int]
+    dilation_rates: list[int]
+    uncovered_fraction: float
+    errors: dict[str, Error]
+    passed: bool
+    message: str = ""
+
+
+class VerifyReport(BaseModel):
+    results: list[CaseResult]
+    passed: bool
+    seed: int
+
+    @property
+    def failures(self) -> list[CaseResult]:
+        return [r for r in self.results if not r.passed]
+
+
+def tolerance_for(dtype: torch.dtype, quantity: str) -> float:
+    """Relative limit for fp32/fp64 (half precisions use the naive-error rule instead)."""
+    return 1e-5 if quantity in ("out", "lse") else 1e-4
+
+
+def _compare(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor | None, dtype: torch.dtype) -> Error:
+    got, ref = got.double(), ref.double()
+    finite = torch.isfinite(ref)
+    if not torch.equal(finite, torch.isfinite(got)):
+        return Error(abs=float("inf"), rel=float("inf"), limit=0.0, passed=False)
+    diff = (got[finite] - ref[finite]).abs().max().item() if finite.any() else 0.0
+    scale = ref[finite].abs().max().item() if finite.any() else 0.0
+    rel = diff / scale if scale > 0 else diff
+    if dtype in HALF and naive is not None:
+        naive_err = (naive.double()[finite] - ref[finite]).abs().max().item() if finite.any() else 0.0
+        limit = 2 * naive_err + 1e-3
+        return Error(abs=diff, rel=rel, limit=limit, passed=diff <= limit)
+    limit = tolerance_for(dtype, name)
+    return Error(abs=diff, rel=rel, limit=limit, passed=rel <= limit)
+
+
+class _ReferenceAttention(nn.Module):
+    """Stands in for a multihead module's core: the dense reference, differentiable."""
+
+    def __init__(self, core: nn.Module, compute_dtype: torch.dtype):
+        super().__init__()
+        self.core, self.compute_dtype = core, compute_dtype
+
+    def forward(self, q, k, v, is_causal=False, key_padding_mask=None):
+        return dilated_attention_reference(
+            q, k, v, self.core.segment_lengths, self.core.dilation_rates, is_causal, self.core.semantics,
+            self.core.scale, key_padding_mask=key_padding_mask, compute_dtype=self.compute_dtype,
+        )[0]
+
+
+def _grads(outputs: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Tensor) -> list[torch.Tensor]:
+    return list(torch.autograd.grad(outputs, inputs, upstream.to(outputs.dtype)))
+
+
+def _run_core(impl: Implementation, case: VerifyCase, semantics, causal, backend, dtype, device, gen):
+    shape = (case.batch, case.seq_len, case.heads, case.head_dim)
+    base = [torch.randn(shape, generator=gen, dtype=torch.float64).to(device) for _ in range(3)]
+    upstream = torch.randn(shape, generator=gen, dtype=torch.float64).to(device)
+    module = impl.cls(case.segment_lengths, case.dilation_rates, semantics=semantics, backend=backend)
+    inputs = [x.to(dtype).requires_grad_() for x in base]
+    out, lse = module.forward_with_lse(*inputs, causal)
+    got = {"out": out, "lse": lse, **dict(zip(("dq", "dk", "dv"), _grads(out, inputs, upstream)))}
+
+    def reference(compute_dtype, src_dtype):
+        xs = [x.to(src_dtype).requires_grad_() for x in base]
+        o, l = dilated_attention_reference(
+            *xs, case.segment_lengths, case.dilation_rates, causal, semantics, compute_dtype=compute_dtype
+        )
+        return {"out": o, "lse": l, **dict(zip(("dq", "dk", "dv"), _grads(o, xs, upstream)))}
+
+    return got, reference
+
+
+def _run_multihead(impl: Implementation, case: VerifyCase, semantics, causal, backend, dtype, device, gen):
+    embed = case.heads * case.head_dim
+    torch.manual_seed(int(torch.randint(1 << 30, (1,), generator=gen)))
+    module = impl.cls(
+        embed, case.heads, segment_lengths=case.segment_lengths, dilation_rates=case.dilation_rates,
+        semantics=semantics, backend=backend, device=device,
+    )
+    with torch.no_grad():  # non-trivial LayerNorm and biases, so their gradients are checked too
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p))
+    x64 = torch.randn(case.batch, case.seq_len, embed, generator=gen, dtype=torch.float64).to(device)
+    upstream = torch.randn(case.batch, case.seq_len, embed, generator=gen, dtype=torch.float64).to(device)
+
+    def run(mod, src_dtype):
+        x = x64.to(src_dtype).requires_grad_()
+        out, _ = mod(x, x, x, is_causal=causal)
+        params = [p for _, p in mod.named_parameters()]
+        grads = _grads(out, [x, *params], upstream)
+        return {"out": out, "dx": grads[0], "dparams": torch.cat([g.flatten().double() for g in grads[1:]])}
+
+    got = run(module.to(dtype), dtype)
+
+    def reference(compute_dtype, src_dtype):
+        ref = copy.deepcopy(module).to(src_dtype)
+        ref.attention = _ReferenceAttention(module.attention, compute_dtype)
+        return run(ref, src_dtype)
+
+    return got, reference
+
+
+def run_verify(
+    impls: Iterable[str] | None = None,
+    *,
+    full: bool = False,
+    dtype: str = "float32",
+    semantics: Iterable[str] = ("longnet", "head_groups"),
+    causal: Iterable[bool] = (False, True),
+    backends: Iterable[str] | None = None,
+    device: str = "cpu",
+    seed: int = 0,
+    cases: list[VerifyCase] | None = None,
+    on_result: Callable[[CaseResult], None] | None = None,
+) -> VerifyReport:
+    """Check each implementation x case x semantics x causal x backend against the reference."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is unknown: use one of {', '.join(DTYPES)}")
+    torch_dtype = DTYPES[dtype]
+    names = list(impls) if impls else [n for n, i in REGISTRY.items() if not i.distributed]
+    for name in names:
+        if name not in REGISTRY:
+            raise ValueError(f"--impl {name!r} is not registered: use one of {', '.join(REGISTRY)}")
+    usable = available_backends(device)
+    chosen = list(backends) if backends else ["auto"]
+    for b in chosen:
+        if b != "auto" and b not in usable:
+            raise ValueError(f"backend {b!r} cannot run on {device}: use one of auto, {', '.join(usable)}")
+    gen = torch.Generator().manual_seed(seed)
+    results = []
+    for case in cases if cases is not None else case_matrix(full):
+        for sem in semantics:
+            if sem == "head_groups" and case.heads < len(case.segment_lengths):
+                continue
+            uncovered = uncovered_fraction(case.seq_len, case.heads, case.segment_lengths, case.dilation_rates, sem)
+            for is_causal in causal:
+                for backend in chosen:
+                    for name in names:
+                        impl = REGISTRY[name]
+                        runner = _run_multihead if impl.kind == "multihead" else _run_core
+                        result = _check_one(impl, runner, case, sem, is_causal, backend, torch_dtype, device, gen, uncovered)
+                        results.append(result)
+                        if on_result:
+                            on_result(result)
+    return VerifyReport(results=results, passed=all(r.passed for r in results), seed=seed)
+
+
+def _check_one(impl, runner, case, sem, is_causal, backend, dtype, device, gen, uncovered) -> CaseResult:
+    common = dict(
+        impl=impl.name, case=case.name, backend=backend, semantics=sem, causal=is_causal, dtype=str(dtype).split(".")[-1],
+        device=device, batch=case.batch, seq_len=case.seq_len, heads=case.heads, head_dim=case.head_dim,
+        segment_lengths=case.segment_lengths, dilation_rates=case.dilation_rates, uncovered_fraction=uncovered,
+    )
+    try:
+        got, reference = runner(impl, case, sem, is_causal, backend, dtype, device, gen)
+        ref = reference(torch.float64, torch.float64)
+        naive = reference(dtype, dtype) if dtype in HALF else {}
+        errors = {k: _compare(k, got[k], ref[k], naive.get(k), dtype) for k in got}
+    except Exception as exc:  # a crashing implementation is a failed case, reported, not a crashed run
+        return CaseResult(**common, errors={}, passed=False, message=f"{type(exc).__name__}: {exc}")
+    return CaseResult(**common, errors=errors, passed=all(e.passed for e in errors.values()))
