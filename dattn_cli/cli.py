@@ -12,7 +12,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 import yaml
 from rich.console import Console
@@ -20,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import __version__
 from .envinfo import collect_environment
-from .render import env_table, stderr_console, verify_summary, verify_table
+from .render import env_table, stderr_console, verify_summary, verify_table, verify_warnings
 
 app = typer.Typer(
     name="dattn",
@@ -53,12 +52,12 @@ def _load_config(path: Path) -> dict:
 
 
 def _config_default_map(ctx: typer.Context, data: dict, path: Path) -> dict:
-    group = ctx.command
+    commands = getattr(ctx.command, "commands", {})
     default_map = {}
     for command, options in data.items():
-        sub = group.commands.get(command) if isinstance(group, click.Group) else None
+        sub = commands.get(command)
         if sub is None:
-            raise UsageError(f"--config {path}: unknown command {command!r}; use one of {', '.join(group.commands)}")
+            raise UsageError(f"--config {path}: unknown command {command!r}; use one of {', '.join(commands)}")
         if not isinstance(options, dict):
             raise UsageError(f"--config {path}: '{command}' must map option names to values")
         names = {p.name for p in sub.params}
@@ -121,6 +120,7 @@ def verify(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full report as JSON to this file."),
+    details: bool = typer.Option(False, "--details", help="One table row per case, not per implementation."),
 ) -> None:
     """Equivalence of every implementation against the dense reference, forward and gradients."""
     from .verify import case_matrix, run_verify
@@ -143,7 +143,9 @@ def verify(
             impl, full=full, dtype=dtype.value, semantics=sems, causal=causals, backends=backend, device=device,
             seed=seed, cases=cases, on_result=lambda r: progress.advance(task),
         )
-    stdout.print(verify_table(report))
+    stdout.print(verify_table(report, details))
+    for line in verify_warnings(report):
+        stderr_console().print(f"[yellow]{line}[/]")
     stdout.print(verify_summary(report))
     if json_out is not None:
         json_out.write_text(report.model_dump_json(indent=1))
@@ -167,20 +169,21 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         code = command.main(args=args, prog_name="dattn", standalone_mode=False)
-    except click.exceptions.Abort:
+    except Exception as exc:
+        # Typer may vendor its own click, so click's exceptions are recognised by shape, not class.
+        if type(exc).__name__ == "Abort":
+            print("dattn: interrupted", file=sys.stderr)
+            sys.exit(130)
+        usage = hasattr(exc, "format_message") and hasattr(exc, "exit_code")
+        if debug or not (usage or isinstance(exc, ValueError)):
+            raise
+        # ValueError: bad configuration or input, raised by the library with the fix in its text.
+        message = exc.format_message() if usage else str(exc) or type(exc).__name__
+        print(f"dattn: error: {message.splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
         print("dattn: interrupted", file=sys.stderr)
         sys.exit(130)
-    except click.ClickException as exc:
-        if debug:
-            raise
-        print(f"dattn: error: {exc.format_message()}", file=sys.stderr)
-        sys.exit(2)
-    except ValueError as exc:  # bad configuration or input, raised by the library with the fix in it
-        if debug:
-            raise
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"dattn: error: {message}", file=sys.stderr)
-        sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -13,24 +13,48 @@ def _fmt(x: float) -> str:
     return "inf" if x == float("inf") else f"{x:.1e}"
 
 
-def verify_table(report: VerifyReport) -> Table:
-    table = Table(title="dattn verify: implementations vs the float64 dense reference (max relative error)")
+def verify_table(report: VerifyReport, details: bool = False) -> Table:
+    """Per implementation: checks, failures, worst errors; per case (failures, or all with details)."""
+    if details or not report.passed:
+        return _verify_cases(report, details)
+    dtypes = ", ".join(sorted({r.dtype for r in report.results}))
+    table = Table(title=f"dattn verify ({dtypes}): worst relative error vs the float64 reference")
+    for col in ("impl", "checks", "out", "lse", "grads", "status"):
+        table.add_column(col, justify="left" if col in ("impl", "status") else "right", no_wrap=col == "impl")
+    for impl in dict.fromkeys(r.impl for r in report.results):
+        rows = [r for r in report.results if r.impl == impl]
+        worst = {q: max((e.rel for r in rows for k, e in r.errors.items() if k == q or (q == "grads" and k.startswith("d"))),
+                        default=None) for q in ("out", "lse", "grads")}
+        bad = sum(not r.passed for r in rows)
+        table.add_row(impl, str(len(rows)), *(_fmt(worst[q]) if worst[q] is not None else "-" for q in ("out", "lse", "grads")),
+                      "[green]ok[/]" if not bad else f"[red]{bad} failed[/]")
+    return table
+
+
+def _verify_cases(report: VerifyReport, details: bool) -> Table:
+    table = Table(title="dattn verify: " + ("all cases" if details else "failed cases") + " (relative error)")
     for col in ("impl", "case", "sem", "causal", "backend", "dtype", "out", "lse", "grads", "status"):
-        table.add_column(col, justify="right" if col in ("out", "lse", "grads") else "left")
-    for r in report.results:
+        table.add_column(col, justify="right" if col in ("out", "lse", "grads") else "left", overflow="fold")
+    for r in report.results if details else report.failures:
         grads = [e for k, e in r.errors.items() if k.startswith("d")]
-        grad_rel = max((e.rel for e in grads), default=float("nan"))
         status = "[green]ok[/]" if r.passed else f"[red]FAIL[/] {r.message}".strip()
-        if r.passed and r.uncovered_fraction > 0:
-            status += f" [yellow](warning: {r.uncovered_fraction:.0%} of rows kept by no pair)[/]"
         table.add_row(
             r.impl, r.case, r.semantics, "yes" if r.causal else "no", r.backend, r.dtype,
             _fmt(r.errors["out"].rel) if "out" in r.errors else "-",
             _fmt(r.errors["lse"].rel) if "lse" in r.errors else "-",
-            _fmt(grad_rel) if grads else "-",
+            _fmt(max(e.rel for e in grads)) if grads else "-",
             status,
         )
     return table
+
+
+def verify_warnings(report: VerifyReport) -> list[str]:
+    seen = {}
+    for r in report.results:
+        if r.uncovered_fraction > 0:
+            seen[(r.case, r.semantics)] = r.uncovered_fraction
+    return [f"warning: case '{c}' ({s}): {f:.0%} of (position, head) rows are kept by no pair and output 0"
+            for (c, s), f in seen.items()]
 
 
 def verify_summary(report: VerifyReport) -> str:

@@ -38,6 +38,15 @@ def _key_bias(key_pad: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor 
     return bias[:, None, None, :]
 
 
+def _rows_without_keys(key_pad: torch.Tensor, causal: bool) -> torch.Tensor:
+    """(b, 1, m) bool: rows that no unmasked key is offered to (causal: none at or before the row)."""
+    if causal:
+        dead = (~key_pad).cumsum(dim=-1) == 0
+    else:
+        dead = key_pad.all(dim=-1, keepdim=True).expand_as(key_pad)
+    return dead.unsqueeze(1)
+
+
 class MathBackend:
     name = "math"
 
@@ -66,7 +75,8 @@ class MathBackend:
 
     def forward(self, q, k, v, key_pad, call: BlockCall):
         out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        lse = torch.empty(q.shape[:3], dtype=lse_dtype, device=q.device)
         for rows in self._chunks(q):
             s = self._scores(q, k, key_pad, call, rows)
             block_lse = torch.logsumexp(s, dim=-1, keepdim=True)
@@ -117,8 +127,10 @@ class SdpaBackend:
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, 0.0, call.causal, attn_mask=bias, scale=call.scale
             )
-        if key_pad is not None:  # the fused kernels report lse 0 for a row with every key masked
-            lse = lse.masked_fill(key_pad.all(dim=-1)[:, None, None], NEG_INF)
+        if key_pad is not None:  # the fused kernels report lse 0 for a row whose every key is masked
+            dead = _rows_without_keys(key_pad, call.causal)
+            lse = lse.masked_fill(dead, NEG_INF)
+            out = out.masked_fill(dead.unsqueeze(-1), 0.0)
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):

@@ -41,6 +41,12 @@ class PatternCache:
     def reset_stats(self) -> None:
         self.hits = self.misses = self.evictions = 0
 
+    def __deepcopy__(self, memo):  # a shared resource: copies of a module share it
+        return self
+
+    def __reduce__(self):  # pickled modules re-attach to this process's global cache
+        return (get_global_pattern_cache, ())
+
     def get_or_build(self, key: Hashable, build: Callable[[], Any]) -> Any:
         with self._lock:
             if key in self._entries:

@@ -98,7 +98,7 @@ class IndexAccess:
         self._flat(lse).index_copy_(1, idx, lse_rows)
 
     def add(self, acc, block, value):
-        self._flat(acc).index_add_(1, self._idx(block), value.reshape(acc.shape[0], -1, *acc.shape[3:]))
+        self._flat(acc).index_add_(1, self._idx(block), value.reshape(acc.shape[0], -1, *acc.shape[3:]).to(acc.dtype))
 
     def adopt(self, block, value, shape):
         return None
@@ -135,15 +135,11 @@ class BlockAttention:
         acc = self.pool.acquire(shape, dtype, like.device) if scratch else torch.empty(shape, dtype=dtype, device=like.device)
         return acc.fill_(fill), scratch
 
-    def _first(self, block, value, shape, like, fill) -> tuple[torch.Tensor, bool, bool]:
-        """The accumulator for the first block: its own result when it covers everything, else a
-        filled one. Returns (accumulator, is_scratch, adopted)."""
-        if value.dtype == self._acc_dtype(like):
-            adopted = self.access.adopt(block, value, shape)
-            if adopted is not None:
-                return adopted, False, True
-        acc, scratch = self._accumulator(like, shape, fill)
-        return acc, scratch, False
+    def _adopt(self, block, value, shape, like) -> torch.Tensor | None:
+        """The first block's own result as the accumulator, when it covers everything in its dtype."""
+        if value.dtype != self._acc_dtype(like):
+            return None
+        return self.access.adopt(block, value, shape)
 
     def _finish(self, acc: torch.Tensor, scratch: bool, dtype: torch.dtype) -> torch.Tensor:
         result = acc.to(dtype)
@@ -160,13 +156,11 @@ class BlockAttention:
             block_out, block_lse = backend.forward(qb, kb, vb, self._key_pad(key_pad, block), self._call(i))
             block_out, block_lse = block_out.transpose(1, 2), block_lse.transpose(1, 2)
             if out is None:
-                out, scratch, adopted_out = self._first(block, block_out, q.shape, q, 0.0)
-                lse, _, adopted_lse = self._first(block, block_lse, q.shape[:3], out, float("-inf"))
-                if adopted_out and adopted_lse:
+                out, lse = self._adopt(block, block_out, q.shape, q), self._adopt(block, block_lse, q.shape[:3], q)
+                if out is not None and lse is not None:
                     continue
-                if adopted_out or adopted_lse:  # only one could be handed over: start both afresh
-                    out, scratch = self._accumulator(q, q.shape, 0.0)
-                    lse, _ = self._accumulator(out, q.shape[:3], float("-inf"))
+                out, scratch = self._accumulator(q, q.shape, 0.0)
+                lse, _ = self._accumulator(out, q.shape[:3], float("-inf"))
             self.access.merge(out, lse, block, block_out, block_lse)
         if out is None:  # no block at all: every row is kept by no pair
             out, scratch = self._accumulator(q, q.shape, 0.0)
@@ -184,9 +178,9 @@ class BlockAttention:
             for j, (x, part) in enumerate(zip((q, k, v), parts)):
                 part = part.transpose(1, 2)
                 if grads[j] is None:
-                    acc, scratch, adopted = self._first(block, part, x.shape, x, 0.0)
-                    grads[j] = (acc, scratch)
-                    if adopted:
+                    adopted = self._adopt(block, part, x.shape, x)
+                    grads[j] = (adopted, False) if adopted is not None else self._accumulator(x, x.shape, 0.0)
+                    if adopted is not None:
                         continue
                 self.access.add(grads[j][0], block, part)
         for j, x in enumerate((q, k, v)):

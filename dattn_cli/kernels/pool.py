@@ -30,6 +30,12 @@ class MemoryPool:
         self._lent_bytes = 0
         self.reset_stats()
 
+    def __deepcopy__(self, memo):  # a shared resource: copies of a module share it
+        return self
+
+    def __reduce__(self):  # pickled modules re-attach to this process's global pool
+        return (get_global_memory_pool, ())
+
     def reset_stats(self) -> None:
         self.requests = 0
         self.reuses = 0

@@ -1,0 +1,45 @@
+import pytest
+import torch
+
+from dattn_cli.kernels import (
+    REGISTRY,
+    DilatedAttention,
+    ImprovedDilatedAttention,
+    ImprovedMultiheadDilatedAttention,
+    create_dilated_attention,
+    create_multihead_dilated_attention,
+)
+
+
+def test_registry_holds_the_single_device_implementations():
+    assert {"DilatedAttention", "ImprovedDilatedAttention", "MultiheadDilatedAttention",
+            "ImprovedMultiheadDilatedAttention"} <= REGISTRY.keys()
+
+
+def test_auto_factory_says_what_it_chose_and_why():
+    m = create_dilated_attention(segment_lengths=[8, 16], dilation_rates=[1, 2])
+    assert isinstance(m, ImprovedDilatedAttention)
+    assert "auto chose ImprovedDilatedAttention (world size 1" in m.describe()
+    q = torch.randn(1, 16, 2, 4)
+    m(q, q, q)
+    assert "backend auto -> sdpa on the last call" in m.describe()
+    mh = create_multihead_dilated_attention(embed_dim=16, num_heads=2, segment_lengths=[8], dilation_rates=[1])
+    assert isinstance(mh, ImprovedMultiheadDilatedAttention) and "auto chose" in mh.describe()
+
+
+def test_factory_by_name_and_errors():
+    assert isinstance(create_dilated_attention("DilatedAttention", segment_lengths=[8], dilation_rates=[1]), DilatedAttention)
+    with pytest.raises(ValueError, match="unknown implementation 'nope'"):
+        create_dilated_attention("nope", segment_lengths=[8], dilation_rates=[1])
+    with pytest.raises(ValueError, match="is a multihead implementation"):
+        create_dilated_attention("MultiheadDilatedAttention", segment_lengths=[8], dilation_rates=[1])
+
+
+def test_auto_backend_choices():
+    q = torch.randn(1, 16, 2, 4, dtype=torch.float64)
+    m = create_dilated_attention(segment_lengths=[8], dilation_rates=[1], dropout=0.2)
+    m(q, q, q)
+    assert m.last_backend[0] == "math" and "dropout" in m.last_backend[1]
+    m.eval()
+    m(q, q, q)
+    assert m.last_backend[0] == "sdpa"
