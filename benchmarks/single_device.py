@@ -1,5 +1,9 @@
 """Side-by-side CPU benchmark for the foundation issue's targets (see benchmarks/RESULTS.md).
 
+`kernel_floor` is not an implementation: it runs PyTorch's fused CPU attention kernel alone on
+contiguous random blocks of exactly the shapes the dilated pattern needs (no gather, no merge, no
+scatter), i.e. the time any implementation built on that kernel cannot go below.
+
 Each (implementation, mode) runs in its own spawned process, so peak memory is that process's peak
 RSS during the first call above its RSS once the inputs exist (ru_maxrss delta), and nothing one
 case allocates inflates another. The first call doubles as warm-up; the median of `--repeat` further
@@ -20,7 +24,7 @@ import statistics
 import time
 
 SEGMENTS, DILATIONS = [2048, 4096, 8192], [1, 2, 4]
-IMPLS = ("sdpa_dense", "DilatedAttention", "ImprovedDilatedAttention")
+IMPLS = ("sdpa_dense", "kernel_floor", "DilatedAttention", "ImprovedDilatedAttention")
 
 
 def _rss_bytes() -> int:
@@ -36,7 +40,20 @@ def _case(impl: str, mode: str, n: int, heads: int, head_dim: int, repeat: int, 
     torch.manual_seed(0)
     grad = mode == "fwdbwd"
     q, k, v = (torch.randn(1, n, heads, head_dim, requires_grad=grad) for _ in range(3))
-    if impl == "sdpa_dense":
+    if impl == "kernel_floor":
+        from dattn_cli.kernels.pattern import build_blocks
+
+        fwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        bwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        shapes = [(b.num_segments, b.num_heads, b.rows, head_dim) for b in build_blocks(n, heads, SEGMENTS, DILATIONS, "longnet")]
+        blocks = [[torch.randn(shape) for _ in range(4)] for shape in shapes]
+
+        def step():
+            for bq, bk, bv, bdo in blocks:
+                o, lse = fwd_op(bq, bk, bv)
+                if grad:
+                    bwd_op(bdo, bq, bk, bv, o, lse, 0.0, False)
+    elif impl == "sdpa_dense":
         def run():
             out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
             return out.transpose(1, 2)
@@ -47,7 +64,7 @@ def _case(impl: str, mode: str, n: int, heads: int, head_dim: int, repeat: int, 
         def run():
             return module(q, k, v)
 
-    def step():
+    def module_step():
         if grad:
             out = run()
             out.backward(torch.ones_like(out))
@@ -56,6 +73,8 @@ def _case(impl: str, mode: str, n: int, heads: int, head_dim: int, repeat: int, 
             with torch.no_grad():
                 run()
 
+    if impl != "kernel_floor":
+        step = module_step
     base = _rss_bytes()
     t0 = time.perf_counter()
     step()
@@ -101,6 +120,11 @@ def main() -> None:
             rows.append(row)
             print(f"{mode:7s} N={n:6d} {impl:26s} median {row['median_s']:8.3f} s  first {row['first_s']:8.3f} s  "
                   f"peak RSS +{row['peak_rss_delta_bytes'] / 2**20:8.1f} MiB", flush=True)
+    from dattn_cli.kernels.pattern import attended_pairs, build_blocks
+
+    for n in sorted({args.fwd_n, args.fwdbwd_n}):
+        pairs = attended_pairs(1, build_blocks(n, args.heads, SEGMENTS, DILATIONS, "longnet"), False)
+        print(f"N={n}: the pattern computes {pairs / (args.heads * n * n):.4f} of the dense (query, key) pairs")
     print(f"\nB=1 H={args.heads} D={args.head_dim} fp32, segments {SEGMENTS}, dilations {DILATIONS}, "
           f"{args.threads} threads, {platform.processor() or platform.machine()}")
     for mode in ("fwd", "fwdbwd"):
@@ -108,6 +132,8 @@ def main() -> None:
         dense = by["sdpa_dense"]["median_s"]
         for impl in IMPLS[1:]:
             print(f"{mode:7s} {impl:26s} time / dense SDPA = {by[impl]['median_s'] / dense:.3f}")
+        print(f"{mode:7s} ImprovedDilatedAttention time / kernel floor = "
+              f"{by['ImprovedDilatedAttention']['median_s'] / by['kernel_floor']['median_s']:.3f}")
         imp, dil = by["ImprovedDilatedAttention"], by["DilatedAttention"]
         print(f"{mode:7s} Improved / Dilated: time {imp['median_s'] / dil['median_s']:.3f}, "
               f"peak memory {imp['peak_rss_delta_bytes'] / max(1, dil['peak_rss_delta_bytes']):.3f}")

@@ -20,7 +20,10 @@ def verify_table(report: VerifyReport, details: bool = False) -> Table:
     dtypes = ", ".join(sorted({r.dtype for r in report.results}))
     table = Table(title=f"dattn verify ({dtypes}): worst relative error vs the float64 reference")
     for col in ("impl", "checks", "out", "lse", "grads", "status"):
-        table.add_column(col, justify="left" if col in ("impl", "status") else "right", no_wrap=col == "impl")
+        if col == "impl":
+            table.add_column(col, overflow="fold")
+        else:
+            table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True, min_width=len(col))
     for impl in dict.fromkeys(r.impl for r in report.results):
         rows = [r for r in report.results if r.impl == impl]
         worst = {q: max((e.rel for r in rows for k, e in r.errors.items() if k == q or (q == "grads" and k.startswith("d"))),

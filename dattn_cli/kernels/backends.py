@@ -153,29 +153,40 @@ class SdpaBackend:
 
 
 class FlashBackend:
-    """flash-attn 2 (CUDA, fp16/bf16). Its layout is (b, m, h, D); lse is (b, h, m)."""
+    """flash-attn 2 (CUDA, fp16/bf16). Its layout is (b, m, h, D); lse is (b, h, m).
+
+    Forward uses the public `flash_attn_func(..., return_attn_probs=True)`. Backward needs the
+    internal `_flash_attn_backward` (to pass the merged out and lse); its keyword set differs across
+    flash-attn 2.x releases, so the optional arguments are matched to its signature.
+    """
 
     name = "flash"
+    _OPTIONAL = {"window_size": (-1, -1), "window_size_left": -1, "window_size_right": -1, "softcap": 0.0,
+                 "alibi_slopes": None, "deterministic": False, "rng_state": None}
 
     def forward(self, q, k, v, key_pad, call: BlockCall):
-        from flash_attn.flash_attn_interface import _flash_attn_forward
+        from flash_attn import flash_attn_func
 
         if key_pad is not None:
             raise NotImplementedError("the flash backend takes no key_padding_mask; use backend='sdpa' or 'math'")
-        out, lse, _, _ = _flash_attn_forward(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, call.scale, call.causal,
-            -1, -1, 0.0, None, False,
+        out, lse, _ = flash_attn_func(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=0.0, softmax_scale=call.scale,
+            causal=call.causal, return_attn_probs=True,
         )
         return out.transpose(1, 2), lse
 
     def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
+        import inspect
+
         from flash_attn.flash_attn_interface import _flash_attn_backward
 
         t = lambda x: x.transpose(1, 2).contiguous()  # noqa: E731
         dq, dk, dv = (torch.empty_like(t(x)) for x in (q, k, v))
+        names = inspect.signature(_flash_attn_backward).parameters
+        optional = {name: value for name, value in self._OPTIONAL.items() if name in names}
         _flash_attn_backward(
-            t(dout), t(q), t(k), t(v), t(out), lse.contiguous(), dq, dk, dv, 0.0, call.scale, call.causal,
-            -1, -1, 0.0, None, False, None,
+            t(dout), t(q), t(k), t(v), t(out), lse.contiguous(), dq, dk, dv,
+            dropout_p=0.0, softmax_scale=call.scale, causal=call.causal, **optional,
         )
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
