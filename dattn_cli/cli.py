@@ -148,6 +148,7 @@ def verify(
         stderr_console().print(f"[yellow]{line}[/]")
     stdout.print(verify_summary(report))
     if json_out is not None:
+        report.environment = {**collect_environment().model_dump(), "command": ["dattn", *sys.argv[1:]]}
         json_out.write_text(report.model_dump_json(indent=1))
     if not report.passed:
         raise typer.Exit(code=1)

@@ -85,7 +85,8 @@ class _DilatedAttentionBase(nn.Module):
             pair_plan, pair_index = self.pattern_cache.get_or_build(key, build) if self.use_pattern_cache else build()
             blocks.extend(pair_plan)
             index.update(pair_index)
-        access = IndexAccess(num_heads, device, index) if self.gathers_by_index else ViewAccess()
+        pool = self.memory_pool if self.enable_memory_pool else None
+        access = IndexAccess(num_heads, device, index) if self.gathers_by_index else ViewAccess(pool)
         return blocks, access
 
     # forward ----------------------------------------------------------------------------------

@@ -38,6 +38,9 @@ class RowAccess(Protocol):
     def adopt(self, block: Block, value: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
         """`value` (b, m, h, ...) as the whole accumulator of `shape`, without a copy, or None."""
 
+    def release(self, *tensors: torch.Tensor) -> None:
+        """Hand back scratch that `gather` took from the memory pool."""
+
 
 def _batch_segments(x: torch.Tensor, block: Block) -> torch.Tensor:
     """(b, ...) with b = B * S back to (B, S, ...)."""
@@ -45,10 +48,34 @@ def _batch_segments(x: torch.Tensor, block: Block) -> torch.Tensor:
 
 
 class ViewAccess:
-    """Rows as strided views; copies only where (B, S) cannot be merged into one dimension."""
+    """Rows as strided views: merge and gradient sums in place, no scatter.
+
+    The fused CPU kernel runs measurably faster on contiguous (b, h, m, D) blocks than on the widely
+    strided views of a dilated pair (r > 1), so those blocks are copied into scratch buffers from the
+    memory pool and released after the call; r = 1 blocks are passed as views.
+    """
+
+    def __init__(self, pool: MemoryPool | None = None):
+        self.pool = pool
+        self._lent: dict[int, torch.Tensor] = {}
 
     def gather(self, x, block):
-        return block.view(x).flatten(0, 1)  # a view unless B > 1 and a ragged tail splits (B, S)
+        view = block.view(x).flatten(0, 1)  # a view unless B > 1 and a ragged tail splits (B, S)
+        if block.rate == 1 or view.dim() != 4:
+            return view
+        b, m, h, d = view.shape
+        if self.pool is None:
+            return view.transpose(1, 2).contiguous().transpose(1, 2)
+        buf = self.pool.acquire((b, h, m, d), x.dtype, x.device)
+        buf.copy_(view.transpose(1, 2))
+        self._lent[id(buf)] = buf
+        return buf.transpose(1, 2)
+
+    def release(self, *tensors):
+        for t in tensors:
+            base = t._base if t._base is not None else t
+            if self._lent.pop(id(base), None) is not None:
+                self.pool.release(base)
 
     def merge(self, out, lse, block, block_out, block_lse):
         merge_partial_(block.view(out), block.view(lse), _batch_segments(block_out, block), _batch_segments(block_lse, block))
@@ -103,6 +130,9 @@ class IndexAccess:
     def adopt(self, block, value, shape):
         return None
 
+    def release(self, *tensors):
+        pass
+
 
 @dataclass
 class BlockAttention:
@@ -154,6 +184,7 @@ class BlockAttention:
         for i, block in enumerate(self.blocks):
             qb, kb, vb = (self.access.gather(x, block).transpose(1, 2) for x in (q, k, v))
             block_out, block_lse = backend.forward(qb, kb, vb, self._key_pad(key_pad, block), self._call(i))
+            self.access.release(qb, kb, vb)
             block_out, block_lse = block_out.transpose(1, 2), block_lse.transpose(1, 2)
             if out is None:
                 out, lse = self._adopt(block, block_out, q.shape, q), self._adopt(block, block_lse, q.shape[:3], q)
@@ -175,6 +206,7 @@ class BlockAttention:
             qb, kb, vb, dob, ob = (self.access.gather(x, block).transpose(1, 2) for x in (q, k, v, dout, out))
             lb = self.access.gather(lse, block).transpose(1, 2)
             parts = backend.backward(dob, qb, kb, vb, ob, lb, self._key_pad(key_pad, block), self._call(i))
+            self.access.release(qb, kb, vb, dob, ob)
             for j, (x, part) in enumerate(zip((q, k, v), parts)):
                 part = part.transpose(1, 2)
                 if grads[j] is None:

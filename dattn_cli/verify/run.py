@@ -55,6 +55,7 @@ class VerifyReport(BaseModel):
     results: list[CaseResult]
     passed: bool
     seed: int
+    environment: dict | None = None  # filled by the CLI: versions, devices, command line
 
     @property
     def failures(self) -> list[CaseResult]:

@@ -37,6 +37,7 @@ def test_verify_quick_passes_and_writes_json(tmp_path, capsys):
     row = data["results"][0]
     assert {"out", "lse", "dq", "dk", "dv"} <= row["errors"].keys()
     assert row["errors"]["out"]["rel"] < 1e-5
+    assert data["environment"]["torch_version"] == torch.__version__ and data["environment"]["command"][0] == "dattn"
 
 
 def test_verify_fails_with_exit_1_on_a_wrong_implementation(monkeypatch, capsys):
