@@ -25,7 +25,9 @@ def merge_partial_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor
     new_lse = torch.logaddexp(lse, block_lse)
     # exp(x - (-inf)) would be NaN where both sides are empty: measure such rows against 0 instead.
     base = new_lse.masked_fill(new_lse == NEG_INF, 0.0)
-    block_out.mul_(torch.exp(block_lse - base).unsqueeze(-1).to(block_out.dtype))
+    if block_out.dtype != out.dtype:  # half-precision block into an fp32 accumulator: scale in fp32
+        block_out = block_out.to(out.dtype)
+    block_out.mul_(torch.exp(block_lse - base).unsqueeze(-1))
     out.mul_(torch.exp(lse - base).unsqueeze(-1)).add_(block_out)
     lse.copy_(new_lse)
 
