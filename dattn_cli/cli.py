@@ -28,7 +28,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-stdout = Console()
+stdout = Console(width=None if sys.stdout.isatty() else 120)  # logs and pipes get full tables
 
 
 class UsageError(ValueError):
@@ -152,6 +152,164 @@ def verify(
         json_out.write_text(report.model_dump_json(indent=1))
     if not report.passed:
         raise typer.Exit(code=1)
+
+
+QUICK = {"impls": ["DilatedAttention", "ImprovedDilatedAttention", "sdpa"], "seq_lens": "2k,4k,8k",
+         "segments": "512,1024,2048", "dilations": "1,2,4"}
+
+
+def _default_max_memory() -> int:
+    """Half of the memory available right now: the sweep can never drive the host into its OOM killer."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        pass
+    return 4 * 2**30
+
+
+@app.command()
+def bench(
+    impl: Optional[list[str]] = typer.Option(None, "--impl", help="Implementation or baseline (sdpa, math, flash, reference); repeatable."),
+    seq_lens: Optional[str] = typer.Option(None, "--seq-lens", help="Lengths to measure, e.g. 4k,8k,32768."),
+    until_oom: bool = typer.Option(False, "--until-oom", help="Double N from --start until a point fails, then bisect to 5%."),
+    start: str = typer.Option("4k", "--start", help="First N for --until-oom."),
+    quick: bool = typer.Option(False, "--quick", help="Small CPU sweep: Dilated, Improved and sdpa at 2k-8k (< 60 s)."),
+    mode: str = typer.Option("fwd", "--mode", help="fwd or fwdbwd."),
+    batch: int = typer.Option(1, "--batch"),
+    heads: int = typer.Option(8, "--heads"),
+    head_dim: int = typer.Option(64, "--head-dim"),
+    segments: str = typer.Option("2048,4096,8192", "--segments", help="Segment lengths, comma-separated."),
+    dilations: str = typer.Option("1,2,4", "--dilations", help="Dilation rates, comma-separated."),
+    causal: bool = typer.Option(False, "--causal/--no-causal"),
+    dtype: DType = typer.Option(DType.float32, "--dtype"),
+    semantics: str = typer.Option("longnet", "--semantics", help="longnet or head_groups."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    warmup: int = typer.Option(1, "--warmup", help="Untimed calls before timing."),
+    repeat: int = typer.Option(3, "--repeat", help="Timed calls per point (median, p10, p90)."),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory cap per point, e.g. 2GiB (CPU default: half of available RAM)."),
+    max_seconds: float = typer.Option(120.0, "--max-seconds", help="Time budget per point; beyond it the point is skipped (reason time)."),
+    seed: int = typer.Option(0, "--seed"),
+    out: Optional[Path] = typer.Option(None, "--out", help="JSONL report, one row appended per point as it is measured."),
+    resume: bool = typer.Option(False, "--resume", help="Continue --out: points already in it are not measured again."),
+    csv_out: Optional[str] = typer.Option(None, "--csv", help="Write all rows as CSV to this file ('-' = stdout)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write environment and rows as JSON to this file ('-' = stdout)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG of time and memory against N (log-log, fitted exponents)."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="Earlier JSONL report to compare against."),
+    fail_on_regression: Optional[float] = typer.Option(None, "--fail-on-regression", help="Exit 1 if a point got slower by more than PCT percent."),
+) -> None:
+    """Sweep sequence lengths: time, memory, TFLOP/s per implementation, each point in an isolated worker."""
+    from .bench import BenchConfig, find_regressions, parse_seq_lens, parse_size, plot_rows, read_rows, rows_frame, run_sweep
+    from .bench.config import BASELINES, parse_int_list
+    from .kernels import REGISTRY
+    from .render import bench_table, regression_table
+
+    if quick:
+        impl = impl or QUICK["impls"]
+        seq_lens = seq_lens if seq_lens or until_oom else QUICK["seq_lens"]
+        segments, dilations = QUICK["segments"], QUICK["dilations"]
+    if not impl:
+        raise UsageError("--impl: give at least one, e.g. --impl ImprovedDilatedAttention --impl sdpa (or use --quick)")
+    for name in impl:
+        if name not in REGISTRY and name not in BASELINES:
+            raise UsageError(f"--impl {name!r} is unknown: use a registered implementation ({', '.join(REGISTRY)}) "
+                             f"or a baseline ({', '.join(BASELINES)})")
+    if mode not in ("fwd", "fwdbwd"):
+        raise UsageError(f"--mode {mode!r}: use fwd or fwdbwd")
+    if (fail_on_regression is None) != (baseline is None):
+        raise UsageError("--baseline and --fail-on-regression go together: give both")
+    if baseline is not None and not baseline.exists():
+        raise UsageError(f"--baseline {baseline}: no such file")
+    if resume and out is None:
+        raise UsageError("--resume needs --out FILE.jsonl, the report to continue")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA device is available here; use --device cpu")
+    elif device != "cpu":
+        raise UsageError(f"--device {device!r}: use cpu or cuda")
+    cfg = BenchConfig(
+        impls=impl, seq_lens=parse_seq_lens(seq_lens) if seq_lens else [], until_oom=until_oom,
+        start=parse_seq_lens(start)[0], mode=mode, batch=batch, heads=heads, head_dim=head_dim,
+        segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
+        semantics=semantics, causal=causal, dtype=dtype.value, device=device, warmup=warmup, repeat=repeat,
+        max_memory=parse_size(max_memory) if max_memory else _default_max_memory(), max_seconds=max_seconds, seed=seed,
+    )
+    with _progress() as progress:
+        task = progress.add_task("bench", total=None if until_oom else len(cfg.impls) * len(cfg.seq_lens))
+
+        def on_row(row):
+            progress.update(task, advance=1, description=f"bench {row.impl} N={row.seq_len}: {row.status}")
+
+        result = run_sweep(cfg, out=out, resume=resume, command=["dattn", *sys.argv[1:]], on_row=on_row)
+    stdout.print(bench_table(result))
+    frame = rows_frame(result.rows)
+    if csv_out:
+        text = frame.to_csv(index=False)
+        print(text, end="") if csv_out == "-" else Path(csv_out).write_text(text)
+    if json_out:
+        from .bench.sweep import environment_record
+
+        payload = {"environment": environment_record(cfg, ["dattn", *sys.argv[1:]]),
+                   "summaries": [s.model_dump() for s in result.summaries], "rows": [r.model_dump() for r in result.rows]}
+        text = json.dumps(payload, indent=1, default=str)
+        print(text) if json_out == "-" else Path(json_out).write_text(text)
+    if plot is not None:
+        exponents = plot_rows(result.rows, plot)
+        for name, fits in exponents.items():
+            parts = [f"{q} ~ N^{v:.2f}" for q, v in fits.items() if v is not None]
+            if parts:
+                stderr_console().print(f"{name}: " + ", ".join(parts))
+    if baseline is not None:
+        regressions, matched = find_regressions(result.rows, read_rows(baseline), fail_on_regression)
+        stdout.print(regression_table(regressions, matched, fail_on_regression))
+        if regressions:
+            raise typer.Exit(code=1)
+
+
+@app.command()
+def profile(
+    impl: str = typer.Option("ImprovedDilatedAttention", "--impl", help="Registered implementation to profile."),
+    seq_len: str = typer.Option("8k", "--seq-len"),
+    batch: int = typer.Option(1, "--batch"),
+    heads: int = typer.Option(8, "--heads"),
+    head_dim: int = typer.Option(64, "--head-dim"),
+    segments: str = typer.Option("2048,4096,8192", "--segments"),
+    dilations: str = typer.Option("1,2,4", "--dilations"),
+    semantics: str = typer.Option("longnet", "--semantics"),
+    causal: bool = typer.Option(False, "--causal/--no-causal"),
+    dtype: DType = typer.Option(DType.float32, "--dtype"),
+    device: str = typer.Option("cpu", "--device"),
+    mode: str = typer.Option("fwd", "--mode", help="fwd or fwdbwd."),
+    iterations: int = typer.Option(20, "--iterations", help="Timed calls per setting."),
+    warmup: int = typer.Option(2, "--warmup"),
+    seed: int = typer.Option(0, "--seed"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Write a torch.profiler Chrome trace here."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the report as JSON to this file ('-' = stdout)."),
+) -> None:
+    """Pattern-cache and memory-pool hit rates, allocator stats, time and peak memory with caches on vs off."""
+    from .bench.config import parse_int_list, parse_seq_lens
+    from .profiling import run_profile
+    from .render import profile_table
+
+    if mode not in ("fwd", "fwdbwd"):
+        raise UsageError(f"--mode {mode!r}: use fwd or fwdbwd")
+    with _progress() as progress:
+        progress.add_task(f"profile {impl}", total=None)
+        report = run_profile(
+            impl, batch=batch, seq_len=parse_seq_lens(seq_len)[0], heads=heads, head_dim=head_dim,
+            segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
+            semantics=semantics, causal=causal, dtype=dtype.value, device=device, mode=mode, iterations=iterations,
+            warmup=warmup, seed=seed, trace=trace,
+        )
+    stdout.print(profile_table(report))
+    for note in report.notes:
+        stderr_console().print(f"[yellow]note: {note}[/]")
+    if json_out:
+        text = report.model_dump_json(indent=1)
+        print(text) if json_out == "-" else Path(json_out).write_text(text)
 
 
 @app.command()

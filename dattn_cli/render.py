@@ -5,7 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from .bench import Regression, SweepResult
 from .envinfo import EnvironmentInfo
+from .profiling import ProfileReport
 from .verify import VerifyReport
 
 
@@ -93,3 +95,81 @@ def env_table(info: EnvironmentInfo) -> Table:
 
 def stderr_console() -> Console:
     return Console(stderr=True)
+
+
+def _size(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def bench_table(result: SweepResult) -> Table:
+    rows = result.rows
+    title = "dattn bench"
+    if rows:
+        r = rows[0]
+        title += (f" ({r.mode}, {r.dtype}, {r.device}, B={r.batch} H={r.heads} D={r.head_dim}; "
+                  "time = median of repeats; TFLOP/s counts attended pairs only)")
+    table = Table(title=title)
+    for col in ("impl", "N", "time ms", "tokens/s", "TFLOP/s", "peak mem", "status"):
+        if col == "impl":
+            table.add_column(col, overflow="fold")
+        else:
+            table.add_column(col, justify="left" if col == "status" else "right", no_wrap=col != "status")
+    for r in rows:
+        status = "[green]ok[/]" if r.status == "ok" else f"[yellow]{r.status}[/] {r.reason or ''} {r.error or ''}".strip()
+        table.add_row(
+            r.impl, str(r.seq_len),
+            f"{r.time_ms:.1f}" if r.time_ms is not None else "-",
+            f"{r.tokens_per_s:,.0f}" if r.tokens_per_s is not None else "-",
+            f"{r.tflops:.3f}" if r.tflops is not None else "-",
+            _size(r.peak_mem_bytes), status,
+        )
+    for s in result.summaries:
+        table.add_section()
+        table.add_row(s.impl, f"max {s.max_ok_seq_len}" if s.max_ok_seq_len else "none", "", "", "", "", s.limit or "all ok")
+    return table
+
+
+def regression_table(regressions: list[Regression], matched: int, threshold: float) -> Table:
+    table = Table(title=f"regression gate: {len(regressions)} of {matched} matching points slower by > {threshold:g}%")
+    for col in ("impl", "N", "mode", "baseline ms", "current ms", "change"):
+        table.add_column(col)
+    for r in regressions:
+        table.add_row(r.impl, str(r.seq_len), r.mode, f"{r.baseline_ms:.1f}", f"{r.current_ms:.1f}", f"[red]+{r.change_pct:.1f}%[/]")
+    return table
+
+
+def profile_table(report: ProfileReport) -> Table:
+    c = report.config
+    table = Table(title=f"dattn profile {c.impl} ({c.mode}, {c.dtype}, {c.device}, B={c.batch} N={c.seq_len} "
+                        f"H={c.heads} D={c.head_dim}, {c.iterations} iterations; speed-up on/off "
+                        f"{report.speedup_on_vs_off:.2f}x)")
+    table.add_column("metric")
+    table.add_column("caches on", justify="right")
+    table.add_column("caches off", justify="right")
+    on, off = report.caches_on, report.caches_off
+
+    def row(name, get):
+        table.add_row(name, get(on), get(off))
+
+    row("time median ms (p10-p90)", lambda s: f"{s.time.median_ms:.1f} ({s.time.p10_ms:.1f}-{s.time.p90_ms:.1f})")
+    row("peak memory above baseline", lambda s: _size(s.memory.peak_above_baseline_bytes))
+    row("pattern cache hits / misses", lambda s: f"{s.pattern_cache.hits} / {s.pattern_cache.misses}")
+    row("pattern cache hit rate", lambda s: f"{s.pattern_cache.hit_rate:.1%}")
+    row("pattern cache evictions, entries, bytes",
+        lambda s: f"{s.pattern_cache.evictions}, {s.pattern_cache.entries}, {_size(s.pattern_cache.bytes)}")
+    row("pool requests / reuses", lambda s: f"{s.memory_pool.requests} / {s.memory_pool.reuses}")
+    row("pool reuse rate", lambda s: f"{s.memory_pool.reuse_rate:.1%}")
+    row("pool bytes held (peak)", lambda s: f"{_size(s.memory_pool.bytes_held)} ({_size(s.memory_pool.peak_bytes_held)})")
+    if on.memory.cuda_allocator is not None:
+        row("cuda allocated peak", lambda s: _size(s.memory.cuda_allocator.allocated_bytes_all_peak))
+        row("cuda reserved peak", lambda s: _size(s.memory.cuda_allocator.reserved_bytes_all_peak))
+        row("cuda alloc retries / OOMs",
+            lambda s: f"{s.memory.cuda_allocator.num_alloc_retries} / {s.memory.cuda_allocator.num_ooms}")
+    row("backend", lambda s: s.backend or "-")
+    table.caption = f"memory: {on.memory.memory_method}" + (f"; trace: {report.trace_path}" if report.trace_path else "")
+    return table

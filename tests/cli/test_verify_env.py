@@ -81,7 +81,7 @@ def test_config_file(tmp_path, capsys):
     code, out, _ = run_cli(["--config", str(good), "verify"], capsys)
     assert code == 0 and "verify passed: 5 checks" in out  # 5 cases x longnet only x causal only
     for text, needle in [("verify: [1, 2\n", "not valid YAML"), ("verify:\n  nope: 1\n", "has no option 'nope'"),
-                         ("bench: {}\n", "unknown command 'bench'")]:
+                         ("nonsense: {}\n", "unknown command 'nonsense'")]:
         bad = tmp_path / "bad.yaml"
         bad.write_text(text)
         code, _, err = run_cli(["--config", str(bad), "verify"], capsys)

@@ -1,0 +1,107 @@
+"""What a sweep measures: the configuration, parsed and validated (one ValueError per mistake)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from ..kernels.pattern import validate_pattern
+
+BASELINES = ("sdpa", "math", "flash", "reference")
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+               "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_seq_lens(text: str) -> list[int]:
+    """'4k,8k,32768' -> [4096, 8192, 32768]; k = 1024, m = 1024**2."""
+    values = []
+    for part in str(text).split(","):
+        part = part.strip().lower()
+        match = re.fullmatch(r"(\d+)([km]?)", part)
+        if not match:
+            raise ValueError(f"--seq-lens: {part!r} is not a length; write e.g. 4k,8k,32768")
+        value = int(match.group(1)) * {"": 1, "k": 1024, "m": 1024**2}[match.group(2)]
+        if value <= 0:
+            raise ValueError(f"--seq-lens: {part!r} must be positive")
+        values.append(value)
+    return values
+
+
+def parse_size(text: str, option: str = "--max-memory") -> int:
+    """'2GiB', '512MB', '1.5g' -> bytes."""
+    match = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _SIZE_UNITS:
+        raise ValueError(f"{option}: {text!r} is not a size; write e.g. 2GiB, 512MiB or 8GB")
+    value = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"{option}: {text!r} must be positive")
+    return value
+
+
+def parse_int_list(text: str | list[int], option: str) -> list[int]:
+    if isinstance(text, list):
+        return [int(x) for x in text]
+    try:
+        return [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not a comma-separated list of integers, e.g. 2048,4096") from None
+
+
+class BenchConfig(BaseModel):
+    impls: list[str]
+    seq_lens: list[int] = Field(default_factory=list)
+    until_oom: bool = False
+    start: int = 4096
+    mode: Literal["fwd", "fwdbwd"] = "fwd"
+    batch: int = 1
+    heads: int = 8
+    head_dim: int = 64
+    segment_lengths: list[int] = Field(default_factory=lambda: [2048, 4096, 8192])
+    dilation_rates: list[int] = Field(default_factory=lambda: [1, 2, 4])
+    semantics: Literal["longnet", "head_groups"] = "longnet"
+    causal: bool = False
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    warmup: int = 1
+    repeat: int = 3
+    max_memory: int
+    max_seconds: float = 120.0
+    seed: int = 0
+
+    @field_validator("batch", "heads", "head_dim", "start", "repeat")
+    @classmethod
+    def _positive(cls, value: int, info) -> int:
+        if value <= 0:
+            raise ValueError(f"--{info.field_name.replace('_', '-')} must be >= 1, got {value}")
+        return value
+
+    @field_validator("warmup")
+    @classmethod
+    def _non_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(f"--warmup must be >= 0, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "BenchConfig":
+        validate_pattern(self.segment_lengths, self.dilation_rates, self.semantics)
+        if not self.impls:
+            raise ValueError("--impl: give at least one implementation or baseline")
+        if self.until_oom == bool(self.seq_lens):
+            raise ValueError("give exactly one of --seq-lens and --until-oom")
+        if self.max_seconds <= 0:
+            raise ValueError(f"--max-seconds must be positive, got {self.max_seconds}")
+        return self
+
+    def point_key(self) -> dict:
+        """The fields, besides impl and seq_len, that identify a measured point."""
+        return {
+            "mode": self.mode, "batch": self.batch, "heads": self.heads, "head_dim": self.head_dim,
+            "segments": list(self.segment_lengths), "dilations": list(self.dilation_rates),
+            "semantics": self.semantics, "causal": self.causal, "dtype": self.dtype, "device": self.device,
+            "world_size": 1,
+        }

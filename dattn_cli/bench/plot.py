@@ -1,0 +1,65 @@
+"""Time and peak memory against N on log-log axes, with each line's fitted scaling exponent."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from .rows import BenchRow
+
+
+def fit_exponent(xs: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope of log y on log x: y ~ N^slope. None with fewer than two points."""
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    var = sum((p[0] - mx) ** 2 for p in pts)
+    return None if var == 0 else sum((p[0] - mx) * (p[1] - my) for p in pts) / var
+
+
+def plot_rows(rows: list[BenchRow], path: Path) -> dict[str, dict[str, float | None]]:
+    """Write the PNG; return the fitted exponents per implementation and quantity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    quantities = (("time_ms", "time per call (ms)", "time"), ("peak_mem_bytes", "peak memory (MiB)", "memory"))
+    exponents: dict[str, dict[str, float | None]] = {}
+    impls = list(dict.fromkeys(r.impl for r in rows))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (field, label, name) in zip(axes, quantities):
+        scale = 2**20 if field == "peak_mem_bytes" else 1
+        for i, impl in enumerate(impls):
+            color = colors[i % len(colors)]
+            ok = sorted((r for r in rows if r.impl == impl and r.status == "ok" and getattr(r, field)), key=lambda r: r.seq_len)
+            xs = [r.seq_len for r in ok]
+            ys = [getattr(r, field) / scale for r in ok]
+            slope = fit_exponent(xs, ys)
+            exponents.setdefault(impl, {})[name] = slope
+            legend = f"{impl}: {name} ~ N^{slope:.2f}" if slope is not None else f"{impl}"
+            if ok:
+                ax.plot(xs, ys, "o-", color=color, label=legend)
+            failed = sorted((r for r in rows if r.impl == impl and r.status in ("oom", "skipped", "error")), key=lambda r: r.seq_len)
+            if failed:
+                y = ys[-1] if ys else 1.0
+                first = failed[0]
+                ax.scatter([first.seq_len], [y], marker="x", s=90, color=color, zorder=5,
+                           label=f"{impl}: {first.status} at N={first.seq_len}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    sample = rows[0] if rows else None
+    if sample:
+        fig.suptitle(f"dattn bench: {sample.mode}, {sample.dtype}, B={sample.batch} H={sample.heads} D={sample.head_dim}, "
+                     f"segments {sample.segments}, dilations {sample.dilations}, {sample.device}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return exponents

@@ -1,0 +1,34 @@
+"""The regression gate: the same points, median against median."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from .rows import BenchRow
+
+
+class Regression(BaseModel):
+    impl: str
+    seq_len: int
+    mode: str
+    baseline_ms: float
+    current_ms: float
+    change_pct: float
+
+
+def find_regressions(current: list[BenchRow], baseline: list[BenchRow], threshold_pct: float) -> tuple[list[Regression], int]:
+    """Points (ok in both) whose median time grew by more than threshold_pct; and how many matched."""
+    if threshold_pct < 0:
+        raise ValueError(f"--fail-on-regression must be >= 0 percent, got {threshold_pct}")
+    old = {r.key(): r for r in baseline if r.status == "ok"}
+    found, matched = [], 0
+    for row in current:
+        before = old.get(row.key())
+        if row.status != "ok" or before is None:
+            continue
+        matched += 1
+        change = (row.time_ms / before.time_ms - 1.0) * 100.0
+        if change > threshold_pct:
+            found.append(Regression(impl=row.impl, seq_len=row.seq_len, mode=row.mode, baseline_ms=before.time_ms,
+                                    current_ms=row.time_ms, change_pct=change))
+    return found, matched

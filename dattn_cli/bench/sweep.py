@@ -1,0 +1,132 @@
+"""Sweeps: fixed sequence lengths, or --until-oom (double, then bisect), one isolated worker per point."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel
+
+from .config import BenchConfig
+from .estimate import estimate_peak_bytes
+from .rows import BenchRow, append_jsonl, point_key, read_rows
+from .worker import make_row, run_isolated
+
+FAILED = ("oom", "error", "skipped")
+BISECT_TOLERANCE = 0.05
+MAX_DOUBLINGS = 24
+
+
+class ImplSummary(BaseModel):
+    impl: str
+    max_ok_seq_len: int | None
+    limit: str | None  # why the next length failed, e.g. "oom at N=16384"
+
+
+class SweepResult(BaseModel):
+    rows: list[BenchRow]
+    summaries: list[ImplSummary]
+
+
+def environment_record(cfg: BenchConfig, command: list[str] | None) -> dict:
+    from ..envinfo import collect_environment
+
+    env = collect_environment().model_dump()
+    return {"record": "environment", **env, "seed": cfg.seed, "command": command or ["dattn", *sys.argv[1:]],
+            "config": cfg.model_dump()}
+
+
+class _Sweeper:
+    def __init__(self, cfg: BenchConfig, out: Path | None, resume: bool, on_row, runner):
+        self.cfg, self.out, self.on_row, self.runner = cfg, out, on_row, runner
+        self.rows: list[BenchRow] = []
+        self.done: dict[tuple, BenchRow] = {}
+        if out is not None and resume:
+            self.done = {r.key(): r for r in read_rows(out)}
+
+    def point(self, impl: str, n: int, blocked: str | None = None) -> BenchRow:
+        key = point_key({"impl": impl, "seq_len": n, **self.cfg.point_key()})
+        if key in self.done:  # measured by an earlier, interrupted run
+            row = self.done[key]
+            self.rows.append(row)
+            return row
+        predicted = estimate_peak_bytes(impl, self.cfg, n)
+        if blocked:
+            result = {"status": "skipped", "reason": blocked}
+        elif not self.cfg.device.startswith("cuda") and predicted > self.cfg.max_memory:
+            result = {"status": "skipped", "reason": f"memory: predicted {predicted / 2**30:.2f} GiB > --max-memory "
+                      f"{self.cfg.max_memory / 2**30:.2f} GiB"}
+        else:
+            result = self.runner(self.cfg, impl, n)
+        row = make_row(self.cfg, impl, n, result, predicted)
+        if self.out is not None:
+            append_jsonl(self.out, row.model_dump())
+        self.rows.append(row)
+        self.done[key] = row
+        if self.on_row:
+            self.on_row(row)
+        return row
+
+    def fixed(self, impl: str) -> ImplSummary:
+        best, limit = None, None
+        for n in self.cfg.seq_lens:
+            row = self.point(impl, n, blocked=f"after {limit}" if limit else None)
+            if row.status == "ok":
+                best = n if best is None else max(best, n)
+            elif limit is None:
+                limit = f"{row.status} at N={n}"
+        return ImplSummary(impl=impl, max_ok_seq_len=best, limit=limit)
+
+    def until_oom(self, impl: str) -> ImplSummary:
+        ok, fail, fail_row = None, None, None
+        n = self.cfg.start
+        for _ in range(MAX_DOUBLINGS):
+            row = self.point(impl, n)
+            if row.status == "ok":
+                ok, n = n, n * 2
+            else:
+                fail, fail_row = n, row
+                break
+        if fail is None:
+            return ImplSummary(impl=impl, max_ok_seq_len=ok, limit=f"stopped after {MAX_DOUBLINGS} doublings")
+        if fail_row.status == "error":  # a crash is not a capacity limit: do not bisect towards it
+            return ImplSummary(impl=impl, max_ok_seq_len=ok, limit=f"error at N={fail}: {fail_row.error}")
+        while ok is not None and fail - ok > BISECT_TOLERANCE * fail:
+            mid = _round_mid(ok, fail)
+            row = self.point(impl, mid)
+            if row.status == "ok":
+                ok = mid
+            else:
+                fail, fail_row = mid, row
+        reason = fail_row.reason or fail_row.status
+        return ImplSummary(impl=impl, max_ok_seq_len=ok, limit=f"{fail_row.status} at N={fail} ({reason})")
+
+
+def _round_mid(lo: int, hi: int) -> int:
+    """Midpoint rounded to a multiple of 64 while the gap allows it (any N is legal for every impl)."""
+    mid = (lo + hi) // 2
+    if hi - lo > 256:
+        mid = mid // 64 * 64
+    return min(max(mid, lo + 1), hi - 1)
+
+
+def run_sweep(
+    cfg: BenchConfig,
+    *,
+    out: Path | None = None,
+    resume: bool = False,
+    command: list[str] | None = None,
+    on_row: Callable[[BenchRow], None] | None = None,
+    runner: Callable[[BenchConfig, str, int], dict] = run_isolated,
+) -> SweepResult:
+    """Measure every implementation over the configured lengths; rows go to `out` as they come."""
+    if out is not None:
+        out = Path(out)
+        if out.exists() and not resume and read_rows(out):
+            raise ValueError(f"--out {out} already holds rows: pass --resume to continue it, or choose a new file")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        append_jsonl(out, environment_record(cfg, command))
+    sweeper = _Sweeper(cfg, out, resume, on_row, runner)
+    summaries = [sweeper.until_oom(i) if cfg.until_oom else sweeper.fixed(i) for i in cfg.impls]
+    return SweepResult(rows=sweeper.rows, summaries=summaries)

@@ -1,0 +1,280 @@
+"""Measure one point in an isolated worker process.
+
+The parent forks workers from a forkserver that has torch imported but has run nothing, so a worker
+starts in milliseconds, and an OOM or crash in it becomes a row instead of ending the sweep. On CPU the
+worker caps its own address space (RLIMIT_AS) so an allocation beyond --max-memory fails inside torch
+(status=oom) long before the kernel's OOM killer would act; the parent also watches the worker's RSS
+and its time budget, and kills it if either is exceeded.
+
+CPU peak memory: the worker's peak RSS (ru_maxrss) minus its RSS right after start-up, i.e. everything
+the point allocated, inputs included. GPU: torch.cuda.max_memory_allocated after a reset, plus NVML's
+device-used figure.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import time
+import traceback
+from typing import Any, Callable
+
+from .config import BenchConfig
+from .rows import BenchRow
+
+CPU_MEM_METHOD = "peak RSS (ru_maxrss) of the isolated worker above its RSS after start-up, inputs included"
+GPU_MEM_METHOD = "torch.cuda.max_memory_allocated after reset_peak_memory_stats (allocator view)"
+RLIMIT_SLACK = 512 * 2**20
+_CONTEXT: Any = None
+
+
+def _rss_bytes(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _vm_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def dense_pairs(batch: int, heads: int, n: int, causal: bool) -> int:
+    return batch * heads * (n * (n + 1) // 2 if causal else n * n)
+
+
+def attended_pairs_for(impl: str, cfg: BenchConfig, n: int) -> int:
+    """P of the FLOP convention: the pairs this implementation actually computes."""
+    from ..kernels.pattern import attended_pairs, build_blocks
+
+    if impl in ("sdpa", "math", "flash", "reference"):
+        return dense_pairs(cfg.batch, cfg.heads, n, cfg.causal)
+    blocks = build_blocks(n, cfg.heads, cfg.segment_lengths, cfg.dilation_rates, cfg.semantics)
+    return attended_pairs(cfg.batch, blocks, cfg.causal)
+
+
+def flops_for(impl: str, cfg: BenchConfig, n: int) -> float:
+    fwd = 4.0 * cfg.head_dim * attended_pairs_for(impl, cfg, n)
+    return fwd * (3.5 if cfg.mode == "fwdbwd" else 1.0)
+
+
+def _build(impl: str, cfg: BenchConfig, n: int) -> tuple[Callable[[], Any], Callable[[], tuple]]:
+    """(make_inputs, run): run(*inputs) returns the output tensor."""
+    import torch
+    import torch.nn.functional as F
+
+    from ..kernels import REGISTRY
+    from ..kernels.reference import dilated_attention_reference
+
+    dtype = getattr(torch, cfg.dtype)
+    device = torch.device(cfg.device)
+    grad = cfg.mode == "fwdbwd"
+    shape = (cfg.batch, n, cfg.heads, cfg.head_dim)
+
+    def qkv():
+        return tuple(torch.randn(shape, dtype=dtype, device=device, requires_grad=grad) for _ in range(3))
+
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    if impl == "sdpa":
+        return qkv, lambda q, k, v: t(F.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=cfg.causal))
+    if impl == "math":
+        def math_attention(q, k, v):
+            scores = torch.matmul(t(q), t(k).transpose(-1, -2)) * cfg.head_dim**-0.5
+            if cfg.causal:
+                scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=device).triu(1), float("-inf"))
+            return t(torch.matmul(torch.softmax(scores, dim=-1), t(v)))
+        return qkv, math_attention
+    if impl == "flash":
+        from flash_attn import flash_attn_func
+
+        return qkv, lambda q, k, v: flash_attn_func(q, k, v, causal=cfg.causal)
+    if impl == "reference":
+        return qkv, lambda q, k, v: dilated_attention_reference(
+            q, k, v, cfg.segment_lengths, cfg.dilation_rates, cfg.causal, cfg.semantics)[0]
+    entry = REGISTRY.get(impl)
+    if entry is None:
+        raise ValueError(f"--impl {impl!r} is not registered and not a baseline")
+    if entry.kind == "multihead":
+        embed = cfg.heads * cfg.head_dim
+        module = entry.cls(embed, cfg.heads, segment_lengths=cfg.segment_lengths, dilation_rates=cfg.dilation_rates,
+                           semantics=cfg.semantics, device=device, dtype=dtype)
+
+        def x3():
+            x = torch.randn(cfg.batch, n, embed, dtype=dtype, device=device, requires_grad=grad)
+            return x, x, x
+        return x3, lambda q, k, v: module(q, k, v, is_causal=cfg.causal)[0]
+    module = entry.cls(cfg.segment_lengths, cfg.dilation_rates, semantics=cfg.semantics)
+    return qkv, lambda q, k, v: module(q, k, v, is_causal=cfg.causal)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return True
+    text = str(exc).lower()
+    return "can't allocate memory" in text or "out of memory" in text or "cannot allocate memory" in text
+
+
+def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = None) -> dict:
+    """Run one point in this process; returns the row fields it measured."""
+    import torch
+
+    start_rss = _rss_bytes() if start_rss is None else start_rss
+    cuda = cfg.device.startswith("cuda")
+    torch.manual_seed(cfg.seed)
+    make_inputs, run = _build(impl, cfg, n)
+
+    def step() -> float:
+        inputs = make_inputs()  # fresh random inputs for every call, outside the timed region
+        upstream = None
+        if cfg.mode == "fwdbwd":
+            with torch.no_grad():
+                upstream = torch.randn_like(run(*inputs)) if impl == "reference" else None
+        if cuda:
+            torch.cuda.synchronize()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        t0 = time.perf_counter()
+        if cfg.mode == "fwdbwd":
+            out = run(*inputs)
+            out.backward(upstream if upstream is not None else torch.ones_like(out))
+        else:
+            with torch.no_grad():
+                run(*inputs)
+        if cuda:
+            end.record()
+            torch.cuda.synchronize()
+            return begin.elapsed_time(end) / 1e3
+        return time.perf_counter() - t0
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    began = time.perf_counter()
+    first = step()
+    for _ in range(cfg.warmup - 1):
+        step()
+    spent = time.perf_counter() - began
+    if spent + first * cfg.repeat > cfg.max_seconds:
+        return {"status": "skipped", "reason": f"time: one call took {first:.2f} s, so {cfg.repeat} repeats would "
+                f"exceed --max-seconds {cfg.max_seconds:g}"}
+    times = sorted(step() for _ in range(cfg.repeat))
+    median = statistics.median(times)
+    result = {
+        "status": "ok", "time_ms": median * 1e3, "repeats": len(times),
+        "time_ms_p10": _quantile(times, 0.1) * 1e3, "time_ms_p90": _quantile(times, 0.9) * 1e3,
+        "tokens_per_s": cfg.batch * n / median,
+    }
+    flops = flops_for(impl, cfg, n)
+    result.update(flops=flops, tflops=flops / median / 1e12)
+    if cuda:
+        result.update(peak_mem_bytes=torch.cuda.max_memory_allocated(), mem_method=GPU_MEM_METHOD,
+                      nvml_used_bytes=_nvml_used(torch.cuda.current_device()))
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        result.update(peak_mem_bytes=max(0, peak - start_rss), mem_method=CPU_MEM_METHOD)
+    return result
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _nvml_used(index: int) -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML absent or unusable: the column stays empty, the row stays valid
+        return None
+
+
+def _child(conn, cfg_data: dict, impl: str, n: int) -> None:
+    start_rss = _rss_bytes()
+    cfg = BenchConfig.model_validate(cfg_data)
+    if not cfg.device.startswith("cuda"):
+        limit = _vm_bytes() + cfg.max_memory + RLIMIT_SLACK
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        result = measure_point(cfg, impl, n, start_rss)
+    except BaseException as exc:  # every failure becomes a row; the sweep goes on
+        try:
+            oom = _is_oom(exc)
+        except Exception:
+            oom = False
+        message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+        result = {"status": "oom" if oom else "error", "error": message,
+                  "reason": "out of memory" if oom else "exception in worker"}
+        if not oom and os.environ.get("DATTN_DEBUG"):
+            traceback.print_exc()
+    conn.send(result)
+    conn.close()
+
+
+def _context():
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = mp.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(["torch", "dattn_cli.kernels", "dattn_cli.bench.worker"])
+    return _CONTEXT
+
+
+def run_isolated(cfg: BenchConfig, impl: str, n: int, child: Callable = _child) -> dict:
+    """Measure one point in a fresh worker; OOM, crash or time-out become a result, never an exception."""
+    ctx = _context()
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=child, args=(sender, cfg.model_dump(), impl, n), daemon=True)
+    proc.start()
+    sender.close()
+    deadline = time.monotonic() + cfg.max_seconds + 30.0
+    base_rss = None
+    result = None
+    try:
+        while result is None:
+            if receiver.poll(0.05):
+                try:
+                    result = receiver.recv()
+                except EOFError:
+                    proc.join(5)
+                    result = _died(proc.exitcode)
+                break
+            if not proc.is_alive():
+                proc.join()
+                result = _died(proc.exitcode)
+                break
+            try:
+                rss = _rss_bytes(proc.pid)
+            except (OSError, IndexError):
+                continue
+            base_rss = rss if base_rss is None else min(base_rss, rss)
+            if not cfg.device.startswith("cuda") and rss - base_rss > cfg.max_memory + RLIMIT_SLACK:
+                proc.kill()
+                result = {"status": "oom", "reason": "out of memory",
+                          "error": f"worker RSS grew {(rss - base_rss) / 2**30:.2f} GiB, over --max-memory; killed"}
+            elif time.monotonic() > deadline:
+                proc.kill()
+                result = {"status": "skipped", "reason": f"time: point ran past --max-seconds {cfg.max_seconds:g}; killed"}
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(10)
+        receiver.close()
+    return result
+
+
+def _died(exitcode: int | None) -> dict:
+    if exitcode is not None and exitcode < 0 and -exitcode == 9:
+        return {"status": "oom", "reason": "out of memory", "error": "worker killed by SIGKILL (likely the OOM killer)"}
+    return {"status": "error", "reason": "worker crashed", "error": f"worker exited with code {exitcode} and sent no result"}
+
+
+def make_row(cfg: BenchConfig, impl: str, n: int, result: dict, predicted: int | None) -> BenchRow:
+    return BenchRow(impl=impl, seq_len=n, predicted_mem_bytes=predicted, **cfg.point_key(), **result)

@@ -1,0 +1,73 @@
+"""Isolation: every way a point can fail becomes a row; a real point has every field."""
+
+import pytest
+
+from dattn_cli.bench import BenchConfig
+from dattn_cli.bench.worker import CPU_MEM_METHOD, flops_for, run_isolated
+from tests.bench import helpers
+
+SMALL = dict(seq_lens=[512], heads=2, head_dim=16, segment_lengths=[64, 128], dilation_rates=[1, 2], repeat=2,
+             max_memory=2**30, max_seconds=60)
+
+
+def cfg(**kw):
+    return BenchConfig(**{"impls": ["ImprovedDilatedAttention"], **SMALL, **kw})
+
+
+@pytest.mark.parametrize("impl", ["ImprovedDilatedAttention", "DilatedAttention", "ImprovedMultiheadDilatedAttention",
+                                  "sdpa", "math", "reference"])
+@pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
+def test_real_point_measures_everything(impl, mode):
+    c = cfg(mode=mode)
+    row = run_isolated(c, impl, 512)
+    assert row["status"] == "ok", row
+    assert row["time_ms"] > 0 and row["time_ms_p10"] <= row["time_ms"] <= row["time_ms_p90"]
+    assert row["tokens_per_s"] == pytest.approx(512 / (row["time_ms"] / 1e3))
+    assert row["flops"] == flops_for(impl, c, 512) and row["tflops"] > 0
+    assert row["peak_mem_bytes"] > 512 * 2 * 16 * 4 * 3  # at least the three inputs
+    assert row["mem_method"] == CPU_MEM_METHOD
+
+
+def test_flop_convention():
+    c = cfg()
+    dense = 4 * 16 * 2 * 512 * 512
+    assert flops_for("sdpa", c, 512) == dense
+    assert flops_for("sdpa", cfg(causal=True), 512) == 4 * 16 * 2 * 512 * 513 // 2
+    assert flops_for("sdpa", cfg(mode="fwdbwd"), 512) == 3.5 * dense
+    # pair 1: 64 keys per query; pair 2 (r=2): half the queries, 64 keys each -> 96 per query and head
+    assert flops_for("ImprovedDilatedAttention", c, 512) == 4 * 16 * 2 * 512 * 96
+
+
+@pytest.mark.parametrize(
+    "child,status,needle",
+    [
+        (helpers.raising_child, "error", "ValueError"),
+        (helpers.memory_error_child, "oom", "MemoryError"),
+        (helpers.killed_child, "oom", "SIGKILL"),
+        (helpers.crashing_child, "error", "exited with code 3"),
+    ],
+)
+def test_failures_become_rows(child, status, needle):
+    row = run_isolated(cfg(), "ImprovedDilatedAttention", 512, child=child)
+    assert row["status"] == status and needle in row["error"]
+
+
+def test_time_budget_kills_a_hung_worker():
+    row = run_isolated(cfg(max_seconds=0.5), "ImprovedDilatedAttention", 512, child=helpers.sleeping_child)
+    assert row["status"] == "skipped" and row["reason"].startswith("time")
+
+
+def test_time_budget_skips_slow_points_after_one_call():
+    row = run_isolated(cfg(max_seconds=0.001, repeat=50), "sdpa", 512)
+    assert row["status"] == "skipped" and row["reason"].startswith("time: one call took")
+
+
+def test_memory_cap_is_enforced_inside_torch():
+    # math holds 2 x B*H*N*N*4 bytes = 1 GiB of scores at N=8192, H=2: far over a 256 MiB cap
+    row = run_isolated(cfg(max_memory=256 * 2**20), "math", 8192)
+    assert row["status"] == "oom" and "alloc" in row["error"].lower()
+
+
+def test_memory_watchdog_kills_what_rlimit_does_not_stop():
+    row = run_isolated(cfg(max_memory=128 * 2**20), "ImprovedDilatedAttention", 512, child=helpers.hog_child)
+    assert row["status"] == "oom" and "over --max-memory" in row["error"]
