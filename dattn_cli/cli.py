@@ -322,6 +322,18 @@ def env(json_: bool = typer.Option(False, "--json", help="Print JSON instead of 
         stdout.print(env_table(info))
 
 
+def _one_line(exc: ValueError) -> str:
+    """The user-facing sentence of a ValueError; pydantic's validation errors reduced to their message."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError) and exc.errors():
+        error = exc.errors()[0]
+        message = str(error.get("msg", exc)).removeprefix("Value error, ")
+        field = ".".join(str(p) for p in error.get("loc", ()))
+        return message if message.startswith("-") or not field else f"{field}: {message}"
+    return str(exc) or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
@@ -337,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
         if debug or not (usage or isinstance(exc, ValueError)):
             raise
         # ValueError: bad configuration or input, raised by the library with the fix in its text.
-        message = exc.format_message() if usage else str(exc) or type(exc).__name__
+        message = exc.format_message() if usage else _one_line(exc)
         print(f"dattn: error: {message.splitlines()[0]}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -1,0 +1,119 @@
+"""Sweeps with a scripted runner (deterministic, fast): incremental rows, resume, until-oom, skips."""
+
+import json
+
+import pytest
+
+from dattn_cli.bench import BenchConfig, read_rows, run_sweep
+from dattn_cli.bench.rows import BenchRow
+
+BASE = dict(heads=2, head_dim=16, segment_lengths=[64, 128], dilation_rates=[1, 2], max_memory=2**30)
+
+
+def ok_result(n):
+    return {"status": "ok", "time_ms": n / 100, "time_ms_p10": n / 110, "time_ms_p90": n / 90, "repeats": 3,
+            "tokens_per_s": 1e5, "flops": 1.0, "tflops": 1e-6, "peak_mem_bytes": 1000 * n}
+
+
+class Runner:
+    """Scripted worker: ok up to `limit`, oom above; records calls; checks rows are already on disk."""
+
+    def __init__(self, limit=10**9, out=None):
+        self.limit, self.out, self.calls = limit, out, []
+
+    def __call__(self, cfg, impl, n):
+        if self.out is not None:  # every earlier point is durable before the next one starts
+            assert len(read_rows(self.out)) == len(self.calls)
+        self.calls.append((impl, n))
+        return ok_result(n) if n <= self.limit else {"status": "oom", "reason": "out of memory", "error": "simulated"}
+
+
+def test_fixed_sweep_appends_rows_as_it_goes(tmp_path):
+    out = tmp_path / "r.jsonl"
+    cfg = BenchConfig(impls=["ImprovedDilatedAttention", "sdpa"], seq_lens=[256, 512, 1024], **BASE)
+    runner = Runner(out=out)
+    result = run_sweep(cfg, out=out, runner=runner)
+    assert len(runner.calls) == 6 and len(result.rows) == 6
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0]["record"] == "environment"
+    for key in ("dattn_version", "git_commit", "torch_version", "cuda_version", "nvidia_driver", "cpu", "seed", "command"):
+        assert key in lines[0]
+    spec_fields = {"impl", "semantics", "dtype", "device", "batch", "heads", "head_dim", "seq_len", "segments",
+                   "dilations", "causal", "mode", "world_size", "status", "time_ms", "time_ms_p10", "time_ms_p90",
+                   "tokens_per_s", "tflops", "peak_mem_bytes", "predicted_mem_bytes", "error"}
+    assert all(spec_fields <= line.keys() for line in lines[1:])
+    assert [s.max_ok_seq_len for s in result.summaries] == [1024, 1024]
+
+
+def test_after_a_failure_longer_lengths_are_skipped_and_next_impl_runs(tmp_path):
+    cfg = BenchConfig(impls=["ImprovedDilatedAttention", "sdpa"], seq_lens=[256, 512, 1024], **BASE)
+    runner = Runner(limit=300)
+    result = run_sweep(cfg, runner=runner)
+    statuses = [(r.impl, r.seq_len, r.status) for r in result.rows]
+    assert statuses[:3] == [("ImprovedDilatedAttention", 256, "ok"), ("ImprovedDilatedAttention", 512, "oom"),
+                            ("ImprovedDilatedAttention", 1024, "skipped")]
+    assert result.rows[2].reason == "after oom at N=512"
+    assert ("sdpa", 256) in runner.calls and ("ImprovedDilatedAttention", 1024) not in runner.calls
+
+
+def test_predicted_memory_above_cap_is_skipped_without_running():
+    cfg = BenchConfig(impls=["math"], seq_lens=[65536], **{**BASE, "max_memory": 2**30})
+    runner = Runner()
+    result = run_sweep(cfg, runner=runner)
+    assert runner.calls == []
+    row = result.rows[0]
+    assert row.status == "skipped" and row.reason.startswith("memory: predicted") and row.predicted_mem_bytes > 2**30
+
+
+def test_resume_measures_nothing_twice(tmp_path):
+    out = tmp_path / "r.jsonl"
+    cfg = BenchConfig(impls=["ImprovedDilatedAttention"], seq_lens=[256, 512, 1024, 2048], **BASE)
+
+    class Interrupted(Runner):
+        def __call__(self, cfg, impl, n):
+            if len(self.calls) == 2:
+                raise KeyboardInterrupt
+            return super().__call__(cfg, impl, n)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(cfg, out=out, runner=Interrupted())
+    first = read_rows(out)
+    assert [r.seq_len for r in first] == [256, 512]
+    with pytest.raises(ValueError, match="pass --resume"):
+        run_sweep(cfg, out=out, runner=Runner())
+    runner = Runner()
+    result = run_sweep(cfg, out=out, resume=True, runner=runner)
+    assert runner.calls == [("ImprovedDilatedAttention", 1024), ("ImprovedDilatedAttention", 2048)]
+    rows = read_rows(out)
+    assert [r.seq_len for r in rows] == [256, 512, 1024, 2048] and len({r.key() for r in rows}) == 4
+    assert [r.seq_len for r in result.rows] == [256, 512, 1024, 2048]
+
+
+def test_torn_last_line_is_ignored(tmp_path):
+    out = tmp_path / "r.jsonl"
+    row = BenchRow(impl="sdpa", seq_len=1, status="ok", **BenchConfig(impls=["sdpa"], seq_lens=[1], **BASE).point_key())
+    out.write_text(row.model_dump_json() + "\n" + '{"record": "point", "impl": "sd')
+    assert len(read_rows(out)) == 1
+
+
+@pytest.mark.parametrize("limit", [10_000, 5_000, 70_000])
+def test_until_oom_doubles_then_bisects_to_5_percent(limit):
+    cfg = BenchConfig(impls=["ImprovedDilatedAttention"], until_oom=True, start=1024, **BASE)
+    runner = Runner(limit=limit)
+    result = run_sweep(cfg, runner=runner)
+    best = result.summaries[0].max_ok_seq_len
+    failing = min(n for _, n in runner.calls if n > limit)
+    assert best <= limit < failing and failing - best <= 0.05 * failing
+    assert result.summaries[0].limit.startswith(f"oom at N={failing}")
+    assert len(runner.calls) == len(set(runner.calls))  # no point measured twice
+
+
+def test_until_oom_stops_at_an_error_without_bisecting():
+    cfg = BenchConfig(impls=["sdpa"], until_oom=True, start=1024, **BASE)
+
+    def runner(cfg, impl, n):
+        return ok_result(n) if n < 4096 else {"status": "error", "reason": "exception in worker", "error": "boom"}
+
+    result = run_sweep(cfg, runner=runner)
+    assert result.summaries[0].max_ok_seq_len == 2048 and "error at N=4096" in result.summaries[0].limit
+    assert [r.seq_len for r in result.rows] == [1024, 2048, 4096]

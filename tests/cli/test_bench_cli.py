@@ -1,0 +1,99 @@
+"""`dattn bench` and `dattn profile` from the command line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dattn_cli.bench import read_rows
+from tests.cli.test_verify_env import run_cli
+
+SMALL = ["--heads", "2", "--head-dim", "16", "--segments", "64,128", "--dilations", "1,2", "--repeat", "2"]
+
+
+def test_bench_table_csv_json_out(tmp_path, capsys):
+    out, js = tmp_path / "r.jsonl", tmp_path / "r.json"
+    code, stdout, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--impl", "sdpa", "--seq-lens", "256,512",
+                                 *SMALL, "--out", str(out), "--json", str(js), "--csv", "-"], capsys)
+    assert code == 0, err
+    assert "ImprovedDilatedAttention" in stdout and "TFLOP/s" in stdout and "max 512" in stdout
+    assert "impl,semantics,dtype" in stdout.replace("record,", "")  # the CSV header
+    rows = read_rows(out)
+    assert len(rows) == 4 and all(r.status == "ok" for r in rows)
+    payload = json.loads(js.read_text())
+    assert payload["environment"]["record"] == "environment" and len(payload["rows"]) == 4
+
+
+def test_regression_gate_exit_codes(tmp_path, capsys):
+    out = tmp_path / "base.jsonl"
+    args = ["bench", "--impl", "ImprovedDilatedAttention", "--seq-lens", "512", *SMALL]
+    assert run_cli([*args, "--out", str(out)], capsys)[0] == 0
+    doctored = tmp_path / "doctored.jsonl"
+    honest = tmp_path / "honest.jsonl"
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    for path, factor in ((doctored, 0.01), (honest, 1.0)):
+        with open(path, "w") as f:
+            for rec in lines:
+                if rec["record"] == "point":
+                    rec = {**rec, "time_ms": rec["time_ms"] * factor}
+                f.write(json.dumps(rec) + "\n")
+    code, stdout, _ = run_cli([*args, "--baseline", str(doctored), "--fail-on-regression", "10"], capsys)
+    assert code == 1 and "1 of 1 matching points slower" in stdout
+    # the honest baseline is the same configuration measured moments ago; 300% absorbs machine noise
+    code, stdout, _ = run_cli([*args, "--baseline", str(honest), "--fail-on-regression", "300"], capsys)
+    assert code == 0 and "0 of 1 matching points" in stdout
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["bench"], "--impl: give at least one"),
+        (["bench", "--impl", "nope", "--seq-lens", "1k"], "--impl 'nope' is unknown"),
+        (["bench", "--impl", "sdpa", "--seq-lens", "4q"], "--seq-lens: '4q' is not a length"),
+        (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--max-memory", "lots"], "--max-memory: 'lots' is not a size"),
+        (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--until-oom"], "exactly one of --seq-lens and --until-oom"),
+        (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--mode", "bwd"], "--mode 'bwd'"),
+        (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--resume"], "--resume needs --out"),
+        (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--fail-on-regression", "5"], "go together"),
+        (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--segments", "8,x"], "--segments"),
+        (["profile", "--mode", "both"], "--mode 'both'"),
+        (["profile", "--impl", "sdpa"], "impl"),
+    ],
+)
+def test_bad_bench_usage_is_one_line_exit_2(args, needle, capsys):
+    code, _, err = run_cli(args, capsys)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_profile_cli(tmp_path, capsys):
+    js = tmp_path / "p.json"
+    code, stdout, _ = run_cli(["profile", "--seq-len", "256", "--heads", "2", "--head-dim", "16", "--segments", "64,128",
+                               "--dilations", "1,2", "--iterations", "3", "--json", str(js)], capsys)
+    assert code == 0 and "pattern cache hit rate" in stdout
+    report = json.loads(js.read_text())
+    assert report["caches_on"]["pattern_cache"]["hits"] > 0 and report["caches_off"]["pattern_cache"]["hits"] == 0
+
+
+def test_sigkill_then_resume_gives_the_same_rows_none_twice(tmp_path):
+    out = tmp_path / "r.jsonl"
+    lengths = ",".join(str(256 * i) for i in range(1, 13))
+    cmd = [sys.executable, "-m", "dattn_cli.cli", "bench", "--impl", "ImprovedDilatedAttention", "--seq-lens", lengths,
+           *SMALL, "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(read_rows(out)) < 3:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the CLI, its forkserver and the worker in flight
+    proc.wait()
+    before = read_rows(out)
+    assert 3 <= len(before) < 12
+    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    after = read_rows(out)
+    assert [r.seq_len for r in after] == [256 * i for i in range(1, 13)]
+    assert len({r.key() for r in after}) == 12
+    assert [r.model_dump() for r in after[: len(before)]] == [r.model_dump() for r in before]
