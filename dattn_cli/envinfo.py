@@ -37,7 +37,7 @@ class EnvironmentInfo(BaseModel):
     backends: dict[str, bool]
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -101,7 +101,7 @@ def collect_environment() -> EnvironmentInfo:
         git_commit=_git_commit(),
         python=sys.version.split()[0],
         platform=platform.platform(),
-        cpu=_cpu_name(),
+        cpu=cpu_name(),
         cpu_count=os.cpu_count(),
         torch_version=torch.__version__,
         cuda_version=torch.version.cuda,

@@ -13,7 +13,6 @@ estimated: every number is read from the cache, the pool, the clock or the alloc
 from __future__ import annotations
 
 import gc
-import os
 import platform
 import sys
 import threading
@@ -26,7 +25,8 @@ from pydantic import BaseModel
 from torch import nn
 
 from . import __version__
-from .envinfo import _cpu_name
+from .envinfo import cpu_name
+from .measure import quantile, rss_bytes
 from .kernels import (
     REGISTRY,
     get_global_memory_pool,
@@ -225,14 +225,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def _time_iterations(step: Callable[[], None], iterations: int, device: torch.device) -> TimeStats:
     samples = []
     for _ in range(iterations):
@@ -243,13 +235,12 @@ def _time_iterations(step: Callable[[], None], iterations: int, device: torch.de
         samples.append((time.perf_counter() - start) * 1e3)
     ordered = sorted(samples)
     return TimeStats(
-        median_ms=_percentile(ordered, 0.5), p10_ms=_percentile(ordered, 0.1), p90_ms=_percentile(ordered, 0.9),
+        median_ms=quantile(ordered, 0.5), p10_ms=quantile(ordered, 0.1), p90_ms=quantile(ordered, 0.9),
         samples_ms=samples,
     )
 
 
 # memory measurement -----------------------------------------------------------------------------
-_STATM = Path("/proc/self/statm")
 CPU_MEMORY_METHOD = (
     f"CPU: resident set size sampled from /proc/self/statm every {RSS_SAMPLE_INTERVAL_S * 1e3:g} ms by a "
     "background thread during warm-up and timed iterations; peak_above_baseline_bytes = peak RSS minus the RSS "
@@ -265,23 +256,19 @@ CUDA_MEMORY_METHOD = (
 )
 
 
-def _rss_bytes() -> int:
-    return int(_STATM.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 class _RssSampler:
     """Peak RSS over a `with` block, sampled by a daemon thread (torch ops release the GIL)."""
 
     def __init__(self, interval_s: float = RSS_SAMPLE_INTERVAL_S):
         self.interval_s = interval_s
-        self.baseline = _rss_bytes()
+        self.baseline = rss_bytes()
         self.peak = self.baseline
         self.samples = 1
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dattn-rss-sampler", daemon=True)
 
     def _sample(self) -> None:
-        self.peak = max(self.peak, _rss_bytes())
+        self.peak = max(self.peak, rss_bytes())
         self.samples += 1
 
     def _run(self) -> None:
@@ -396,7 +383,7 @@ def _environment(device: torch.device) -> dict[str, str]:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = _cpu_name()
+        name = cpu_name()
     return {
         "dattn_version": __version__,
         "torch_version": torch.__version__,

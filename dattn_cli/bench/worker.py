@@ -21,6 +21,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from ..measure import quantile, rss_bytes, vm_bytes
 from .config import BenchConfig
 from .rows import BenchRow
 
@@ -28,16 +29,6 @@ CPU_MEM_METHOD = "peak RSS (ru_maxrss) of the isolated worker above its RSS afte
 GPU_MEM_METHOD = "torch.cuda.max_memory_allocated after reset_peak_memory_stats (allocator view)"
 RLIMIT_SLACK = 512 * 2**20
 _CONTEXT: Any = None
-
-
-def _rss_bytes(pid: int | str = "self") -> int:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _vm_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def dense_pairs(batch: int, heads: int, n: int, causal: bool) -> int:
@@ -121,7 +112,7 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
     """Run one point in this process; returns the row fields it measured."""
     import torch
 
-    start_rss = _rss_bytes() if start_rss is None else start_rss
+    start_rss = rss_bytes() if start_rss is None else start_rss
     cuda = cfg.device.startswith("cuda")
     torch.manual_seed(cfg.seed)
     make_inputs, run = _build(impl, cfg, n)
@@ -163,7 +154,7 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
     median = statistics.median(times)
     result = {
         "status": "ok", "time_ms": median * 1e3, "repeats": len(times),
-        "time_ms_p10": _quantile(times, 0.1) * 1e3, "time_ms_p90": _quantile(times, 0.9) * 1e3,
+        "time_ms_p10": quantile(times, 0.1) * 1e3, "time_ms_p90": quantile(times, 0.9) * 1e3,
         "tokens_per_s": cfg.batch * n / median,
     }
     flops = flops_for(impl, cfg, n)
@@ -175,13 +166,6 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         result.update(peak_mem_bytes=max(0, peak - start_rss), mem_method=CPU_MEM_METHOD)
     return result
-
-
-def _quantile(sorted_values: list[float], q: float) -> float:
-    pos = q * (len(sorted_values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def _nvml_used(index: int) -> int | None:
@@ -198,10 +182,10 @@ def _nvml_used(index: int) -> int | None:
 
 
 def _child(conn, cfg_data: dict, impl: str, n: int) -> None:
-    start_rss = _rss_bytes()
+    start_rss = rss_bytes()
     cfg = BenchConfig.model_validate(cfg_data)
     if not cfg.device.startswith("cuda"):
-        limit = _vm_bytes() + cfg.max_memory + RLIMIT_SLACK
+        limit = vm_bytes() + cfg.max_memory + RLIMIT_SLACK
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         result = measure_point(cfg, impl, n, start_rss)
@@ -251,7 +235,7 @@ def run_isolated(cfg: BenchConfig, impl: str, n: int, child: Callable = _child) 
                 result = _died(proc.exitcode)
                 break
             try:
-                rss = _rss_bytes(proc.pid)
+                rss = rss_bytes(proc.pid)
             except (OSError, IndexError):
                 continue
             base_rss = rss if base_rss is None else min(base_rss, rss)
