@@ -63,25 +63,30 @@ class _DilatedAttentionBase(nn.Module):
         self.selection_reason: str | None = None
 
     # planning ---------------------------------------------------------------------------------
-    def _plan_pair(self, pair: int, seq_len: int, num_heads: int, device: torch.device):
+    def _plan_pair(self, pair: int, seq_len: int, num_heads: int, device: torch.device, heads: tuple[int, int]):
         blocks = pair_blocks(
             pair, seq_len, num_heads, self.segment_lengths[pair], self.dilation_rates[pair],
-            len(self.segment_lengths), self.semantics,
+            len(self.segment_lengths), self.semantics, *heads,
         )
         index = {b: b.flat_index(num_heads, device).flatten() for b in blocks} if self.gathers_by_index else {}
         return blocks, index
 
-    def plan(self, seq_len: int, num_heads: int, device: torch.device) -> tuple[list[Block], RowAccess]:
-        if self.semantics == "head_groups" and num_heads < len(self.segment_lengths):
+    def plan(
+        self, seq_len: int, num_heads: int, device: torch.device, head_range: tuple[int, int] | None = None
+    ) -> tuple[list[Block], RowAccess]:
+        """Blocks and row access for (N, H); head_range = (first global head, total heads) for a head shard."""
+        heads = head_range or (0, num_heads)
+        if self.semantics == "head_groups" and heads[1] < len(self.segment_lengths):
             raise ValueError(
-                f"head_groups semantics needs at least one head per pair: {num_heads} heads < "
+                f"head_groups semantics needs at least one head per pair: {heads[1]} heads < "
                 f"{len(self.segment_lengths)} pairs; use more heads, fewer pairs, or semantics='longnet'"
             )
         blocks: list[Block] = []
         index: dict[Block, torch.Tensor] = {}
         for pair, (w, r) in enumerate(zip(self.segment_lengths, self.dilation_rates)):
-            key = ((pair, len(self.segment_lengths), w, r), seq_len, num_heads, self.semantics, str(device), self.gathers_by_index)
-            build = lambda pair=pair: self._plan_pair(pair, seq_len, num_heads, device)  # noqa: E731
+            key = ((pair, len(self.segment_lengths), w, r), seq_len, num_heads, heads, self.semantics, str(device),
+                   self.gathers_by_index)
+            build = lambda pair=pair: self._plan_pair(pair, seq_len, num_heads, device, heads)  # noqa: E731
             pair_plan, pair_index = self.pattern_cache.get_or_build(key, build) if self.use_pattern_cache else build()
             blocks.extend(pair_plan)
             index.update(pair_index)
@@ -92,16 +97,20 @@ class _DilatedAttentionBase(nn.Module):
     # forward ----------------------------------------------------------------------------------
     def forward_with_lse(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None,
+        *, key_padding_mask: torch.Tensor | None = None, head_range: tuple[int, int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out (B, N, H, D), lse (B, N, H)); lse is −inf where no pair keeps a row."""
+        """(out (B, N, H, D), lse (B, N, H)); lse is −inf where no pair keeps a row.
+
+        head_range = (first, total): q, k, v hold global heads first .. first + H - 1 of `total`
+        (head-parallel shards), so offsets and head groups follow the global head index.
+        """
         check_qkv(q, k, v)
         batch, seq_len, num_heads, head_dim = q.shape
         check_key_padding_mask(key_padding_mask, batch, seq_len, q.device)
         dropout_active = self.training and self.dropout > 0
         backend, reason = resolve_backend(self.backend, q.device, q.dtype, dropout_active, key_padding_mask is not None)
         self.last_backend = (backend, reason)
-        blocks, access = self.plan(seq_len, num_heads, q.device)
+        blocks, access = self.plan(seq_len, num_heads, q.device, head_range)
         call = BlockCall(
             causal=bool(is_causal),
             scale=head_dim**-0.5 if self.scale is None else float(self.scale),

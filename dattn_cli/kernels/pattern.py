@@ -84,24 +84,39 @@ def validate_pattern(
     return segs, rates
 
 
-def head_sets(pair: int, rate: int, num_heads: int, num_pairs: int, semantics: str) -> list[tuple[int, int, int, int]]:
-    """(offset, head_start, head_step, count) for each set of heads that share an offset in this pair."""
+def head_sets(
+    pair: int, rate: int, num_heads: int, num_pairs: int, semantics: str, first_head: int = 0,
+    total_heads: int | None = None,
+) -> list[tuple[int, int, int, int]]:
+    """(offset, head_start, head_step, count) for each set of local heads that share an offset in this pair.
+
+    The local heads are the global heads first_head .. first_head + num_heads - 1 of total_heads (a head
+    shard, as in head-parallel attention); offsets and groups follow the global head index.
+    """
+    total = num_heads if total_heads is None else total_heads
     if semantics == "longnet":
-        return [(o, o, rate, -(-(num_heads - o) // rate)) for o in range(min(rate, num_heads))]
-    base, extra = divmod(num_heads, num_pairs)
-    start = pair * base + min(pair, extra)
-    count = base + (1 if pair < extra else 0)
-    return [(pair % rate, start, 1, count)] if count > 0 else []
+        sets = []
+        for o in range(rate):
+            start = (o - first_head) % rate
+            if start < num_heads:
+                sets.append((o, start, rate, -(-(num_heads - start) // rate)))
+        return sets
+    base, extra = divmod(total, num_pairs)
+    group_start = pair * base + min(pair, extra)
+    group_end = group_start + base + (1 if pair < extra else 0)
+    lo, hi = max(group_start, first_head), min(group_end, first_head + num_heads)
+    return [(pair % rate, lo - first_head, 1, hi - lo)] if hi > lo else []
 
 
 def pair_blocks(
-    pair: int, seq_len: int, num_heads: int, segment_length: int, rate: int, num_pairs: int, semantics: str
+    pair: int, seq_len: int, num_heads: int, segment_length: int, rate: int, num_pairs: int, semantics: str,
+    first_head: int = 0, total_heads: int | None = None,
 ) -> list[Block]:
     """Blocks of one (segment length, dilation) pair: the full segments, then the ragged tail."""
     w = min(segment_length, seq_len)
     full, tail = divmod(seq_len, w)
     blocks = []
-    for offset, h0, step, count in head_sets(pair, rate, num_heads, num_pairs, semantics):
+    for offset, h0, step, count in head_sets(pair, rate, num_heads, num_pairs, semantics, first_head, total_heads):
         for start, nseg, length in ((0, full, w), (full * w, 1, tail)):
             if nseg > 0 and offset < length:
                 blocks.append(Block(pair, start, nseg, length, offset, rate, h0, step, count))
