@@ -2,6 +2,7 @@
 
 from .cache import PatternCache, get_global_pattern_cache, reset_global_pattern_cache
 from .dilated import DilatedAttention, ImprovedDilatedAttention
+from .head_parallel import HeadParallelDilatedAttention
 from .merge import merge_partial_, merge_partials
 from .multihead import ImprovedMultiheadDilatedAttention, MultiheadDilatedAttention
 from .pool import MemoryPool, get_global_memory_pool, reset_global_memory_pool
@@ -18,6 +19,7 @@ from .registry import (
 __all__ = [
     "DilatedAttention",
     "ImprovedDilatedAttention",
+    "HeadParallelDilatedAttention",
     "MultiheadDilatedAttention",
     "ImprovedMultiheadDilatedAttention",
     "dilated_attention_reference",

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .dilated import DilatedAttention, ImprovedDilatedAttention
+from .head_parallel import HeadParallelDilatedAttention
 from .multihead import ImprovedMultiheadDilatedAttention, MultiheadDilatedAttention
 
 
@@ -39,6 +40,12 @@ register(
     Implementation(
         "ImprovedMultiheadDilatedAttention", ImprovedMultiheadDilatedAttention, "multihead",
         "projections around ImprovedDilatedAttention",
+    )
+)
+register(
+    Implementation(
+        "HeadParallelDilatedAttention", HeadParallelDilatedAttention, "core",
+        "all-to-all sequence shards -> head shards, dilated attention on H/p heads, all-to-all back", distributed=True,
     )
 )
 

@@ -1,0 +1,60 @@
+"""What every distributed implementation shares: its group, byte accounting, up-front consistency checks."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import torch
+import torch.distributed as dist
+
+
+def group_rank_size(group) -> tuple[int, int]:
+    """(rank, world size) in `group`; (0, 1) when torch.distributed is not initialised."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+class CommStats:
+    """Bytes this rank sent to and received from other ranks, per direction of the pass."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts = {"forward_bytes_sent": 0, "forward_bytes_received": 0,
+                       "backward_bytes_sent": 0, "backward_bytes_received": 0, "forward_calls": 0}
+
+    def add(self, phase: str, sent: int, received: int) -> None:
+        with self._lock:
+            self.counts[f"{phase}_bytes_sent"] += int(sent)
+            self.counts[f"{phase}_bytes_received"] += int(received)
+
+    def call(self) -> None:
+        with self._lock:
+            self.counts["forward_calls"] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+
+def check_consistent(group, name: str, shape: tuple, dtype: torch.dtype, config: str, device: torch.device) -> None:
+    """Every rank must call with the same shard shape, dtype and configuration: one small all_gather
+    finds a mismatch before any rank enters a collective that would otherwise hang or mix data."""
+    _, world = group_rank_size(group)
+    if world == 1:
+        return
+    digest = int.from_bytes(hashlib.sha1(f"{tuple(shape)}|{dtype}|{config}".encode()).digest()[:7], "little")
+    mine = torch.tensor([digest], dtype=torch.int64, device=device)
+    everyone = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine, group=group)
+    values = [int(t.item()) for t in everyone]
+    if len(set(values)) > 1:
+        odd = [r for r, v in enumerate(values) if v != values[0]]
+        raise ValueError(
+            f"{name}: ranks disagree on shard shape, dtype or configuration (this rank: shape {tuple(shape)}, "
+            f"{dtype}, {config}); ranks {odd} differ from rank 0: give every rank the same shapes and settings"
+        )

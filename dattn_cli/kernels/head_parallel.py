@@ -1,0 +1,134 @@
+"""Head-parallel (Ulysses-style) dilated attention.
+
+Each rank holds a contiguous sequence shard (B, N/p, H, D). An all-to-all turns sequence shards into
+head shards (B, N, H/p, D); each rank runs full dilated attention on its H/p heads (offsets and head
+groups by global head index); a second all-to-all turns the result back into sequence shards.
+
+Communication per forward, per rank (e = bytes per element, p ranks): q, k, v and the output each move
+(p-1)/p of the shard: 4 * B * (N/p) * H * D * e * (p-1)/p bytes sent and as many received; the backward
+moves the same four tensors' gradients the other way (see docs/communication.md).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .dilated import ImprovedDilatedAttention
+from .validation import check_key_padding_mask, check_qkv
+from .comm import CommStats, check_consistent, group_rank_size
+
+
+def _payload(t: torch.Tensor, world: int) -> int:
+    return t.numel() * t.element_size() * (world - 1) // world
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single between the sequence-sharded and head-sharded layouts; each is the other's backward."""
+
+    @staticmethod
+    def forward(ctx, x, to_heads: bool, group, stats: CommStats):
+        ctx.to_heads, ctx.group, ctx.stats = to_heads, group, stats
+        return _exchange(x, to_heads, group, stats, "forward")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _exchange(grad.contiguous(), not ctx.to_heads, ctx.group, ctx.stats, "backward"), None, None, None
+
+
+def _exchange(x: torch.Tensor, to_heads: bool, group, stats: CommStats, phase: str) -> torch.Tensor:
+    _, world = group_rank_size(group)
+    if to_heads:  # (B, L, H, D) -> (B, p*L, H/p, D)
+        b, length, h, d = x.shape
+        send = x.view(b, length, world, h // world, d).permute(2, 0, 1, 3, 4).contiguous()
+    else:  # (B, N, H/p, D) -> (B, N/p, H, D)
+        b, n, hp, d = x.shape
+        send = x.view(b, world, n // world, hp, d).permute(1, 0, 2, 3, 4).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    stats.add(phase, _payload(send, world), _payload(recv, world))
+    if to_heads:  # recv[i] = rank i's sequence shard of my heads
+        return recv.permute(1, 0, 2, 3, 4).reshape(b, world * length, h // world, d)
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, n // world, world * hp, d)  # recv[i] = my shard of head chunk i
+
+
+class HeadParallelDilatedAttention(nn.Module):
+    """Sequence-sharded in, sequence-sharded out; dilated attention on H/p heads per rank in between."""
+
+    def __init__(
+        self,
+        segment_lengths: Sequence[int],
+        dilation_rates: Sequence[int],
+        *,
+        process_group=None,
+        **attention_kwargs,
+    ):
+        super().__init__()
+        self.attention = ImprovedDilatedAttention(segment_lengths, dilation_rates, **attention_kwargs)
+        self.process_group = process_group
+        self.stats = CommStats()
+
+    @property
+    def segment_lengths(self):
+        return self.attention.segment_lengths
+
+    @property
+    def dilation_rates(self):
+        return self.attention.dilation_rates
+
+    @property
+    def semantics(self):
+        return self.attention.semantics
+
+    @property
+    def scale(self):
+        return self.attention.scale
+
+    def comm_stats(self) -> dict[str, int]:
+        return self.stats.snapshot()
+
+    def forward_with_lse(self, q, k, v, is_causal: bool = False, *, key_padding_mask=None):
+        """(out, lse) of this rank's sequence shard; moving lse back costs one more all-to-all (counted)."""
+        return self._run(q, k, v, is_causal, key_padding_mask, with_lse=True)
+
+    def forward(self, q, k, v, is_causal: bool = False, *, key_padding_mask=None):
+        return self._run(q, k, v, is_causal, key_padding_mask, with_lse=False)[0]
+
+    def _run(self, q, k, v, is_causal, key_padding_mask, with_lse: bool):
+        rank, world = group_rank_size(self.process_group)
+        if world == 1:
+            return self.attention.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask)
+        check_qkv(q, k, v)
+        batch, length, heads, _ = q.shape
+        check_key_padding_mask(key_padding_mask, batch, length, q.device)
+        if heads % world:
+            raise ValueError(
+                f"HeadParallelDilatedAttention: {heads} heads cannot be split over {world} ranks; "
+                "use a head count divisible by the world size, or a sequence-parallel implementation"
+            )
+        config = f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{key_padding_mask is not None}"
+        check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device)
+        self.stats.call()
+        group, stats = self.process_group, self.stats
+        qh, kh, vh = (_AllToAll.apply(x, True, group, stats) for x in (q, k, v))
+        full_mask = None
+        if key_padding_mask is not None:  # every rank needs the whole (B, N) mask
+            parts = [torch.empty_like(key_padding_mask) for _ in range(world)]
+            dist.all_gather(parts, key_padding_mask.contiguous(), group=group)
+            full_mask = torch.cat(parts, dim=1)
+            mask_bytes = key_padding_mask.numel() * key_padding_mask.element_size() * (world - 1)
+            stats.add("forward", mask_bytes, mask_bytes)
+        out, lse = self.attention.forward_with_lse(
+            qh, kh, vh, is_causal, key_padding_mask=full_mask, head_range=(rank * (heads // world), heads)
+        )
+        out = _AllToAll.apply(out.contiguous(), False, group, stats)
+        if with_lse:
+            lse = _exchange(lse.unsqueeze(-1).contiguous(), False, group, stats, "forward").squeeze(-1)
+        return out, lse if with_lse else None
+
+    def describe(self) -> str:
+        rank, world = group_rank_size(self.process_group)
+        return f"HeadParallelDilatedAttention over {world} rank(s) (all-to-all seq<->heads); inner: " + self.attention.describe()
