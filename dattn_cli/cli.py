@@ -119,10 +119,12 @@ def verify(
     backend: Optional[list[str]] = typer.Option(None, "--backend", help="Attention backend (repeatable): auto, math, sdpa, flash."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
+    world_size: str = typer.Option("1", "--world-size", help="Process-group sizes for distributed implementations, e.g. 1,2,4 (gloo, spawned here)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full report as JSON to this file."),
     details: bool = typer.Option(False, "--details", help="One table row per case, not per implementation."),
 ) -> None:
     """Equivalence of every implementation against the dense reference, forward and gradients."""
+    from .bench.config import parse_int_list
     from .verify import case_matrix, run_verify
 
     if both and causal is not None:
@@ -140,7 +142,7 @@ def verify(
     with _progress() as progress:
         task = progress.add_task("verify", total=None)
         report = run_verify(
-            impl, full=full, dtype=dtype.value, semantics=sems, causal=causals, backends=backend, device=device,
+            impl, world_sizes=parse_int_list(world_size, "--world-size"), full=full, dtype=dtype.value, semantics=sems, causal=causals, backends=backend, device=device,
             seed=seed, cases=cases, on_result=lambda r: progress.advance(task),
         )
     stdout.print(verify_table(report, details))

@@ -26,12 +26,12 @@ def verify_table(report: VerifyReport, details: bool = False) -> Table:
             table.add_column(col, overflow="fold")
         else:
             table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True, min_width=len(col))
-    for impl in dict.fromkeys(r.impl for r in report.results):
-        rows = [r for r in report.results if r.impl == impl]
+    for impl, world in dict.fromkeys((r.impl, r.world_size) for r in report.results):
+        rows = [r for r in report.results if (r.impl, r.world_size) == (impl, world)]
         worst = {q: max((e.rel for r in rows for k, e in r.errors.items() if k == q or (q == "grads" and k.startswith("d"))),
                         default=None) for q in ("out", "lse", "grads")}
         bad = sum(not r.passed for r in rows)
-        table.add_row(impl, str(len(rows)), *(_fmt(worst[q]) if worst[q] is not None else "-" for q in ("out", "lse", "grads")),
+        table.add_row(impl if world == 1 else f"{impl} (p={world})", str(len(rows)), *(_fmt(worst[q]) if worst[q] is not None else "-" for q in ("out", "lse", "grads")),
                       "[green]ok[/]" if not bad else f"[red]{bad} failed[/]")
     return table
 
@@ -44,7 +44,7 @@ def _verify_cases(report: VerifyReport, details: bool) -> Table:
         grads = [e for k, e in r.errors.items() if k.startswith("d")]
         status = "[green]ok[/]" if r.passed else f"[red]FAIL[/] {r.message}".strip()
         table.add_row(
-            r.impl, r.case, r.semantics, "yes" if r.causal else "no", r.backend, r.dtype,
+            r.impl if r.world_size == 1 else f"{r.impl} (p={r.world_size})", r.case, r.semantics, "yes" if r.causal else "no", r.backend, r.dtype,
             _fmt(r.errors["out"].rel) if "out" in r.errors else "-",
             _fmt(r.errors["lse"].rel) if "lse" in r.errors else "-",
             _fmt(max(e.rel for e in grads)) if grads else "-",

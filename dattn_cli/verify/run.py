@@ -33,6 +33,7 @@ class Error(BaseModel):
 
 class CaseResult(BaseModel):
     impl: str
+    world_size: int = 1
     case: str
     backend: str
     semantics: str
@@ -153,6 +154,7 @@ def _run_multihead(impl: Implementation, case: VerifyCase, semantics, causal, ba
 def run_verify(
     impls: Iterable[str] | None = None,
     *,
+    world_sizes: Iterable[int] = (1,),
     full: bool = False,
     dtype: str = "float32",
     semantics: Iterable[str] = ("longnet", "head_groups"),
@@ -167,7 +169,11 @@ def run_verify(
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is unknown: use one of {', '.join(DTYPES)}")
     torch_dtype = DTYPES[dtype]
-    names = list(impls) if impls else [n for n, i in REGISTRY.items() if not i.distributed]
+    world_sizes = sorted(set(world_sizes))
+    if any(w < 1 for w in world_sizes):
+        raise ValueError(f"--world-size values must be >= 1, got {world_sizes}")
+    distributed_run = world_sizes != [1]
+    names = list(impls) if impls else [n for n, i in REGISTRY.items() if i.distributed == distributed_run]
     for name in names:
         if name not in REGISTRY:
             raise ValueError(f"--impl {name!r} is not registered: use one of {', '.join(REGISTRY)}")
@@ -178,7 +184,16 @@ def run_verify(
             raise ValueError(f"backend {b!r} cannot run on {device}: use one of auto, {', '.join(usable)}")
     gen = torch.Generator().manual_seed(seed)
     results = []
-    for case in cases if cases is not None else case_matrix(full):
+    dist_names = [n for n in names if REGISTRY[n].distributed and distributed_run]
+    names = [n for n in names if n not in dist_names]
+    chosen_cases = cases if cases is not None else case_matrix(full)
+    for name in dist_names:
+        for world in world_sizes:
+            for result in _verify_distributed(name, world, chosen_cases, semantics, causal, chosen, torch_dtype, seed):
+                results.append(result)
+                if on_result:
+                    on_result(result)
+    for case in chosen_cases if names else []:
         for sem in semantics:
             if sem == "head_groups" and case.heads < len(case.segment_lengths):
                 continue
@@ -209,3 +224,57 @@ def _check_one(impl, runner, case, sem, is_causal, backend, dtype, device, gen, 
     except Exception as exc:  # a crashing implementation is a failed case, reported, not a crashed run
         return CaseResult(**common, errors={}, passed=False, message=f"{type(exc).__name__}: {exc}")
     return CaseResult(**common, errors=errors, passed=all(e.passed for e in errors.values()))
+
+
+def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, seed) -> list[CaseResult]:
+    """One process group per (implementation, world size) runs every shardable case."""
+    from ..distributed import run_distributed
+    from .distributed import case_inputs, rank_outputs, shardable
+
+    jobs, meta = [], []
+    for i, case in enumerate(cases):
+        if not shardable(case, world, name):
+            continue
+        for sem in semantics:
+            if sem == "head_groups" and case.heads < len(case.segment_lengths):
+                continue
+            for is_causal in causal:
+                for backend in backends:
+                    job_seed = seed * 1000 + len(jobs)
+                    jobs.append((case.model_dump(), sem, is_causal, backend, job_seed))
+                    meta.append((case, sem, is_causal, backend, job_seed))
+    if not jobs:
+        return []
+    dtype_name = str(dtype).split(".")[-1]
+    common = dict(impl=name, world_size=world, dtype=dtype_name, device="cpu")
+    try:
+        per_rank = run_distributed(rank_outputs, world, name, jobs, dtype_name)
+    except Exception as exc:  # the whole group failed: every case of it is a failure, reported
+        return [CaseResult(**common, **_case_fields(c, s, k, b), errors={}, passed=False, message=str(exc))
+                for c, s, k, b, _ in meta]
+    results = []
+    for j, (case, sem, is_causal, backend, job_seed) in enumerate(meta):
+        base = case_inputs(case, job_seed)
+
+        def reference(compute_dtype, src_dtype):
+            xs = [x.to(src_dtype).requires_grad_() for x in base[:3]]
+            o, l = dilated_attention_reference(*xs, case.segment_lengths, case.dilation_rates, is_causal, sem,
+                                               compute_dtype=compute_dtype)
+            return {"out": o, "lse": l, **dict(zip(("dq", "dk", "dv"), _grads(o, xs, base[3])))}
+
+        got = {k: torch.cat([r[j][k] for r in per_rank], dim=1) for k in ("out", "lse", "dq", "dk", "dv")}
+        ref = reference(torch.float64, torch.float64)
+        naive = reference(dtype, dtype) if dtype in HALF else {}
+        errors = {k: _compare(k, got[k], ref[k], naive.get(k), dtype) for k in got}
+        results.append(CaseResult(**common, **_case_fields(case, sem, is_causal, backend), errors=errors,
+                                  passed=all(e.passed for e in errors.values())))
+    return results
+
+
+def _case_fields(case: VerifyCase, sem: str, is_causal: bool, backend: str) -> dict:
+    return dict(
+        case=case.name, backend=backend, semantics=sem, causal=is_causal, batch=case.batch, seq_len=case.seq_len,
+        heads=case.heads, head_dim=case.head_dim, segment_lengths=case.segment_lengths,
+        dilation_rates=case.dilation_rates,
+        uncovered_fraction=uncovered_fraction(case.seq_len, case.heads, case.segment_lengths, case.dilation_rates, sem),
+    )

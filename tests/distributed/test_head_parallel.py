@@ -57,3 +57,19 @@ def _six_heads(rank, world):
 
     q = torch.randn(1, 8, 6, 4)
     return HeadParallelDilatedAttention([8], [1])(q, q, q)
+
+
+def test_verify_world_sizes_from_the_cli(tmp_path, capsys):
+    import json
+
+    from tests.cli.test_verify_env import run_cli
+
+    report = tmp_path / "v.json"
+    code, out, err = run_cli(["verify", "--world-size", "1,2,4", "--semantics", "longnet", "--causal",
+                              "--json", str(report)], capsys)
+    assert code == 0, out + err
+    rows = json.loads(report.read_text())["results"]
+    by_world = {w: [r for r in rows if r["world_size"] == w] for w in (1, 2, 4)}
+    assert all(by_world[w] for w in (1, 2, 4))
+    assert all(r["impl"] == "HeadParallelDilatedAttention" and r["passed"] for r in rows)
+    assert max(r["errors"]["dq"]["rel"] for r in by_world[4]) <= 1e-4
