@@ -48,6 +48,8 @@ def test_reference_validates_too():
     q = torch.randn(1, 8, 2, 4)
     with pytest.raises(ValueError, match="one dilation rate per segment length"):
         dilated_attention_reference(q, q, q, [8, 4], [1])
+    with pytest.raises(ValueError, match="head_groups semantics needs num_heads >= 3 pairs"):
+        dilated_attention_reference(q, q, q, [2, 4, 8], [1, 2, 4], semantics="head_groups")
 
 
 def test_no_process_wide_torch_settings_touched():
