@@ -120,6 +120,7 @@ def verify(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
     world_size: str = typer.Option("1", "--world-size", help="Process-group sizes for distributed implementations, e.g. 1,2,4 (gloo, spawned here)."),
+    dist_timeout: float = typer.Option(120.0, "--dist-timeout", help="Seconds before a stuck process group is ended with an error naming the rank."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full report as JSON to this file."),
     details: bool = typer.Option(False, "--details", help="One table row per case, not per implementation."),
 ) -> None:
@@ -142,7 +143,7 @@ def verify(
     with _progress() as progress:
         task = progress.add_task("verify", total=None)
         report = run_verify(
-            impl, world_sizes=parse_int_list(world_size, "--world-size"), full=full, dtype=dtype.value, semantics=sems, causal=causals, backends=backend, device=device,
+            impl, world_sizes=parse_int_list(world_size, "--world-size"), dist_timeout_s=dist_timeout, full=full, dtype=dtype.value, semantics=sems, causal=causals, backends=backend, device=device,
             seed=seed, cases=cases, on_result=lambda r: progress.advance(task),
         )
     stdout.print(verify_table(report, details))

@@ -155,6 +155,7 @@ def run_verify(
     impls: Iterable[str] | None = None,
     *,
     world_sizes: Iterable[int] = (1,),
+    dist_timeout_s: float = 120.0,
     full: bool = False,
     dtype: str = "float32",
     semantics: Iterable[str] = ("longnet", "head_groups"),
@@ -189,7 +190,8 @@ def run_verify(
     chosen_cases = cases if cases is not None else case_matrix(full)
     for name in dist_names:
         for world in world_sizes:
-            for result in _verify_distributed(name, world, chosen_cases, semantics, causal, chosen, torch_dtype, seed):
+            for result in _verify_distributed(name, world, chosen_cases, semantics, causal, chosen, torch_dtype, seed,
+                                              dist_timeout_s):
                 results.append(result)
                 if on_result:
                     on_result(result)
@@ -226,7 +228,7 @@ def _check_one(impl, runner, case, sem, is_causal, backend, dtype, device, gen, 
     return CaseResult(**common, errors=errors, passed=all(e.passed for e in errors.values()))
 
 
-def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, seed) -> list[CaseResult]:
+def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, seed, timeout_s) -> list[CaseResult]:
     """One process group per (implementation, world size) runs every shardable case."""
     from ..distributed import run_distributed
     from .distributed import case_inputs, rank_outputs, shardable
@@ -248,7 +250,7 @@ def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, 
     dtype_name = str(dtype).split(".")[-1]
     common = dict(impl=name, world_size=world, dtype=dtype_name, device="cpu")
     try:
-        per_rank = run_distributed(rank_outputs, world, name, jobs, dtype_name)
+        per_rank = run_distributed(rank_outputs, world, name, jobs, dtype_name, timeout_s=timeout_s)
     except Exception as exc:  # the whole group failed: every case of it is a failure, reported
         return [CaseResult(**common, **_case_fields(c, s, k, b), errors={}, passed=False, message=str(exc))
                 for c, s, k, b, _ in meta]
