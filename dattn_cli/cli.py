@@ -101,6 +101,16 @@ class DType(str, Enum):
     float16 = "float16"
 
 
+def _check_device(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA device is available here; use --device cpu")
+    elif device != "cpu":
+        raise UsageError(f"--device {device!r}: use cpu or cuda")
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -130,13 +140,7 @@ def verify(
 
     if both and causal is not None:
         raise UsageError("--both conflicts with --causal/--no-causal: give one of them")
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda: no CUDA device is available here; use --device cpu")
-    elif device != "cpu":
-        raise UsageError(f"--device {device!r}: use cpu or cuda")
+    _check_device(device)
     sems = ["longnet", "head_groups"] if semantics == Semantics.both else [semantics.value]
     causals = [False, True] if causal is None else [causal]
     cases = case_matrix(full)
@@ -226,13 +230,7 @@ def bench(
         raise UsageError(f"--baseline {baseline}: no such file")
     if resume and out is None:
         raise UsageError("--resume needs --out FILE.jsonl, the report to continue")
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda: no CUDA device is available here; use --device cpu")
-    elif device != "cpu":
-        raise UsageError(f"--device {device!r}: use cpu or cuda")
+    _check_device(device)
     cfg = BenchConfig(
         impls=impl, seq_lens=parse_seq_lens(seq_lens) if seq_lens else [], until_oom=until_oom,
         start=parse_seq_lens(start)[0], mode=mode, batch=batch, heads=heads, head_dim=head_dim,

@@ -206,19 +206,24 @@ def available_backends(device: torch.device | str) -> list[str]:
     return names
 
 
+def check_backend(requested: str, dropout_active: bool) -> None:
+    """The device-independent checks of a backend choice (also made at module construction)."""
+    if requested not in ("auto", *BACKENDS):
+        raise ValueError(f"backend={requested!r} is unknown: use one of auto, {', '.join(BACKENDS)}")
+    if requested not in ("auto", "math") and dropout_active:
+        raise ValueError(
+            f"backend={requested!r} cannot apply attention dropout under the exact merge: use backend='math' or 'auto'"
+        )
+
+
 def resolve_backend(
     requested: str, device: torch.device, dtype: torch.dtype, dropout_active: bool, key_padding: bool
 ) -> tuple[str, str]:
     """Pick the backend for one call: (name, reason)."""
-    if requested not in ("auto", *BACKENDS):
-        raise ValueError(f"backend={requested!r} is unknown: use one of auto, {', '.join(BACKENDS)}")
+    check_backend(requested, dropout_active)
     if requested != "auto":
         if requested == "flash" and not (device.type == "cuda" and flash_available()):
             raise ValueError("backend='flash' needs CUDA and the flash-attn package: install dattn[flash] or use 'auto'")
-        if requested != "math" and dropout_active:
-            raise ValueError(
-                f"backend={requested!r} cannot apply attention dropout under the exact merge: use backend='math' or 'auto'"
-            )
         if requested == "flash" and key_padding:
             raise ValueError("backend='flash' takes no key_padding_mask: use backend='sdpa' or 'auto'")
         return requested, "requested"

@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .backends import BlockCall, resolve_backend
+from .backends import BlockCall, check_backend, resolve_backend
 from .cache import PatternCache, get_global_pattern_cache
 from .engine import BlockAttention, IndexAccess, RowAccess, ViewAccess, block_attention
 from .pattern import Block, pair_blocks, validate_pattern
@@ -48,10 +48,7 @@ class _DilatedAttentionBase(nn.Module):
             raise ValueError(f"scale must be a positive number or None (= head_dim ** -0.5), got {scale!r}")
         if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        if backend not in ("auto", "math", "sdpa", "flash"):
-            raise ValueError(f"backend={backend!r} is unknown: use one of auto, math, sdpa, flash")
-        if backend not in ("auto", "math") and dropout > 0:
-            raise ValueError(f"backend={backend!r} cannot apply dropout under the exact merge: use backend='math' or 'auto'")
+        check_backend(backend, dropout_active=dropout > 0)
         self.scale = scale
         self.dropout = float(dropout)
         self.backend = backend
@@ -91,7 +88,7 @@ class _DilatedAttentionBase(nn.Module):
             blocks.extend(pair_plan)
             index.update(pair_index)
         pool = self.memory_pool if self.enable_memory_pool else None
-        access = IndexAccess(num_heads, device, index) if self.gathers_by_index else ViewAccess(pool)
+        access = IndexAccess(index) if self.gathers_by_index else ViewAccess(pool)
         return blocks, access
 
     # forward ----------------------------------------------------------------------------------

@@ -101,9 +101,7 @@ class ViewAccess:
 class IndexAccess:
     """Rows gathered and scattered through flat (N * H) index tensors."""
 
-    def __init__(self, num_heads: int, device: torch.device, index: dict[Block, torch.Tensor]):
-        self.num_heads = num_heads
-        self.device = device
+    def __init__(self, index: dict[Block, torch.Tensor]):
         self._index = index
 
     def _idx(self, block):

@@ -213,11 +213,8 @@ def run_verify(
 
 
 def _check_one(impl, runner, case, sem, is_causal, backend, dtype, device, gen, uncovered) -> CaseResult:
-    common = dict(
-        impl=impl.name, case=case.name, backend=backend, semantics=sem, causal=is_causal, dtype=str(dtype).split(".")[-1],
-        device=device, batch=case.batch, seq_len=case.seq_len, heads=case.heads, head_dim=case.head_dim,
-        segment_lengths=case.segment_lengths, dilation_rates=case.dilation_rates, uncovered_fraction=uncovered,
-    )
+    common = dict(impl=impl.name, dtype=str(dtype).split(".")[-1], device=device,
+                  **_case_fields(case, sem, is_causal, backend, uncovered))
     try:
         got, reference = runner(impl, case, sem, is_causal, backend, dtype, device, gen)
         ref = reference(torch.float64, torch.float64)
@@ -240,11 +237,12 @@ def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, 
         for sem in semantics:
             if sem == "head_groups" and case.heads < len(case.segment_lengths):
                 continue
+            uncovered = uncovered_fraction(case.seq_len, case.heads, case.segment_lengths, case.dilation_rates, sem)
             for is_causal in causal:
                 for backend in backends:
                     job_seed = seed * 1000 + len(jobs)
                     jobs.append((case.model_dump(), sem, is_causal, backend, job_seed))
-                    meta.append((case, sem, is_causal, backend, job_seed))
+                    meta.append((case, sem, is_causal, backend, job_seed, uncovered))
     if not jobs:
         return []
     dtype_name = str(dtype).split(".")[-1]
@@ -252,10 +250,10 @@ def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, 
     try:
         per_rank = run_distributed(rank_outputs, world, name, jobs, dtype_name, timeout_s=timeout_s)
     except Exception as exc:  # the whole group failed: every case of it is a failure, reported
-        return [CaseResult(**common, **_case_fields(c, s, k, b), errors={}, passed=False, message=str(exc))
-                for c, s, k, b, _ in meta]
+        return [CaseResult(**common, **_case_fields(c, s, k, b, u), errors={}, passed=False, message=str(exc))
+                for c, s, k, b, _, u in meta]
     results = []
-    for j, (case, sem, is_causal, backend, job_seed) in enumerate(meta):
+    for j, (case, sem, is_causal, backend, job_seed, uncovered) in enumerate(meta):
         base = case_inputs(case, job_seed)
 
         def reference(compute_dtype, src_dtype):
@@ -268,15 +266,14 @@ def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, 
         ref = reference(torch.float64, torch.float64)
         naive = reference(dtype, dtype) if dtype in HALF else {}
         errors = {k: _compare(k, got[k], ref[k], naive.get(k), dtype) for k in got}
-        results.append(CaseResult(**common, **_case_fields(case, sem, is_causal, backend), errors=errors,
+        results.append(CaseResult(**common, **_case_fields(case, sem, is_causal, backend, uncovered), errors=errors,
                                   passed=all(e.passed for e in errors.values())))
     return results
 
 
-def _case_fields(case: VerifyCase, sem: str, is_causal: bool, backend: str) -> dict:
+def _case_fields(case: VerifyCase, sem: str, is_causal: bool, backend: str, uncovered: float) -> dict:
     return dict(
         case=case.name, backend=backend, semantics=sem, causal=is_causal, batch=case.batch, seq_len=case.seq_len,
         heads=case.heads, head_dim=case.head_dim, segment_lengths=case.segment_lengths,
-        dilation_rates=case.dilation_rates,
-        uncovered_fraction=uncovered_fraction(case.seq_len, case.heads, case.segment_lengths, case.dilation_rates, sem),
+        dilation_rates=case.dilation_rates, uncovered_fraction=uncovered,
     )
