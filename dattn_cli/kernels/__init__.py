@@ -1,12 +1,14 @@
 """Dilated attention implementations, the dense reference, pattern cache and memory pool."""
 
+from .allgather import DistributedImprovedDilatedAttention
 from .cache import PatternCache, get_global_pattern_cache, reset_global_pattern_cache
 from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .head_parallel import HeadParallelDilatedAttention
 from .merge import merge_partial_, merge_partials
-from .multihead import ImprovedMultiheadDilatedAttention, MultiheadDilatedAttention
+from .multihead import ImprovedMultiheadDilatedAttention, MultiheadDilatedAttention, RingMultiheadDilatedAttention
 from .pool import MemoryPool, get_global_memory_pool, reset_global_memory_pool
 from .reference import dilated_attention_reference
+from .ring import RingDilatedAttention
 from .registry import (
     REGISTRY,
     Implementation,
@@ -20,6 +22,9 @@ __all__ = [
     "DilatedAttention",
     "ImprovedDilatedAttention",
     "HeadParallelDilatedAttention",
+    "RingDilatedAttention",
+    "RingMultiheadDilatedAttention",
+    "DistributedImprovedDilatedAttention",
     "MultiheadDilatedAttention",
     "ImprovedMultiheadDilatedAttention",
     "dilated_attention_reference",

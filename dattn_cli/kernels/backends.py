@@ -39,11 +39,12 @@ def _key_bias(key_pad: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor 
 
 
 def _rows_without_keys(key_pad: torch.Tensor, causal: bool) -> torch.Tensor:
-    """(b, 1, m) bool: rows that no unmasked key is offered to (causal: none at or before the row)."""
+    """(b, 1, m) or (b, 1, 1) bool: query rows that no unmasked key is offered to (causal blocks are
+    square: none at or before the row; otherwise: every key of the block masked)."""
     if causal:
         dead = (~key_pad).cumsum(dim=-1) == 0
     else:
-        dead = key_pad.all(dim=-1, keepdim=True).expand_as(key_pad)
+        dead = key_pad.all(dim=-1, keepdim=True)
     return dead.unsqueeze(1)
 
 

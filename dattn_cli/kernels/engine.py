@@ -42,6 +42,19 @@ class RowAccess(Protocol):
         """Hand back scratch that `gather` took from the memory pool."""
 
 
+class RemoteBlocks(Protocol):
+    """Blocks whose keys live on other ranks (sequence-parallel implementations).
+
+    `forward` merges their partial results into the fp32 accumulators (out, lse) of the local blocks;
+    `backward` adds their gradient shares into the accumulators (dq, dk, dv), the shares of this rank's
+    keys computed elsewhere included. Both see the merged out and lse, as every local block does.
+    """
+
+    def forward(self, attention: "BlockAttention", q, k, v, key_pad, out, lse) -> None: ...
+
+    def backward(self, attention: "BlockAttention", dout, q, k, v, out, lse, key_pad, grads: list) -> None: ...
+
+
 def _batch_segments(x: torch.Tensor, block: Block) -> torch.Tensor:
     """(b, ...) with b = B * S back to (B, S, ...)."""
     return x.unflatten(0, (-1, block.num_segments))
@@ -141,6 +154,7 @@ class BlockAttention:
     backend: str
     call: BlockCall
     pool: MemoryPool | None = None
+    remote: RemoteBlocks | None = None
 
     def _key_pad(self, key_pad: torch.Tensor | None, block: Block) -> torch.Tensor | None:
         if key_pad is None:
@@ -149,9 +163,9 @@ class BlockAttention:
         rows = key_pad[:, block.start : end].unflatten(1, (block.num_segments, block.seg_len))
         return rows[:, :, block.offset :: block.rate].flatten(0, 1)
 
-    def _call(self, index: int) -> BlockCall:
+    def _call(self, index: int, causal: bool | None = None) -> BlockCall:
         c = self.call
-        return BlockCall(c.causal, c.scale, c.dropout_p, c.seed + 1_000_003 * index)
+        return BlockCall(c.causal if causal is None else causal, c.scale, c.dropout_p, c.seed + 1_000_003 * index)
 
     def _acc_dtype(self, like: torch.Tensor) -> torch.dtype:
         return torch.float64 if like.dtype == torch.float64 else torch.float32
@@ -191,9 +205,11 @@ class BlockAttention:
                 out, scratch = self._accumulator(q, q.shape, 0.0)
                 lse, _ = self._accumulator(out, q.shape[:3], float("-inf"))
             self.access.merge(out, lse, block, block_out, block_lse)
-        if out is None:  # no block at all: every row is kept by no pair
+        if out is None:  # no local block at all
             out, scratch = self._accumulator(q, q.shape, 0.0)
             lse, _ = self._accumulator(out, q.shape[:3], float("-inf"))
+        if self.remote is not None:
+            self.remote.forward(self, q, k, v, key_pad, out, lse)
         return self._finish(out, scratch, q.dtype), lse
 
     def backward(self, dout, q, k, v, out, lse, key_pad=None):
@@ -216,6 +232,8 @@ class BlockAttention:
         for j, x in enumerate((q, k, v)):
             if grads[j] is None:
                 grads[j] = self._accumulator(x, x.shape, 0.0)
+        if self.remote is not None:
+            self.remote.backward(self, dout, q, k, v, out, lse, key_pad, [acc for acc, _ in grads])
         return tuple(self._finish(acc, scratch, x.dtype) for (acc, scratch), x in zip(grads, (q, k, v)))
 
 

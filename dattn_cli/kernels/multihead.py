@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dilated import DilatedAttention, ImprovedDilatedAttention
+from .ring import RingDilatedAttention
 
 
 class MultiheadDilatedAttention(nn.Module):
@@ -125,3 +126,17 @@ class MultiheadDilatedAttention(nn.Module):
 
 class ImprovedMultiheadDilatedAttention(MultiheadDilatedAttention):
     attention_class = ImprovedDilatedAttention
+
+
+class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
+    """Projections around RingDilatedAttention: each rank passes its sequence shard (batch, N/p, embed_dim)
+    and gets its output shard; the weights must be the same on every rank (as under DDP)."""
+
+    attention_class = RingDilatedAttention
+
+    def __init__(self, embed_dim: int, num_heads: int, *, process_group=None, **kwargs):
+        super().__init__(embed_dim, num_heads, **kwargs)
+        self.attention.process_group = process_group
+
+    def comm_stats(self) -> dict[str, int]:
+        return self.attention.comm_stats()

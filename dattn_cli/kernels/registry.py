@@ -12,8 +12,10 @@ import torch
 from torch import nn
 
 from .dilated import DilatedAttention, ImprovedDilatedAttention
+from .allgather import DistributedImprovedDilatedAttention
 from .head_parallel import HeadParallelDilatedAttention
-from .multihead import ImprovedMultiheadDilatedAttention, MultiheadDilatedAttention
+from .multihead import ImprovedMultiheadDilatedAttention, MultiheadDilatedAttention, RingMultiheadDilatedAttention
+from .ring import RingDilatedAttention
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,24 @@ register(
     Implementation(
         "ImprovedMultiheadDilatedAttention", ImprovedMultiheadDilatedAttention, "multihead",
         "projections around ImprovedDilatedAttention",
+    )
+)
+register(
+    Implementation(
+        "RingDilatedAttention", RingDilatedAttention, "core",
+        "contiguous shards; sparsified K/V rotated around each segment's ranks", distributed=True,
+    )
+)
+register(
+    Implementation(
+        "RingMultiheadDilatedAttention", RingMultiheadDilatedAttention, "multihead",
+        "projections around RingDilatedAttention", distributed=True,
+    )
+)
+register(
+    Implementation(
+        "DistributedImprovedDilatedAttention", DistributedImprovedDilatedAttention, "core",
+        "contiguous shards; sparsified K/V all-gathered within each segment's ranks (LongNet)", distributed=True,
     )
 )
 register(
