@@ -120,7 +120,7 @@ def _progress() -> Progress:
 
 @app.command()
 def verify(
-    impl: Optional[list[str]] = typer.Option(None, "--impl", help="Implementation to check (repeatable; default: all single-device)."),
+    impl: Optional[list[str]] = typer.Option(None, "--impl", help="Implementation to check (repeatable; default: all single-device, or all distributed with --world-size)."),
     full: bool = typer.Option(False, "--full/--quick", help="Full case matrix, or the quick one (default)."),
     dtype: DType = typer.Option(DType.float32, "--dtype", help="Input dtype."),
     semantics: Semantics = typer.Option(Semantics.both, "--semantics", help="Head/pair preset to check."),
@@ -151,7 +151,7 @@ def verify(
             seed=seed, cases=cases, on_result=lambda r: progress.advance(task),
         )
     stdout.print(verify_table(report, details))
-    for line in verify_warnings(report):
+    for line in verify_warnings(report, details):
         stderr_console().print(f"[yellow]{line}[/]")
     stdout.print(verify_summary(report))
     if json_out is not None:

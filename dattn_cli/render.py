@@ -53,13 +53,19 @@ def _verify_cases(report: VerifyReport, details: bool) -> Table:
     return table
 
 
-def verify_warnings(report: VerifyReport) -> list[str]:
+def verify_warnings(report: VerifyReport, details: bool = False) -> list[str]:
     seen = {}
     for r in report.results:
         if r.uncovered_fraction > 0:
             seen[(r.case, r.semantics)] = r.uncovered_fraction
-    return [f"warning: case '{c}' ({s}): {f:.0%} of (position, head) rows are kept by no pair and output 0"
-            for (c, s), f in seen.items()]
+    lines = [f"warning: case '{c}' ({s}): {f:.0%} of (position, head) rows are kept by no pair and output 0"
+             for (c, s), f in seen.items()]
+    if details:
+        lines += [f"skipped: {reason}" for reason in report.skipped]
+    elif report.skipped:
+        lines.append(f"note: {len(report.skipped)} (implementation, world size, case) combinations cannot be sharded "
+                     "and were skipped (--details lists them with the reason)")
+    return lines
 
 
 def verify_summary(report: VerifyReport) -> str:

@@ -21,6 +21,12 @@ QUICK = [
     VerifyCase(name="w % r != 0, no r=1", batch=1, seq_len=45, heads=3, head_dim=8, segment_lengths=[10, 15], dilation_rates=[3, 4]),
     VerifyCase(name="H % m != 0, H % r != 0", batch=2, seq_len=40, heads=5, head_dim=8, segment_lengths=[8, 16, 32], dilation_rates=[1, 2, 3]),
     VerifyCase(name="divisible, batch 3", batch=3, seq_len=64, heads=4, head_dim=16, segment_lengths=[16, 32], dilation_rates=[1, 2]),
+    # shard-aligned for sequence parallelism: at p = 2, w = 8 < N/p, w = 48 = N/p, w = 96 > N/p; at p = 4
+    # the 48- and 96-segments span 2 and 4 ranks
+    VerifyCase(name="w <, =, > N/p", batch=2, seq_len=96, heads=5, head_dim=8, segment_lengths=[8, 48, 96], dilation_rates=[1, 2, 5]),
+    # at p = 3 (N/p = 32): 64-segments span ranks {0, 1} and leave rank 2 a short one alone; r = 3 does
+    # not divide N/p, so ranks keep different numbers of rows
+    VerifyCase(name="ragged groups, r ∤ N/p", batch=1, seq_len=96, heads=3, head_dim=8, segment_lengths=[16, 64, 96], dilation_rates=[1, 3, 2]),
 ]
 
 FULL = QUICK + [

@@ -50,12 +50,14 @@ class CaseResult(BaseModel):
     errors: dict[str, Error]
     passed: bool
     message: str = ""
+    comm: list[dict[str, int]] | None = None  # distributed runs: each rank's comm_stats()
 
 
 class VerifyReport(BaseModel):
     results: list[CaseResult]
     passed: bool
     seed: int
+    skipped: list[str] = []  # distributed cases a world size cannot shard, and why
     environment: dict | None = None  # filled by the CLI: versions, devices, command line
 
     @property
@@ -184,14 +186,14 @@ def run_verify(
         if b != "auto" and b not in usable:
             raise ValueError(f"backend {b!r} cannot run on {device}: use one of auto, {', '.join(usable)}")
     gen = torch.Generator().manual_seed(seed)
-    results = []
+    results, skipped = [], []
     dist_names = [n for n in names if REGISTRY[n].distributed and distributed_run]
     names = [n for n in names if n not in dist_names]
     chosen_cases = cases if cases is not None else case_matrix(full)
     for name in dist_names:
         for world in world_sizes:
             for result in _verify_distributed(name, world, chosen_cases, semantics, causal, chosen, torch_dtype, seed,
-                                              dist_timeout_s):
+                                              dist_timeout_s, skipped):
                 results.append(result)
                 if on_result:
                     on_result(result)
@@ -209,7 +211,7 @@ def run_verify(
                         results.append(result)
                         if on_result:
                             on_result(result)
-    return VerifyReport(results=results, passed=all(r.passed for r in results), seed=seed)
+    return VerifyReport(results=results, passed=all(r.passed for r in results), seed=seed, skipped=skipped)
 
 
 def _check_one(impl, runner, case, sem, is_causal, backend, dtype, device, gen, uncovered) -> CaseResult:
@@ -225,14 +227,17 @@ def _check_one(impl, runner, case, sem, is_causal, backend, dtype, device, gen, 
     return CaseResult(**common, errors=errors, passed=all(e.passed for e in errors.values()))
 
 
-def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, seed, timeout_s) -> list[CaseResult]:
+def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, seed, timeout_s, skipped) -> list[CaseResult]:
     """One process group per (implementation, world size) runs every shardable case."""
     from ..distributed import run_distributed
-    from .distributed import case_inputs, rank_outputs, shardable
+    from .distributed import build_multihead, case_inputs, combine, multihead_inputs, rank_outputs, run_multihead
+    from .distributed import shard_problem
 
     jobs, meta = [], []
-    for i, case in enumerate(cases):
-        if not shardable(case, world, name):
+    for case in cases:
+        problem = shard_problem(case, world, name)
+        if problem:
+            skipped.append(f"{name} p={world}, case '{case.name}': {problem}")
             continue
         for sem in semantics:
             if sem == "head_groups" and case.heads < len(case.segment_lengths):
@@ -252,22 +257,29 @@ def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, 
     except Exception as exc:  # the whole group failed: every case of it is a failure, reported
         return [CaseResult(**common, **_case_fields(c, s, k, b, u), errors={}, passed=False, message=str(exc))
                 for c, s, k, b, _, u in meta]
+    multihead = REGISTRY[name].kind == "multihead"
     results = []
     for j, (case, sem, is_causal, backend, job_seed, uncovered) in enumerate(meta):
-        base = case_inputs(case, job_seed)
 
         def reference(compute_dtype, src_dtype):
+            if multihead:
+                module = build_multihead(name, case, sem, backend, job_seed)
+                module.attention = _ReferenceAttention(module.attention, compute_dtype)
+                x, upstream = multihead_inputs(case, job_seed)
+                return run_multihead(module.to(src_dtype), x.to(src_dtype), upstream, is_causal)
+            base = case_inputs(case, job_seed)
             xs = [x.to(src_dtype).requires_grad_() for x in base[:3]]
             o, l = dilated_attention_reference(*xs, case.segment_lengths, case.dilation_rates, is_causal, sem,
                                                compute_dtype=compute_dtype)
             return {"out": o, "lse": l, **dict(zip(("dq", "dk", "dv"), _grads(o, xs, base[3])))}
 
-        got = {k: torch.cat([r[j][k] for r in per_rank], dim=1) for k in ("out", "lse", "dq", "dk", "dv")}
+        got = combine(name, per_rank, j)
         ref = reference(torch.float64, torch.float64)
         naive = reference(dtype, dtype) if dtype in HALF else {}
         errors = {k: _compare(k, got[k], ref[k], naive.get(k), dtype) for k in got}
         results.append(CaseResult(**common, **_case_fields(case, sem, is_causal, backend, uncovered), errors=errors,
-                                  passed=all(e.passed for e in errors.values())))
+                                  passed=all(e.passed for e in errors.values()),
+                                  comm=[r[j]["comm"] for r in per_rank]))
     return results
 
 
