@@ -43,3 +43,69 @@ def mismatched_shapes(rank: int, world: int):
     q = torch.randn(1, length, 4, 8)
     HeadParallelDilatedAttention([8], [1])(q, q, q)
     return rank
+
+
+# Sequence-parallel (ring, all-gather) cases: (N, H, segments, dilations); B = 2, D = 8. Chosen so that
+# across p = 2, 3, 4 segments are shorter than, equal to and longer than the shard, groups are ragged,
+# r does not divide N/p, w exceeds N, and (N=64, [8, 16]) every segment fits in a shard.
+SP_CASES = [
+    (48, 4, [12, 48], [1, 2]),
+    (96, 5, [8, 48, 96], [1, 2, 5]),
+    (96, 3, [16, 64, 96], [1, 3, 2]),
+    (36, 3, [12, 72], [1, 5]),
+    (64, 4, [8, 16], [1, 2]),
+]
+SP_VARIANTS = [(sem, causal, mask) for sem in ("longnet", "head_groups") for causal in (False, True) for mask in (False, True)]
+
+
+def sp_inputs(case: int, variant: int):
+    N, H, _, _ = SP_CASES[case]
+    g = torch.Generator().manual_seed(1000 * case + variant)
+    q, k, v, up = (torch.randn(2, N, H, 8, generator=g, dtype=torch.float64) for _ in range(4))
+    mask = torch.rand(2, N, generator=g) < 0.3 if SP_VARIANTS[variant][2] else None
+    return q, k, v, up, mask
+
+
+def sp_shardable(case: int, world: int) -> bool:
+    N, _, segs, _ = SP_CASES[case]
+    shard = N // world
+    return N % world == 0 and all(shard % min(w, N) == 0 or min(w, N) % shard == 0 for w in segs)
+
+
+def sequence_parallel_cases(rank: int, world: int, impl: str):
+    """Per (case, variant) this rank's out, lse, gradient shards and comm counts (None: not shardable)."""
+    from dattn_cli.kernels import REGISTRY
+
+    results = {}
+    for c, (N, H, segs, rates) in enumerate(SP_CASES):
+        if not sp_shardable(c, world):
+            continue
+        shard = slice(rank * N // world, (rank + 1) * N // world)
+        for i, (sem, causal, masked) in enumerate(SP_VARIANTS):
+            q, k, v, up, mask = sp_inputs(c, i)
+            xs = [x[:, shard].float().clone().requires_grad_() for x in (q, k, v)]
+            module = REGISTRY[impl].cls(segs, rates, semantics=sem)
+            out, lse = module.forward_with_lse(*xs, causal, key_padding_mask=None if mask is None else mask[:, shard])
+            out.backward(up[:, shard].float())
+            results[c, i] = {"out": out.detach(), "lse": lse, "grads": [x.grad for x in xs], "comm": module.comm_stats()}
+    return results
+
+
+def ring_with_rank_specific_segments(rank: int, world: int):
+    from dattn_cli.kernels import RingDilatedAttention
+
+    q = torch.randn(1, 16, 2, 4)
+    return RingDilatedAttention([8, 32 if rank == 0 else 64], [1, 2])(q, q, q)
+
+
+def ring_multihead_under_group(rank: int, world: int):
+    """RingMultiheadDilatedAttention on an explicit process group (the world, passed by handle)."""
+    from dattn_cli.kernels import RingMultiheadDilatedAttention
+
+    torch.manual_seed(0)
+    module = RingMultiheadDilatedAttention(16, 2, segment_lengths=[8, 32], dilation_rates=[1, 2],
+                                           process_group=torch.distributed.group.WORLD)
+    x = torch.randn(1, 32, 16, generator=torch.Generator().manual_seed(1))[:, rank * 16 : (rank + 1) * 16]
+    out, _ = module(x, x, x)
+    out.sum().backward()
+    return module.comm_stats()
