@@ -198,6 +198,8 @@ def bench(
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory cap per point, e.g. 2GiB (CPU default: half of available RAM)."),
     max_seconds: float = typer.Option(120.0, "--max-seconds", help="Time budget per point; beyond it the point is skipped (reason time)."),
     seed: int = typer.Option(0, "--seed"),
+    nproc: int = typer.Option(1, "--nproc", help="Ranks per point for distributed implementations (gloo on CPU, NCCL on CUDA), spawned here."),
+    dist_timeout: float = typer.Option(120.0, "--dist-timeout", help="Seconds before a stuck process group is ended with an error naming the rank."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSONL report, one row appended per point as it is measured."),
     resume: bool = typer.Option(False, "--resume", help="Continue --out: points already in it are not measured again."),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="Write all rows as CSV to this file ('-' = stdout)."),
@@ -237,6 +239,7 @@ def bench(
         segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
         semantics=semantics, causal=causal, dtype=dtype.value, device=device, warmup=warmup, repeat=repeat,
         max_memory=parse_size(max_memory) if max_memory else _default_max_memory(), max_seconds=max_seconds, seed=seed,
+        nproc=nproc, dist_timeout=dist_timeout,
     )
     with _progress() as progress:
         task = progress.add_task("bench", total=None if until_oom else len(cfg.impls) * len(cfg.seq_lens))

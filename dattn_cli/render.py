@@ -115,28 +115,35 @@ def _size(nbytes: int | None) -> str:
 def bench_table(result: SweepResult) -> Table:
     rows = result.rows
     title = "dattn bench"
+    distributed = any(r.world_size > 1 for r in rows)
     if rows:
         r = rows[0]
-        title += (f" ({r.mode}, {r.dtype}, {r.device}, B={r.batch} H={r.heads} D={r.head_dim}; "
-                  "time = median of repeats; TFLOP/s counts attended pairs only)")
+        title += (f" ({r.mode}, {r.dtype}, {r.device}, B={r.batch} H={r.heads} D={r.head_dim}"
+                  + (f", {r.world_size} ranks: time of the slowest rank, memory and bytes of the largest rank" if distributed else "")
+                  + "; time = median of repeats; TFLOP/s counts attended pairs only)")
     table = Table(title=title)
-    for col in ("impl", "N", "time ms", "tokens/s", "TFLOP/s", "peak mem", "status"):
+    columns = ["impl", "N", "time ms", "tokens/s", "TFLOP/s", "peak mem"] + (["sent/call", "recv/call"] if distributed else []) + ["status"]
+    for col in columns:
         if col == "impl":
             table.add_column(col, overflow="fold")
         else:
             table.add_column(col, justify="left" if col == "status" else "right", no_wrap=col != "status")
     for r in rows:
         status = "[green]ok[/]" if r.status == "ok" else f"[yellow]{r.status}[/] {r.reason or ''} {r.error or ''}".strip()
-        table.add_row(
+        cells = [
             r.impl, str(r.seq_len),
             f"{r.time_ms:.1f}" if r.time_ms is not None else "-",
             f"{r.tokens_per_s:,.0f}" if r.tokens_per_s is not None else "-",
             f"{r.tflops:.3f}" if r.tflops is not None else "-",
-            _size(r.peak_mem_bytes), status,
-        )
+            _size(r.peak_mem_bytes),
+        ]
+        if distributed:
+            cells += [_size(r.comm_bytes_sent), _size(r.comm_bytes_received)]
+        table.add_row(*cells, status)
     for s in result.summaries:
         table.add_section()
-        table.add_row(s.impl, f"max {s.max_ok_seq_len}" if s.max_ok_seq_len else "none", "", "", "", "", s.limit or "all ok")
+        blanks = [""] * (len(columns) - 3)
+        table.add_row(s.impl, f"max {s.max_ok_seq_len}" if s.max_ok_seq_len else "none", *blanks, s.limit or "all ok")
     return table
 
 

@@ -71,8 +71,10 @@ class BenchConfig(BaseModel):
     max_memory: int
     max_seconds: float = 120.0
     seed: int = 0
+    nproc: int = 1  # ranks of a gloo (CPU) / NCCL (CUDA) process group, spawned per point
+    dist_timeout: float = 120.0
 
-    @field_validator("batch", "heads", "head_dim", "start", "repeat")
+    @field_validator("batch", "heads", "head_dim", "start", "repeat", "nproc")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value <= 0:
@@ -95,6 +97,16 @@ class BenchConfig(BaseModel):
             raise ValueError("give exactly one of --seq-lens and --until-oom")
         if self.max_seconds <= 0:
             raise ValueError(f"--max-seconds must be positive, got {self.max_seconds}")
+        if self.dist_timeout <= 0:
+            raise ValueError(f"--dist-timeout must be positive, got {self.dist_timeout}")
+        if self.nproc > 1:
+            from ..kernels import REGISTRY
+
+            single = [i for i in self.impls if i not in REGISTRY or not REGISTRY[i].distributed]
+            if single:
+                names = ", ".join(n for n, i in REGISTRY.items() if i.distributed)
+                raise ValueError(f"--nproc {self.nproc} runs distributed implementations only; {', '.join(single)} "
+                                 f"is not one: use {names}, or --nproc 1")
         return self
 
     def point_key(self) -> dict:
@@ -103,5 +115,5 @@ class BenchConfig(BaseModel):
             "mode": self.mode, "batch": self.batch, "heads": self.heads, "head_dim": self.head_dim,
             "segments": list(self.segment_lengths), "dilations": list(self.dilation_rates),
             "semantics": self.semantics, "causal": self.causal, "dtype": self.dtype, "device": self.device,
-            "world_size": 1,
+            "world_size": self.nproc,
         }

@@ -20,13 +20,18 @@ LINEAR = {
     "ImprovedDilatedAttention": (6.0, 12.7),
     "MultiheadDilatedAttention": (12.1, 25.6),  # projections and their activations on top of the core
     "ImprovedMultiheadDilatedAttention": (8.7, 17.4),
+    # distributed, per rank on its shard (x of the shard): assumed like ImprovedDilatedAttention, not fitted
+    "RingDilatedAttention": (6.0, 12.7),
+    "DistributedImprovedDilatedAttention": (6.0, 12.7),
+    "HeadParallelDilatedAttention": (6.0, 12.7),
+    "RingMultiheadDilatedAttention": (8.7, 17.4),
 }
 MATH_SCORE_COPIES = (2.1, 3.3)  # (fwd, fwd+bwd) N x N score tensors alive at the peak (measured at N=4096)
 
 
 def estimate_peak_bytes(impl: str, cfg: BenchConfig, seq_len: int) -> int:
     itemsize = DTYPE_BYTES[cfg.dtype]
-    x = cfg.batch * seq_len * cfg.heads * cfg.head_dim * itemsize
+    x = cfg.batch * (seq_len // cfg.nproc) * cfg.heads * cfg.head_dim * itemsize
     fwdbwd = cfg.mode == "fwdbwd"
     if impl == "math":
         scores = cfg.batch * cfg.heads * seq_len * seq_len * itemsize

@@ -45,6 +45,9 @@ class BenchRow(BaseModel):
     nvml_used_bytes: int | None = None
     mem_method: str | None = None
     predicted_mem_bytes: int | None = None
+    peak_mem_bytes_per_rank: list[int] | None = None  # world_size > 1: peak_mem_bytes is their maximum
+    comm_bytes_sent: int | None = None  # per rank per call (fwd, or fwd+bwd), the largest over ranks
+    comm_bytes_received: int | None = None
     error: str | None = None
 
     def key(self) -> tuple:

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from .config import BenchConfig
 from .estimate import estimate_peak_bytes
 from .rows import BenchRow, append_jsonl, point_key, read_rows
-from .worker import make_row, run_isolated
+from .worker import make_row, run_distributed_point, run_isolated
 
 FAILED = ("oom", "error", "skipped")
 BISECT_TOLERANCE = 0.05
@@ -127,6 +127,8 @@ def run_sweep(
             raise ValueError(f"--out {out} already holds rows: pass --resume to continue it, or choose a new file")
         out.parent.mkdir(parents=True, exist_ok=True)
         append_jsonl(out, environment_record(cfg, command))
+    if cfg.nproc > 1 and runner is run_isolated:
+        runner = run_distributed_point
     sweeper = _Sweeper(cfg, out, resume, on_row, runner)
     summaries = [sweeper.until_oom(i) if cfg.until_oom else sweeper.fixed(i) for i in cfg.impls]
     return SweepResult(rows=sweeper.rows, summaries=summaries)

@@ -50,8 +50,9 @@ def flops_for(impl: str, cfg: BenchConfig, n: int) -> float:
     return fwd * (3.5 if cfg.mode == "fwdbwd" else 1.0)
 
 
-def _build(impl: str, cfg: BenchConfig, n: int) -> tuple[Callable[[], Any], Callable[[], tuple]]:
-    """(make_inputs, run): run(*inputs) returns the output tensor."""
+def _build(impl: str, cfg: BenchConfig, n: int, length: int | None = None):
+    """(make_inputs, run, module): run(*inputs) returns the output tensor; inputs hold `length` positions
+    (this rank's shard of n; all of n on one process); module is None for baselines."""
     import torch
     import torch.nn.functional as F
 
@@ -61,28 +62,29 @@ def _build(impl: str, cfg: BenchConfig, n: int) -> tuple[Callable[[], Any], Call
     dtype = getattr(torch, cfg.dtype)
     device = torch.device(cfg.device)
     grad = cfg.mode == "fwdbwd"
-    shape = (cfg.batch, n, cfg.heads, cfg.head_dim)
+    length = n if length is None else length
+    shape = (cfg.batch, length, cfg.heads, cfg.head_dim)
 
     def qkv():
         return tuple(torch.randn(shape, dtype=dtype, device=device, requires_grad=grad) for _ in range(3))
 
     t = lambda x: x.transpose(1, 2)  # noqa: E731
     if impl == "sdpa":
-        return qkv, lambda q, k, v: t(F.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=cfg.causal))
+        return qkv, lambda q, k, v: t(F.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=cfg.causal)), None
     if impl == "math":
         def math_attention(q, k, v):
             scores = torch.matmul(t(q), t(k).transpose(-1, -2)) * cfg.head_dim**-0.5
             if cfg.causal:
                 scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=device).triu(1), float("-inf"))
             return t(torch.matmul(torch.softmax(scores, dim=-1), t(v)))
-        return qkv, math_attention
+        return qkv, math_attention, None
     if impl == "flash":
         from flash_attn import flash_attn_func
 
-        return qkv, lambda q, k, v: flash_attn_func(q, k, v, causal=cfg.causal)
+        return qkv, lambda q, k, v: flash_attn_func(q, k, v, causal=cfg.causal), None
     if impl == "reference":
         return qkv, lambda q, k, v: dilated_attention_reference(
-            q, k, v, cfg.segment_lengths, cfg.dilation_rates, cfg.causal, cfg.semantics)[0]
+            q, k, v, cfg.segment_lengths, cfg.dilation_rates, cfg.causal, cfg.semantics)[0], None
     entry = REGISTRY.get(impl)
     if entry is None:
         raise ValueError(f"--impl {impl!r} is not registered and not a baseline")
@@ -92,11 +94,11 @@ def _build(impl: str, cfg: BenchConfig, n: int) -> tuple[Callable[[], Any], Call
                            semantics=cfg.semantics, device=device, dtype=dtype)
 
         def x3():
-            x = torch.randn(cfg.batch, n, embed, dtype=dtype, device=device, requires_grad=grad)
+            x = torch.randn(cfg.batch, length, embed, dtype=dtype, device=device, requires_grad=grad)
             return x, x, x
-        return x3, lambda q, k, v: module(q, k, v, is_causal=cfg.causal)[0]
+        return x3, lambda q, k, v: module(q, k, v, is_causal=cfg.causal)[0], module
     module = entry.cls(cfg.segment_lengths, cfg.dilation_rates, semantics=cfg.semantics)
-    return qkv, lambda q, k, v: module(q, k, v, is_causal=cfg.causal)
+    return qkv, lambda q, k, v: module(q, k, v, is_causal=cfg.causal), module
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -108,17 +110,28 @@ def _is_oom(exc: BaseException) -> bool:
     return "can't allocate memory" in text or "out of memory" in text or "cannot allocate memory" in text
 
 
-def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = None) -> dict:
-    """Run one point in this process; returns the row fields it measured."""
+def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = None, group: Any = None) -> dict:
+    """Run one point in this process; returns the row fields it measured.
+
+    With `group` (a rank of an initialised process group), this process holds its shard of n, every
+    timed call starts after a barrier, and the ranks agree on skipping a point that would run too long.
+    """
     import torch
 
     start_rss = rss_bytes() if start_rss is None else start_rss
     cuda = cfg.device.startswith("cuda")
+    world = 1
+    if group is not None:
+        import torch.distributed as dist
+
+        world = dist.get_world_size(group)
     torch.manual_seed(cfg.seed)
-    make_inputs, run = _build(impl, cfg, n)
+    make_inputs, run, module = _build(impl, cfg, n, n // world)
 
     def step() -> float:
         inputs = make_inputs()  # fresh random inputs for every call, outside the timed region
+        if group is not None:
+            dist.barrier(group)
         if cuda:
             torch.cuda.synchronize()
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -142,10 +155,15 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
     first = step()
     for _ in range(cfg.warmup - 1):
         step()
-    spent = time.perf_counter() - began
-    if spent + first * cfg.repeat > cfg.max_seconds:
+    projected = time.perf_counter() - began + first * cfg.repeat
+    if group is not None:  # every rank must take the same branch, or the others wait in a barrier
+        worst = torch.tensor([projected], dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+        projected = float(worst.item())
+    if projected > cfg.max_seconds:
         return {"status": "skipped", "reason": f"time: one call took {first:.2f} s, so {cfg.repeat} repeats would "
                 f"exceed --max-seconds {cfg.max_seconds:g}"}
+    calls_before = module.comm_stats() if hasattr(module, "comm_stats") else None
     times = sorted(step() for _ in range(cfg.repeat))
     median = statistics.median(times)
     result = {
@@ -155,6 +173,11 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
     }
     flops = flops_for(impl, cfg, n)
     result.update(flops=flops, tflops=flops / median / 1e12)
+    if calls_before is not None:
+        after = module.comm_stats()
+        for way in ("sent", "received"):
+            moved = sum(after[f"{phase}_bytes_{way}"] - calls_before[f"{phase}_bytes_{way}"] for phase in ("forward", "backward"))
+            result[f"comm_bytes_{way}"] = moved // len(times)
     if cuda:
         result.update(peak_mem_bytes=torch.cuda.max_memory_allocated(), mem_method=GPU_MEM_METHOD,
                       nvml_used_bytes=_nvml_used(torch.cuda.current_device()))
@@ -254,6 +277,57 @@ def _died(exitcode: int | None) -> dict:
     if exitcode is not None and exitcode < 0 and -exitcode == 9:
         return {"status": "oom", "reason": "out of memory", "error": "worker killed by SIGKILL (likely the OOM killer)"}
     return {"status": "error", "reason": "worker crashed", "error": f"worker exited with code {exitcode} and sent no result"}
+
+
+def measure_rank(rank: int, world: int, cfg_data: dict, impl: str, n: int) -> dict:
+    """One rank of a distributed point (run by run_distributed): memory above this rank's RSS after the
+    process group is up, address space capped like a single-process worker."""
+    import torch
+    import torch.distributed as dist
+
+    cfg = BenchConfig.model_validate(cfg_data)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # as torchrun would: no oversubscribed cores
+    if cfg.device.startswith("cuda"):
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        cfg = cfg.model_copy(update={"device": f"cuda:{torch.cuda.current_device()}"})
+    else:
+        limit = vm_bytes() + cfg.max_memory + RLIMIT_SLACK
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return measure_point(cfg, impl, n, rss_bytes(), group=dist.group.WORLD)
+
+
+def run_distributed_point(cfg: BenchConfig, impl: str, n: int) -> dict:
+    """Measure one point on cfg.nproc ranks; a failing, OOM or stuck rank becomes a row naming the rank."""
+    from ..distributed import DistributedError, run_distributed
+    from ..verify.distributed import shard_problem
+    from ..verify.cases import VerifyCase
+
+    case = VerifyCase(name="bench", batch=cfg.batch, seq_len=n, heads=cfg.heads, head_dim=cfg.head_dim,
+                      segment_lengths=cfg.segment_lengths, dilation_rates=cfg.dilation_rates)
+    problem = shard_problem(case, cfg.nproc, impl)
+    if problem:
+        return {"status": "skipped", "reason": f"cannot shard: {problem}"}
+    backend = "nccl" if cfg.device.startswith("cuda") else "gloo"
+    try:
+        per_rank = run_distributed(measure_rank, cfg.nproc, cfg.model_dump(), impl, n, backend=backend,
+                                   timeout_s=cfg.dist_timeout + cfg.max_seconds)
+    except DistributedError as exc:
+        text = str(exc)
+        oom = any(s in text.lower() for s in ("memoryerror", "out of memory", "can't allocate", "cannot allocate", "code -9"))
+        return {"status": "oom" if oom else "error", "error": text[:500],
+                "reason": "out of memory" if oom else "a rank failed"}
+    bad = [r for r in per_rank if r["status"] != "ok"]
+    if bad:
+        return bad[0]
+    slowest = max(per_rank, key=lambda r: r["time_ms"])
+    result = dict(slowest)
+    result["peak_mem_bytes_per_rank"] = [r["peak_mem_bytes"] for r in per_rank]
+    result["peak_mem_bytes"] = max(result["peak_mem_bytes_per_rank"])
+    for way in ("sent", "received"):
+        values = [r.get(f"comm_bytes_{way}") for r in per_rank]
+        result[f"comm_bytes_{way}"] = max(values) if None not in values else None
+    result["mem_method"] = (result.get("mem_method") or "") + "; per rank, the largest over ranks (all in peak_mem_bytes_per_rank)"
+    return result
 
 
 def make_row(cfg: BenchConfig, impl: str, n: int, result: dict, predicted: int | None) -> BenchRow:
