@@ -91,3 +91,19 @@ def test_ring_multihead_on_an_explicit_group_counts_bytes():
     expected = comm_volume("ring", 32, 2, 1, 2, 8, 4, [8, 32], [1, 2])
     for rank, s in enumerate(stats):
         assert {k: v for k, v in s.items() if k != "forward_calls"} == expected[rank]
+
+
+def test_ring_posts_the_next_transfer_before_computing_the_current_block():
+    per_rank = run_distributed(workers.ring_event_order, 3, timeout_s=60)
+    for rank, events in enumerate(per_rank):
+        # step 1's transfer, then step 2's posted before step 1's block is computed, then step 2's block
+        assert events == ["post", "post", f"compute {(rank - 1) % 3}", f"compute {(rank - 2) % 3}"], events
+
+
+def test_two_runs_at_once_pick_different_ports():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(run_distributed, workers.small_ring, 2, timeout_s=60) for _ in range(2)]
+        results = [r.result() for r in runs]
+    assert results[0] == results[1]

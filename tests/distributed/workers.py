@@ -109,3 +109,36 @@ def ring_multihead_under_group(rank: int, world: int):
     out, _ = module(x, x, x)
     out.sum().backward()
     return module.comm_stats()
+
+
+def ring_event_order(rank: int, world: int):
+    """The order in which the ring posts transfers and computes blocks, on a 3-rank segment."""
+    import torch.distributed as dist
+
+    from dattn_cli.kernels import RingDilatedAttention, ring
+
+    events = []
+    post, attend = dist.batch_isend_irecv, ring.attend_member
+
+    def logged_post(ops):
+        events.append("post")
+        return post(ops)
+
+    def logged_attend(attention, plan, member, *rest):
+        events.append(f"compute {member}")
+        return attend(attention, plan, member, *rest)
+
+    dist.batch_isend_irecv, ring.attend_member = logged_post, logged_attend
+    try:
+        q = torch.randn(1, 16, 2, 4)
+        RingDilatedAttention([48], [1])(q, q, q)
+    finally:
+        dist.batch_isend_irecv, ring.attend_member = post, attend
+    return events
+
+
+def small_ring(rank: int, world: int):
+    from dattn_cli.kernels import RingDilatedAttention
+
+    q = torch.randn(1, 16, 2, 4, generator=torch.Generator().manual_seed(rank))
+    return RingDilatedAttention([32], [2])(q, q, q).sum().item()
