@@ -97,3 +97,29 @@ def test_sigkill_then_resume_gives_the_same_rows_none_twice(tmp_path):
     assert [r.seq_len for r in after] == [256 * i for i in range(1, 13)]
     assert len({r.key() for r in after}) == 12
     assert [r.model_dump() for r in after[: len(before)]] == [r.model_dump() for r in before]
+
+
+def test_bench_nproc_measures_ranks_and_counts_bytes(tmp_path, capsys):
+    from dattn_cli.kernels.sequence_parallel import comm_volume
+
+    out = tmp_path / "d.jsonl"
+    code, stdout, err = run_cli(["bench", "--impl", "RingDilatedAttention", "--impl", "DistributedImprovedDilatedAttention",
+                                 "--nproc", "2", "--seq-lens", "256,384", "--mode", "fwdbwd", "--heads", "2", "--head-dim",
+                                 "16", "--segments", "64,256", "--dilations", "1,2", "--repeat", "1", "--out", str(out)],
+                                capsys)
+    assert code == 0, err
+    assert "sent/call" in stdout
+    rows = read_rows(out)
+    ok = [r for r in rows if r.seq_len == 256]
+    assert len(ok) == 2 and all(r.status == "ok" and r.world_size == 2 and len(r.peak_mem_bytes_per_rank) == 2 for r in ok)
+    for row, strategy in zip(ok, ("ring", "allgather")):
+        per_rank = comm_volume(strategy, 256, 2, 1, 2, 16, 4, [64, 256], [1, 2])
+        assert row.comm_bytes_sent == max(c["forward_bytes_sent"] + c["backward_bytes_sent"] for c in per_rank)
+    # N=384: shards of 192 split the 256-segments unevenly: a row that says so, not a crash
+    skipped = [r for r in rows if r.seq_len == 384]
+    assert all(r.status == "skipped" and "neither divides nor is a multiple" in r.reason for r in skipped)
+
+
+def test_bench_nproc_refuses_single_device_impls(capsys):
+    code, _, err = run_cli(["bench", "--impl", "sdpa", "--nproc", "2", "--seq-lens", "256"], capsys)
+    assert code == 2 and "--nproc 2 runs distributed implementations only" in err
