@@ -1,0 +1,208 @@
+"""Peak memory per device, itemised, from what the implementations allocate.
+
+Derived from the engine (kernels/engine.py) over the block plan of the configuration, not fitted to a
+curve: the tensors alive at the peak are counted one by one. `tests/plan/test_memory.py` checks the
+tensor items against `measure.LiveTensorBytes` (every storage torch allocates, counted while alive);
+`dattn plan --check` compares the total with measured bench rows.
+
+Items (bytes, per device):
+* inputs        q, k, v (this device's shard)
+* output        the result, and for half inputs the fp32 accumulator it is converted from
+* lse           float32 (B, L, H)
+* gather        kept-row copies of the dilated blocks (r > 1), held by the memory pool: 3 per block
+                shape in forward, 5 (q, k, v, dout, out) in backward
+* block result  the largest non-adopted block's (out, lse) in forward; its (dq, dk, dv) in backward
+* gradients     upstream gradient, dq, dk, dv accumulators (fwd+bwd)
+* comm buffers  sequence parallel: the packed sparsified K/V in flight (ring: the held and the
+                prefetched buffer; all-gather: all g members' rows, kept for backward, and the dK/dV
+                shares); head-parallel: the all-to-all send/receive copies
+* workspace     memory the attention kernel takes outside torch's view (contiguous copies of strided
+                inputs, per-thread scratch): a stated multiple of the largest block, per backend
+* framework     the runtime's fixed cost (CUDA context, allocator reserve; CPU: thread pools,
+                first-call code) from the hardware profile, and allocator rounding per tensor
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from pydantic import BaseModel
+
+from ..kernels.pattern import Block, build_blocks, head_sets, pair_blocks
+
+ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+DENSE = ("sdpa", "flash", "math")
+
+# Kernel workspace, in units of the largest block's q-sized tensor (b·h·m·D elements): memory the fused
+# attention kernel allocates internally, invisible to torch's dispatcher. Measured on the CPU flash
+# kernel of torch 2.13 as (peak RSS - live tensor bytes) / block size, see docs/plan.md; on CUDA the
+# flash/memory-efficient kernels allocate O(b·h·m) scratch only.
+WORKSPACE = {("cpu", "fwd"): 0.55, ("cpu", "fwdbwd"): 1.55, ("cuda", "fwd"): 0.0, ("cuda", "fwdbwd"): 0.0}
+
+
+class Shape(BaseModel):
+    """What the memory and time models need to know about one attention call."""
+
+    impl: str
+    seq_len: int
+    batch: int = 1
+    heads: int = 8
+    head_dim: int = 64
+    segment_lengths: list[int] = [2048, 4096, 8192]
+    dilation_rates: list[int] = [1, 2, 4]
+    semantics: str = "longnet"
+    causal: bool = False
+    dtype: str = "float32"
+    mode: str = "fwd"  # fwd | fwdbwd
+    world_size: int = 1
+    strategy: str = "single"  # single | ring | allgather | head_parallel (derived from impl when world > 1)
+
+
+class MemoryBreakdown(BaseModel):
+    items: dict[str, int]
+    total: int
+
+
+STRATEGY_OF = {
+    "RingDilatedAttention": "ring", "RingMultiheadDilatedAttention": "ring",
+    "DistributedImprovedDilatedAttention": "allgather", "HeadParallelDilatedAttention": "head_parallel",
+}
+
+
+def strategy_for(impl: str, world: int) -> str:
+    return STRATEGY_OF.get(impl, "single") if world > 1 else "single"
+
+
+@dataclass
+class _Tally:
+    items: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, nbytes: float) -> None:
+        self.items[name] = self.items.get(name, 0) + int(nbytes)
+
+
+def _local_blocks(s: Shape, length: int, heads: int, first_head: int) -> list[Block]:
+    """The blocks one device computes locally (its shard, or its head shard of the whole sequence)."""
+    if s.strategy in ("ring", "allgather"):
+        from ..kernels.sequence_parallel import shard_plan
+
+        local, _ = shard_plan(s.seq_len, s.world_size, s.world_size - 1, s.heads, s.segment_lengths,
+                              s.dilation_rates, s.semantics, s.impl)
+        return local
+    if first_head or heads != s.heads:
+        blocks: list[Block] = []
+        for i, (w, r) in enumerate(zip(s.segment_lengths, s.dilation_rates)):
+            blocks += pair_blocks(i, length, heads, w, r, len(s.segment_lengths), s.semantics, first_head, s.heads)
+        return blocks
+    return build_blocks(length, heads, s.segment_lengths, s.dilation_rates, s.semantics)
+
+
+def _block_elems(batch: int, block: Block, head_dim: int) -> int:
+    return batch * block.num_segments * block.num_heads * block.rows * head_dim
+
+
+def _covers_all(block: Block, length: int, heads: int) -> bool:
+    return (block.rate == 1 and block.start == 0 and block.num_segments * block.seg_len == length
+            and block.head_step == 1 and block.num_heads == heads)
+
+
+def estimate_memory(s: Shape, framework_bytes: int = 0, device_type: str = "cpu") -> MemoryBreakdown:
+    """Peak bytes on one device for one call of `s` (fwd, or fwd+bwd), itemised."""
+    e = ELEMENT_BYTES[s.dtype]
+    fwdbwd = s.mode == "fwdbwd"
+    p = max(1, s.world_size)
+    length = s.seq_len // p if s.strategy in ("ring", "allgather", "head_parallel") else s.seq_len
+    t = _Tally()
+    x_shard = s.batch * length * s.heads * s.head_dim * e  # one (B, L, H, D) tensor
+    t.add("inputs q, k, v", 3 * x_shard)
+    t.add("output", x_shard)
+    if s.impl in DENSE:
+        block_elems = s.batch * s.heads * s.seq_len * s.head_dim
+        if s.impl == "math":  # N x N scores: fp32 scores, softmax, (and their grads in backward)
+            scores = s.batch * s.heads * s.seq_len * s.seq_len * 4
+            t.add("scores (N x N)", scores * (3 if fwdbwd else 2))
+        else:
+            t.add("lse", s.batch * s.heads * s.seq_len * 4)
+        if fwdbwd:
+            t.add("gradients (upstream, dq, dk, dv)", 4 * x_shard)
+        if s.impl != "math":
+            t.add("kernel workspace", WORKSPACE[(device_type, s.mode)] * block_elems * e)
+        return _finish(t, framework_bytes)
+
+    heads, first = s.heads, 0
+    work_len = length
+    if s.strategy == "head_parallel":
+        heads, work_len = s.heads // p, s.seq_len
+    blocks = _local_blocks(s, work_len, heads, first)
+    x_work = s.batch * work_len * heads * s.head_dim * e
+    acc_e = 8 if s.dtype == "float64" else 4
+    t.add("lse", s.batch * length * s.heads * 4)
+    if e != acc_e:
+        t.add("fp32 accumulator", s.batch * work_len * heads * s.head_dim * acc_e)
+    gather_shapes: dict[tuple, int] = {}
+    improved = not s.impl.startswith(("DilatedAttention", "MultiheadDilatedAttention"))
+    largest, largest_free = 0, 0
+    for b in blocks:
+        elems = _block_elems(s.batch, b, s.head_dim)
+        largest = max(largest, elems)
+        if not _covers_all(b, work_len, heads):
+            largest_free = max(largest_free, elems)
+        if b.rate > 1 or not improved:
+            gather_shapes[(b.num_segments, b.num_heads, b.rows)] = elems
+    if improved:
+        copies = 5 if fwdbwd else 3
+        t.add("gather buffers (memory pool)", copies * sum(gather_shapes.values()) * e)
+    else:  # index gathers live one block at a time, plus the index tensors of every block (int64)
+        t.add("gather buffers", (5 if fwdbwd else 3) * max(gather_shapes.values(), default=0) * e)
+        t.add("index tensors", sum(_block_elems(s.batch, b, 1) // s.batch * 8 for b in blocks))
+        t.add("merge copies", 2 * largest * e)
+    t.add("block result", largest_free * (3 if fwdbwd else 1) * e)
+    if fwdbwd:
+        t.add("gradients (upstream, dq, dk, dv)", 4 * x_work)
+    if s.strategy == "head_parallel":
+        t.add("all-to-all copies", 2 * x_shard * (2 if fwdbwd else 1))
+        t.add("head-shard q, k, v, out", 4 * x_work)
+    elif s.strategy in ("ring", "allgather"):
+        t.add("comm buffers", _sequence_parallel_buffers(s, length, fwdbwd, e))
+    t.add("kernel workspace", WORKSPACE[(device_type, s.mode)] * largest * e)
+    return _finish(t, framework_bytes)
+
+
+def _sequence_parallel_buffers(s: Shape, length: int, fwdbwd: bool, e: int) -> int:
+    """Packed sparsified K/V: ring holds its own packed rows, the buffer being computed on and the one
+    being received; all-gather holds all g members' rows (kept for backward) and the g dK/dV shares."""
+    from ..kernels.sequence_parallel import shard_plan
+
+    _, spanning = shard_plan(s.seq_len, s.world_size, 0, s.heads, s.segment_lengths, s.dilation_rates,
+                             s.semantics, s.impl)
+    total = 0
+    for plan in spanning:
+        g = len(plan.group)
+        if g == 1:
+            continue
+        size = max(plan.elements(j, s.batch, s.head_dim, False) for j in range(g)) * e
+        if s.strategy == "ring":
+            total = max(total, size * (4 if fwdbwd else 3))  # own, held, prefetched (+ a dK/dV share)
+        else:
+            total += size * (2 * g if fwdbwd else g)
+    return total
+
+
+def _finish(t: _Tally, framework_bytes: int) -> MemoryBreakdown:
+    if framework_bytes:
+        t.add("framework", framework_bytes)
+    return MemoryBreakdown(items=t.items, total=sum(t.items.values()))
+
+
+def dense_attention_bytes(seq_len: int, batch: int, heads: int, element_bytes: int) -> int:
+    """Standard attention's N x N score matrix alone, the quantity behind '1M tokens need ~1 TB'."""
+    return batch * heads * seq_len * seq_len * element_bytes
+
+
+def head_sets_count(rate: int, heads: int, pairs: int, semantics: str) -> int:
+    return len(head_sets(0, rate, heads, pairs, semantics))
+
+
+def shape_from_sequence(values: Sequence[int]) -> list[int]:
+    return [int(v) for v in values]
