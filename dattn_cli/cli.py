@@ -338,6 +338,125 @@ def _one_line(exc: ValueError) -> str:
     return str(exc) or type(exc).__name__
 
 
+profiles_app = typer.Typer(help="Hardware profiles: list, show, validate (shipped ones or your own YAML).", no_args_is_help=True)
+app.add_typer(profiles_app, name="profiles")
+
+
+@profiles_app.command("list")
+def profiles_list() -> None:
+    """The shipped profiles: name, device, memory, bf16 / fp32 dense peak, devices per node."""
+    from .plan.profiles import load_profile, shipped_profiles
+    from .render import profiles_table
+
+    stdout.print(profiles_table({name: load_profile(name) for name in shipped_profiles()}))
+
+
+@profiles_app.command("show")
+def profiles_show(profile: str = typer.Argument(..., help="A shipped profile name or a path to a YAML file.")) -> None:
+    """Print one profile as YAML, sources included."""
+    from .plan.profiles import dump_profile, load_profile
+
+    print(dump_profile(load_profile(profile)), end="")
+
+
+@profiles_app.command("validate")
+def profiles_validate(paths: Optional[list[str]] = typer.Argument(None, help="Profile names or YAML paths (default: every shipped one).")) -> None:
+    """Check profiles against the schema; the first problem is reported as one line, exit 2."""
+    from .plan.profiles import load_profile, shipped_profiles
+
+    for name in paths or list(shipped_profiles()):
+        profile = load_profile(name)
+        stdout.print(f"ok: {name} ({profile.name})")
+
+
+@app.command()
+def plan(
+    impl: str = typer.Option("ImprovedDilatedAttention", "--impl", help="Implementation or dense baseline (sdpa, flash, math)."),
+    profile: str = typer.Option("cpu-host", "--profile", help="Shipped profile name or path to your YAML."),
+    seq_len: str = typer.Option("64k", "--seq-len", help="Total sequence length N."),
+    devices: int = typer.Option(1, "--devices", help="Devices sharing the sequence (world size)."),
+    batch: int = typer.Option(1, "--batch"),
+    heads: int = typer.Option(8, "--heads"),
+    head_dim: int = typer.Option(64, "--head-dim"),
+    segments: str = typer.Option("2048,4096,8192", "--segments"),
+    dilations: str = typer.Option("1,2,4", "--dilations"),
+    semantics: str = typer.Option("longnet", "--semantics"),
+    causal: bool = typer.Option(False, "--causal/--no-causal"),
+    dtype: DType = typer.Option(DType.float32, "--dtype"),
+    mode: str = typer.Option("fwdbwd", "--mode", help="fwd or fwdbwd."),
+    max_seq: bool = typer.Option(False, "--max-seq", help="Solve for the largest N that fits on --devices."),
+    min_devices: bool = typer.Option(False, "--min-devices", help="Solve for the fewest devices that fit --seq-len."),
+    check: Optional[Path] = typer.Option(None, "--check", help="Bench JSONL report: predicted vs measured for every ok row."),
+    calibrate: Optional[Path] = typer.Option(None, "--calibrate", help="Bench JSONL report to fit efficiency factors from."),
+    save: Optional[Path] = typer.Option(None, "--save", help="With --calibrate: write the calibrated profile here."),
+    fail_if_infeasible: bool = typer.Option(False, "--fail-if-infeasible", help="Exit 1 when the plan does not fit."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the plan as JSON to this file ('-' = stdout)."),
+) -> None:
+    """Predict memory per device and time per call from a stated model (docs/plan.md), or check it against bench rows."""
+    from .bench.config import parse_int_list, parse_seq_lens
+    from .plan import check as plan_check
+    from .plan import model
+    from .plan.memory import Shape
+    from .plan.profiles import dump_profile, load_profile
+    from .render import check_table, plan_table
+
+    hw = load_profile(profile)
+    if mode not in ("fwd", "fwdbwd"):
+        raise UsageError(f"--mode {mode!r}: use fwd or fwdbwd")
+    if devices < 1:
+        raise UsageError(f"--devices must be >= 1, got {devices}")
+    if save is not None and calibrate is None:
+        raise UsageError("--save goes with --calibrate REPORT.jsonl")
+    if calibrate is not None:
+        rows = plan_check.ok_rows(calibrate)
+        calibrated = plan_check.calibrate(rows, hw, str(calibrate))
+        text = dump_profile(calibrated)
+        if save is not None:
+            save.write_text(text)
+            stderr_console().print(f"calibrated profile written to {save}")
+        else:
+            print(text, end="")
+        for impl_name, value in calibrated.efficiency.per_impl.items():
+            stderr_console().print(f"{impl_name}: attention efficiency {value:.4f}")
+        return
+    if check is not None:
+        frame = plan_check.check_rows(plan_check.ok_rows(check), hw)
+        stats = plan_check.summary(frame)
+        stdout.print(check_table(frame, hw.name, stats))
+        if json_out:
+            payload = {"profile": hw.name, "rows": frame.to_dict(orient="records"), "summary": stats}
+            text = json.dumps(payload, indent=1, default=str)
+            print(text) if json_out == "-" else Path(json_out).write_text(text)
+        return
+    shape = Shape(impl=impl, seq_len=parse_seq_lens(seq_len)[0], batch=batch, heads=heads, head_dim=head_dim,
+                  segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
+                  semantics=semantics, causal=causal, dtype=dtype.value, mode=mode, world_size=devices)
+    from .kernels.pattern import validate_pattern
+
+    validate_pattern(shape.segment_lengths, shape.dilation_rates, shape.semantics)
+    solved = None
+    if max_seq and min_devices:
+        raise UsageError("--max-seq and --min-devices solve for different things: give one")
+    if max_seq:
+        n, result = model.max_seq(shape, hw, devices)
+        solved = f"largest N that fits on {devices} x {hw.name}: {n:,}" if n else f"no N fits on {devices} x {hw.name}"
+        result = result or model.plan(shape, hw, devices)
+    elif min_devices:
+        d, result = model.min_devices(shape, hw)
+        solved = (f"fewest devices for N={shape.seq_len:,}: {d}" if d else f"N={shape.seq_len:,} fits on no number of devices")
+        result = result or model.plan(shape, hw, devices)
+    else:
+        result = model.plan(shape, hw, devices)
+    advice = model.chunk_advice(result.shape, hw, result.devices)
+    stdout.print(plan_table(result, solved, advice))
+    if json_out:
+        payload = {**result.model_dump(), "solved": solved, "chunk_advice": advice}
+        text = json.dumps(payload, indent=1, default=str)
+        print(text) if json_out == "-" else Path(json_out).write_text(text)
+    if fail_if_infeasible and not result.feasible:
+        raise typer.Exit(code=1)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args

@@ -186,3 +186,66 @@ def profile_table(report: ProfileReport) -> Table:
     row("backend", lambda s: s.backend or "-")
     table.caption = f"memory: {on.memory.memory_method}" + (f"; trace: {report.trace_path}" if report.trace_path else "")
     return table
+
+
+def profiles_table(profiles: dict) -> Table:
+    table = Table(title="dattn profiles (dense peak TFLOP/s; memory in GiB; per-direction link GB/s)")
+    for col in ("name", "device", "memory", "fp32", "bf16", "intra-node", "per node"):
+        table.add_column(col, overflow="fold")
+    for name, p in profiles.items():
+        t = p.peak_tflops
+        table.add_row(name, p.name, f"{p.memory_gib:g}", _num(t.float32), _num(t.bfloat16),
+                      f"{p.intra_node.bandwidth_gb_s:g}", str(p.devices_per_node))
+    return table
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def plan_table(result, solved: str | None, advice: str) -> Table:
+    s = result.shape
+    title = (f"dattn plan: {s.impl} ({s.strategy}) on {result.devices} x {result.profile}, N={s.seq_len:,}, B={s.batch} "
+             f"H={s.heads} D={s.head_dim}, {s.dtype}, {s.mode}" + (", causal" if s.causal else ""))
+    table = Table(title=title, show_header=True)
+    table.add_column("item")
+    table.add_column("per device", justify="right")
+    for name, value in result.memory.items.items():
+        table.add_row(name, _size(value))
+    table.add_section()
+    table.add_row("[bold]peak memory[/]", f"[bold]{_size(result.memory.total)}[/] of {_size(result.capacity_bytes)}")
+    t = result.time
+    if t is not None:
+        table.add_section()
+        table.add_row("FLOPs (SPEC convention)", f"{t.flops:.3e}")
+        table.add_row("compute time", f"{t.compute_s * 1e3:,.1f} ms")
+        table.add_row(f"communication ({t.link}, {t.messages} messages)", f"{_size(t.comm_bytes)}, {t.comm_s * 1e3:,.2f} ms")
+        table.add_row("communication hidden under compute", ("yes" if t.comm_hidden else "no") + f" ({t.note})")
+        table.add_row("[bold]time per call[/]", f"[bold]{t.total_s * 1e3:,.1f} ms[/]")
+    table.add_section()
+    verdict = "[green]feasible[/]" if result.feasible else "[red]infeasible[/]"
+    table.add_row("verdict", f"{verdict}: {result.reason}")
+    if solved:
+        table.add_row("solver", solved)
+    table.add_row("ring chunk advice", advice)
+    return table
+
+
+def check_table(frame, profile: str, stats: dict) -> Table:
+    def pct(v):
+        return "-" if v is None or v != v else f"{v:+.1f}%"
+
+    med, worst = stats["mem_error_pct_median_abs"], stats["mem_error_pct_max_abs"]
+    tmed, tworst = stats["time_error_pct_median_abs"], stats["time_error_pct_max_abs"]
+    title = (f"dattn plan --check against {profile}: memory error median {med:.1f}% max {worst:.1f}%; "
+             f"time error median {tmed:.1f}% max {tworst:.1f}%" if med is not None and tmed is not None
+             else f"dattn plan --check against {profile}")
+    table = Table(title=title)
+    for col in ("impl", "N", "mode", "p", "measured mem", "predicted mem", "mem err", "measured ms", "predicted ms", "time err"):
+        table.add_column(col, justify="left" if col in ("impl", "mode") else "right", overflow="fold")
+    for r in frame.to_dict(orient="records"):
+        table.add_row(r["impl"], str(r["seq_len"]), r["mode"], str(r["world_size"]), _size(r["measured_mem_bytes"]),
+                      _size(r["predicted_mem_bytes"]), pct(r["mem_error_pct"]),
+                      f"{r['measured_ms']:,.1f}" if r["measured_ms"] else "-",
+                      f"{r['predicted_ms']:,.1f}" if r["predicted_ms"] else "-", pct(r["time_error_pct"]))
+    return table

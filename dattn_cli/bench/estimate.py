@@ -1,41 +1,29 @@
-"""Quick peak-memory estimates, used to skip points that cannot fit before running them.
+"""Predicted peak memory of a bench point, from the planner's memory model (plan/memory.py).
 
-Stand-in until `dattn plan` has the full model. Expressed in units of one input tensor
-x = B*N*H*D*itemsize, with coefficients measured on this project's CPU machine (fp32, B=1, H=8, D=64,
-segments [2048, 4096, 8192], dilations [1, 2, 4]). Implementations not listed are assumed to be like
-DilatedAttention.
+Filled into every row as `predicted_mem_bytes`, and used to skip points that clearly cannot fit
+before running them. CPU rows are measured as RSS above the worker's start-up RSS, so the CPU host
+profile's fixed runtime cost is included; CUDA rows are measured by the caching allocator, which does
+not see the CUDA context, so none is added.
 """
 
 from __future__ import annotations
 
-from .config import DTYPE_BYTES, BenchConfig
-
-# (fwd, fwd+bwd) peak memory in units of x, inputs included; measured with `run_isolated` on CPU, fp32,
-# H=8, D=64, N=16K-64K (e.g. ImprovedDilatedAttention: 5.81x at 32K and 5.76x at 64K fwd; 12.4x / 11.9x
-# fwd+bwd), then rounded up by ~2%.
-LINEAR = {
-    "sdpa": (4.6, 10.0),
-    "flash": (4.6, 10.0),  # not measured here (no GPU): assumed equal to sdpa
-    "DilatedAttention": (10.0, 18.8),
-    "ImprovedDilatedAttention": (6.0, 12.7),
-    "MultiheadDilatedAttention": (12.1, 25.6),  # projections and their activations on top of the core
-    "ImprovedMultiheadDilatedAttention": (8.7, 17.4),
-    # distributed, per rank on its shard (x of the shard): assumed like ImprovedDilatedAttention, not fitted
-    "RingDilatedAttention": (6.0, 12.7),
-    "DistributedImprovedDilatedAttention": (6.0, 12.7),
-    "HeadParallelDilatedAttention": (6.0, 12.7),
-    "RingMultiheadDilatedAttention": (8.7, 17.4),
-}
-MATH_SCORE_COPIES = (2.1, 3.3)  # (fwd, fwd+bwd) N x N score tensors alive at the peak (measured at N=4096)
-
+from .config import BenchConfig
 
 def estimate_peak_bytes(impl: str, cfg: BenchConfig, seq_len: int) -> int:
-    itemsize = DTYPE_BYTES[cfg.dtype]
-    x = cfg.batch * (seq_len // cfg.nproc) * cfg.heads * cfg.head_dim * itemsize
-    fwdbwd = cfg.mode == "fwdbwd"
-    if impl == "math":
-        scores = cfg.batch * cfg.heads * seq_len * seq_len * itemsize
-        return int(MATH_SCORE_COPIES[fwdbwd] * scores + LINEAR["sdpa"][fwdbwd] * x)
-    if impl == "reference":  # float64 copies plus a bounded block of scores and counts
-        return int((16 if fwdbwd else 8) * x * 8 / itemsize + 64 * 2**20 * (3 if fwdbwd else 1))
-    return int(LINEAR.get(impl, LINEAR["DilatedAttention"])[fwdbwd] * x)
+    from ..plan.memory import Shape, estimate_memory, strategy_for
+    from ..plan.profiles import load_profile
+
+    if impl == "reference":  # float64 copies of q, k, v, out (and grads) plus its bounded block of scores
+        x64 = cfg.batch * seq_len * cfg.heads * cfg.head_dim * 8
+        return int((16 if cfg.mode == "fwdbwd" else 8) * x64 + 64 * 2**20 * (3 if cfg.mode == "fwdbwd" else 1))
+    cpu = not cfg.device.startswith("cuda")
+    framework = int(load_profile("cpu-host").framework_overhead_gib * 2**30) if cpu else 0
+    shape = Shape(impl=impl, seq_len=seq_len, batch=cfg.batch, heads=cfg.heads, head_dim=cfg.head_dim,
+                  segment_lengths=cfg.segment_lengths, dilation_rates=cfg.dilation_rates, semantics=cfg.semantics,
+                  causal=cfg.causal, dtype=cfg.dtype, mode=cfg.mode, world_size=cfg.nproc,
+                  strategy=strategy_for(impl, cfg.nproc))
+    try:
+        return estimate_memory(shape, framework, "cpu" if cpu else "cuda").total
+    except ValueError:  # a shape the model cannot plan (e.g. unaligned shards): the point decides itself
+        return 0

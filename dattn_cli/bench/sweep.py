@@ -15,6 +15,10 @@ from .worker import make_row, run_distributed_point, run_isolated
 
 FAILED = ("oom", "error", "skipped")
 BISECT_TOLERANCE = 0.05
+# A point is skipped unrun only when the planner's prediction is clearly above the cap; near the cap the
+# measurement decides (a measured peak above --max-memory makes the row oom), so --until-oom limits are
+# measured, not predicted.
+PREDICTION_MARGIN = 1.25
 MAX_DOUBLINGS = 24
 
 
@@ -52,13 +56,18 @@ class _Sweeper:
             self.rows.append(row)
             return row
         predicted = estimate_peak_bytes(impl, self.cfg, n)
+        cpu = not self.cfg.device.startswith("cuda")
         if blocked:
             result = {"status": "skipped", "reason": blocked}
-        elif not self.cfg.device.startswith("cuda") and predicted > self.cfg.max_memory:
-            result = {"status": "skipped", "reason": f"memory: predicted {predicted / 2**30:.2f} GiB > --max-memory "
-                      f"{self.cfg.max_memory / 2**30:.2f} GiB"}
+        elif cpu and predicted > PREDICTION_MARGIN * self.cfg.max_memory:
+            result = {"status": "skipped", "reason": f"memory: predicted {predicted / 2**30:.2f} GiB, more than "
+                      f"{PREDICTION_MARGIN:g} x --max-memory {self.cfg.max_memory / 2**30:.2f} GiB"}
         else:
             result = self.runner(self.cfg, impl, n)
+            measured = result.get("peak_mem_bytes")
+            if cpu and result.get("status") == "ok" and measured and measured > self.cfg.max_memory:
+                result = {**result, "status": "oom", "reason": f"measured peak {measured / 2**30:.2f} GiB above "
+                          f"--max-memory {self.cfg.max_memory / 2**30:.2f} GiB"}
         row = make_row(self.cfg, impl, n, result, predicted)
         if self.out is not None:
             append_jsonl(self.out, row.model_dump())

@@ -46,6 +46,18 @@ class Efficiency(_Strict):
     attention_compute: float = Field(gt=0, le=1)
     memory_bandwidth: float = Field(gt=0, le=1)
     communication: float = Field(gt=0, le=1)
+    per_impl: dict[str, float] = Field(default_factory=dict, description="attention_compute fitted per implementation")
+
+    @field_validator("per_impl")
+    @classmethod
+    def _fractions(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, v in value.items():
+            if not 0 < v <= 1:
+                raise ValueError(f"per_impl.{name} must be in (0, 1], got {v}")
+        return value
+
+    def compute_for(self, impl: str) -> float:
+        return self.per_impl.get(impl, self.attention_compute)
 
 
 class HardwareProfile(_Strict):
