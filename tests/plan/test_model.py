@@ -1,0 +1,88 @@
+"""Solvers are monotone; the time model's pieces add up; plan CLI outputs, exit codes, check, calibrate."""
+
+import json
+
+import pytest
+
+from dattn_cli.plan import model
+from dattn_cli.plan.memory import Shape
+from dattn_cli.plan.profiles import load_profile
+from tests.cli.test_verify_env import run_cli
+
+H100 = load_profile("h100-sxm-80gb")
+RING = Shape(impl="RingDilatedAttention", seq_len=1 << 20, dtype="bfloat16", mode="fwdbwd")
+
+
+def test_more_devices_never_lower_max_seq():
+    previous = 0
+    for devices in (1, 2, 4, 8, 16):
+        n, _ = model.max_seq(RING, H100, devices)
+        assert n >= previous
+        previous = n
+
+
+def test_longer_sequences_never_need_fewer_devices():
+    previous = 1
+    for n in (1 << 22, 1 << 24, 1 << 26, 1 << 27):
+        d, p = model.min_devices(RING.model_copy(update={"seq_len": n}), H100)
+        assert d is not None and d >= previous and p.fits
+        previous = d
+
+
+def test_max_seq_is_the_boundary():
+    shape = Shape(impl="ImprovedDilatedAttention", seq_len=1)
+    cpu = load_profile("cpu-host")
+    n, p = model.max_seq(shape, cpu)
+    assert p.fits and not model.plan(shape.model_copy(update={"seq_len": n + 2 * 8192}), cpu).fits
+
+
+def test_ring_time_counts_comm_from_the_closed_form():
+    from dattn_cli.kernels.sequence_parallel import comm_volume
+
+    shape = Shape(impl="RingDilatedAttention", seq_len=65536, segment_lengths=[2048, 8192, 32768],
+                  dilation_rates=[1, 2, 8], mode="fwd", world_size=4)
+    t = model.estimate_time(shape, H100)
+    expected = max(c["forward_bytes_received"] for c in comm_volume("ring", 65536, 4, 1, 8, 64, 4, [2048, 8192, 32768], [1, 2, 8]))
+    assert t.comm_bytes == expected == 2 * (16384 // 8) * 8 * 64 * 4
+    link = H100.intra_node
+    assert t.comm_s == pytest.approx(t.messages * link.latency_us * 1e-6 + expected / (link.bandwidth_gb_s * 1e9 * H100.efficiency.communication))
+
+
+def test_head_parallel_volume_by_hand():
+    shape = Shape(impl="HeadParallelDilatedAttention", seq_len=8192, mode="fwd", world_size=4)
+    t = model.estimate_time(shape, H100)
+    assert t.comm_bytes == 4 * (1 * 2048 * 8 * 64 * 4) * 3 // 4
+
+
+def test_plan_cli_json_and_infeasible_exit(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    code, stdout, _ = run_cli(["plan", "--impl", "RingDilatedAttention", "--profile", "h100-sxm-80gb", "--seq-len", "1m",
+                               "--devices", "4", "--dtype", "bfloat16", "--json", str(out)], capsys)
+    assert code == 0 and "peak memory" in stdout and "time per call" in stdout
+    data = json.loads(out.read_text())
+    assert data["feasible"] and data["memory"]["total"] == sum(data["memory"]["items"].values())
+    code, _, _ = run_cli(["plan", "--impl", "sdpa", "--profile", "gtx-1080", "--seq-len", "1m", "--dtype", "float16",
+                          "--fail-if-infeasible"], capsys)
+    assert code == 1
+
+
+def test_check_and_calibrate_on_a_small_report(tmp_path, capsys):
+    report = tmp_path / "r.jsonl"
+    code, _, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--impl", "sdpa", "--seq-lens", "1k,2k",
+                            "--segments", "256,512", "--dilations", "1,2", "--repeat", "1", "--out", str(report)], capsys)
+    assert code == 0, err
+    code, stdout, _ = run_cli(["plan", "--check", str(report), "--profile", "cpu-host"], capsys)
+    assert code == 0 and "memory error median" in stdout
+    saved = tmp_path / "mine.yaml"
+    code, _, err = run_cli(["plan", "--calibrate", str(report), "--profile", "cpu-host", "--save", str(saved)], capsys)
+    assert code == 0, err
+    calibrated = load_profile(saved)
+    assert set(calibrated.efficiency.per_impl) == {"ImprovedDilatedAttention", "sdpa"}
+    assert calibrated.calibrated_from == str(report)
+
+
+def test_check_needs_ok_rows(tmp_path, capsys):
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    code, _, err = run_cli(["plan", "--check", str(empty)], capsys)
+    assert code == 2 and "no ok rows" in err
