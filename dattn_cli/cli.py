@@ -417,7 +417,7 @@ def plan(
         else:
             print(text, end="")
         for impl_name, value in calibrated.efficiency.per_impl.items():
-            stderr_console().print(f"{impl_name}: attention efficiency {value:.4f}")
+            stderr_console().print(f"{impl_name}: attention efficiency {value:.4f} of peak")
         return
     if check is not None:
         frame = plan_check.check_rows(plan_check.ok_rows(check), hw)

@@ -59,8 +59,8 @@ def summary(frame: pd.DataFrame) -> dict[str, float | None]:
 
 
 def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> HardwareProfile:
-    """Fit attention efficiency per implementation: the median over its rows of achieved / peak FLOP/s
-    (time measured on one device; communication is not fitted here). Returns a new profile."""
+    """Fit attention efficiency per implementation and mode ('impl/fwd', 'impl/fwdbwd'): the median over
+    its rows of achieved / peak FLOP/s (single-device rows; communication is not fitted here)."""
     per_impl: dict[str, list[float]] = {}
     for row in rows:
         if row.world_size != 1 or not row.time_ms:
@@ -70,7 +70,7 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
         if not peak:
             continue
         achieved = flops_per_device(shape) / (row.time_ms / 1e3)
-        per_impl.setdefault(row.impl, []).append(achieved / peak)
+        per_impl.setdefault(f"{row.impl}/{row.mode}", []).append(achieved / peak)
     if not per_impl:
         raise ValueError(f"{source}: no single-device ok rows with a time to calibrate from")
     fitted = {impl: min(1.0, statistics.median(v)) for impl, v in per_impl.items()}

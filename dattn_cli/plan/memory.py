@@ -41,8 +41,8 @@ DENSE = ("sdpa", "flash", "math")
 # engine ("dilated") holds about half a block more in forward, the dense kernel nothing. On CUDA the
 # caching allocator's view is exact up to rounding, and the fused kernels' scratch is O(b·h·m).
 WORKSPACE = {
-    ("dilated", "cpu", "fwd"): 0.5, ("dilated", "cpu", "fwdbwd"): 1.5,
-    ("dense", "cpu", "fwd"): 0.0, ("dense", "cpu", "fwdbwd"): 2.0,
+    ("dilated", "cpu", "fwd"): 0.5, ("dilated", "cpu", "fwdbwd"): 1.4,
+    ("dense", "cpu", "fwd"): 0.0, ("dense", "cpu", "fwdbwd"): 0.0,
     ("dilated", "cuda", "fwd"): 0.0, ("dilated", "cuda", "fwdbwd"): 0.0,
     ("dense", "cuda", "fwd"): 0.0, ("dense", "cuda", "fwdbwd"): 0.0,
 }
@@ -92,13 +92,15 @@ class _Tally:
 def _local_blocks(s: Shape, length: int, heads: int, first_head: int) -> list[Block]:
     """The blocks one device computes locally (its shard, or its head shard of the whole sequence)."""
     if s.strategy in ("ring", "allgather"):
-        from ..kernels.sequence_parallel import shard_plan
+        from ..kernels.pattern import pair_blocks as local_pair_blocks
 
-        local, _ = shard_plan(s.seq_len, s.world_size, s.world_size - 1, s.heads, s.segment_lengths,
-                              s.dilation_rates, s.semantics, s.impl)
-        return local
-    if first_head or heads != s.heads:
         blocks: list[Block] = []
+        for i, (w, r) in enumerate(zip(s.segment_lengths, s.dilation_rates)):
+            span = min(w, s.seq_len)  # a spanning pair's own-rows block has the shape of a one-segment pair
+            blocks += local_pair_blocks(i, length, heads, min(span, length), r, len(s.segment_lengths), s.semantics)
+        return blocks
+    if first_head or heads != s.heads:
+        blocks = []
         for i, (w, r) in enumerate(zip(s.segment_lengths, s.dilation_rates)):
             blocks += pair_blocks(i, length, heads, w, r, len(s.segment_lengths), s.semantics, first_head, s.heads)
         return blocks
@@ -177,20 +179,16 @@ def estimate_memory(s: Shape, framework_bytes: int = 0, device_type: str = "cpu"
 
 
 def _sequence_parallel_buffers(s: Shape, length: int, fwdbwd: bool, e: int) -> int:
-    """Packed sparsified K/V: ring holds its own packed rows, the buffer being computed on and the one
-    being received; all-gather holds all g members' rows (kept for backward) and the g dK/dV shares."""
-    from ..kernels.sequence_parallel import shard_plan
+    """Packed sparsified K/V, S = 2·B·H_i·D·e·⌈L/r⌉ per device and pair: the ring holds its own rows, the
+    buffer being computed on and the one being received (and a dK/dV share in backward); the all-gather
+    holds all g members' rows (kept for backward) and, in backward, the g dK/dV shares."""
+    from .model import spanning_pairs
 
-    _, spanning = shard_plan(s.seq_len, s.world_size, 0, s.heads, s.segment_lengths, s.dilation_rates,
-                             s.semantics, s.impl)
     total = 0
-    for plan in spanning:
-        g = len(plan.group)
-        if g == 1:
-            continue
-        size = max(plan.elements(j, s.batch, s.head_dim, False) for j in range(g)) * e
+    for g, r, heads in spanning_pairs(s):
+        size = 2 * s.batch * heads * s.head_dim * e * -(-length // r)
         if s.strategy == "ring":
-            total = max(total, size * (4 if fwdbwd else 3))  # own, held, prefetched (+ a dK/dV share)
+            total = max(total, size * (4 if fwdbwd else 3))
         else:
             total += size * (2 * g if fwdbwd else g)
     return total

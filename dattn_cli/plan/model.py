@@ -74,24 +74,16 @@ def estimate_time(s: Shape, profile: HardwareProfile) -> TimeBreakdown:
     if peak is None:
         raise ValueError(f"profile {profile.name!r} has no {s.dtype} rate (null in its peak_tflops): pick another --dtype")
     flops = flops_per_device(s)
-    compute = flops / (peak * profile.efficiency.compute_for(s.impl))
+    compute = flops / (peak * profile.efficiency.compute_for(s.impl, s.mode))
     p = s.world_size
     link = profile.intra_node if p <= profile.devices_per_node else profile.inter_node
     link_name = "intra-node" if p <= profile.devices_per_node else "inter-node"
     comm_bytes, messages, overlappable, note = 0, 0, 0.0, "single device: no communication"
     e = ELEMENT_BYTES[s.dtype]
     if p > 1 and s.strategy in ("ring", "allgather"):
-        from ..kernels.sequence_parallel import comm_volume, shard_plan
-
-        counts = comm_volume(s.strategy, s.seq_len, p, s.batch, s.heads, s.head_dim, e, s.segment_lengths,
-                             s.dilation_rates, s.semantics, s.causal)
-        phases = ("forward", "backward") if s.mode == "fwdbwd" else ("forward",)
-        comm_bytes = max(sum(c[f"{ph}_bytes_received"] for ph in phases) for c in counts)
-        _, spanning = shard_plan(s.seq_len, p, 0, s.heads, s.segment_lengths, s.dilation_rates, s.semantics, s.impl)
-        steps = sum(len(plan.group) - 1 for plan in spanning)
-        messages = steps * (3 if s.mode == "fwdbwd" else 1) if s.strategy == "ring" else len(spanning) * len(phases)
+        comm_bytes, messages, steps_share = sequence_parallel_traffic(s)
         # the remote blocks' compute is what a ring transfer can hide under
-        overlappable = compute * _remote_share(s) if s.strategy == "ring" else 0.0
+        overlappable = compute * steps_share if s.strategy == "ring" else 0.0
         note = ("ring: per step, transfer vs compute of the previous block" if s.strategy == "ring"
                 else "all-gather: a collective before the remote blocks, not overlapped")
     elif p > 1 and s.strategy == "head_parallel":
@@ -106,13 +98,55 @@ def estimate_time(s: Shape, profile: HardwareProfile) -> TimeBreakdown:
                          overlappable_s=overlappable, comm_hidden=hidden, total_s=total, link=link_name, note=note)
 
 
-def _remote_share(s: Shape) -> float:
-    """Fraction of this device's attended pairs that belong to remote blocks (ring steps)."""
-    from ..kernels.sequence_parallel import shard_plan
+def spanning_pairs(s: Shape) -> list[tuple[int, int, int]]:
+    """(g, r, heads using the pair) for each pair whose segment spans g > 1 devices (docs/communication.md)."""
+    p = s.world_size
+    shard = s.seq_len // p
+    pairs = []
+    m = len(s.segment_lengths)
+    for i, (w, r) in enumerate(zip(s.segment_lengths, s.dilation_rates)):
+        span = min(w, s.seq_len)
+        if shard % span == 0:
+            continue
+        if span % shard:
+            raise ValueError(f"segment length {span} neither divides nor is a multiple of N/p = {shard}: "
+                             "use segment lengths that are divisors or multiples of N/p")
+        base, extra = divmod(s.heads, m)
+        heads = s.heads if s.semantics == "longnet" else base + (1 if i < extra else 0)
+        pairs.append((span // shard, r, heads))
+    return pairs
 
-    _, spanning = shard_plan(s.seq_len, s.world_size, 0, s.heads, s.segment_lengths, s.dilation_rates, s.semantics, s.impl)
-    remote = sum((len(plan.group) - 1) / len(plan.group) for plan in spanning)
-    return min(1.0, remote / max(1, len(s.segment_lengths)))
+
+def sequence_parallel_traffic(s: Shape) -> tuple[int, int, float]:
+    """(bytes received by the busiest device, messages on its critical path, remote share of its compute).
+
+    Closed form per spanning pair with S = 2·B·H_i·D·e·⌈L/r⌉ (the packed kept K/V of one device; exact
+    when r divides L, where it equals kernels.sequence_parallel.comm_volume): ring non-causal
+    (g-1)·S forward, 3·(g-1)·S fwd+bwd (rotation twice, dK/dV home); causal, the last device of a
+    group: (g-1)·S forward, 2·(g-1)·S fwd+bwd. All-gather: (g-1)·S forward, 2·(g-1)·S fwd+bwd.
+    Messages: the ring has g-1 steps per pass; a ring all-gather also takes g-1 latency hops.
+    """
+    e = ELEMENT_BYTES[s.dtype]
+    shard = s.seq_len // s.world_size
+    fwdbwd = s.mode == "fwdbwd"
+    total, messages, remote = 0, 0, 0.0
+    pairs = spanning_pairs(s)
+    for g, r, heads in pairs:
+        size = 2 * s.batch * heads * s.head_dim * e * -(-shard // r)
+        if s.strategy == "ring":
+            passes = (2 if s.causal else 3) if fwdbwd else 1
+            messages += (g - 1) * (3 if fwdbwd else 1)
+        else:
+            passes = 2 if fwdbwd else 1
+            messages += (g - 1) * passes
+        total += passes * (g - 1) * size
+        remote += (g - 1) / g
+    return total, messages, min(1.0, remote / max(1, len(s.segment_lengths)))
+
+
+def framework_bytes(profile: HardwareProfile, mode: str) -> int:
+    extra = profile.backward_overhead_gib if mode == "fwdbwd" else 0.0
+    return int((profile.framework_overhead_gib + extra) * 2**30)
 
 
 def plan(s: Shape, profile: HardwareProfile, devices: int | None = None) -> Plan:
@@ -120,7 +154,7 @@ def plan(s: Shape, profile: HardwareProfile, devices: int | None = None) -> Plan
     s = normalise(s.model_copy(update={"world_size": devices}))
     device_type = "cpu" if profile.kind == "cpu" else "cuda"
     try:
-        memory = estimate_memory(s, int(profile.framework_overhead_gib * 2**30), device_type)
+        memory = estimate_memory(s, framework_bytes(profile, s.mode), device_type)
     except ValueError as exc:
         empty = MemoryBreakdown(items={}, total=0)
         return Plan(shape=s, profile=profile.name, devices=devices, memory=empty, capacity_bytes=profile.memory_bytes,
@@ -207,15 +241,24 @@ def chunk_advice(s: Shape, profile: HardwareProfile, devices: int) -> str:
         return "no ring: chunk size does not apply"
     e = ELEMENT_BYTES[s.dtype]
     link = profile.intra_node if devices <= profile.devices_per_node else profile.inter_node
-    peak = (profile.peak_flops(s.dtype) or 0) * profile.efficiency.compute_for(s.impl)
+    peak = (profile.peak_flops(s.dtype) or 0) * profile.efficiency.compute_for(s.impl, s.mode)
     if peak <= 0:
         return "the profile has no rate for this dtype"
-    lines = []
+    worst = None
+    spanning = {r for g, r, _ in spanning_pairs(s.model_copy(update={"world_size": devices}))}
     for w, r in zip(s.segment_lengths, s.dilation_rates):
-        # one step: L/r queries x L/r keys per head (4·D flops each, x3.5 with backward) vs 2·(L/r)·H·D·e bytes
-        # compute ∝ L², transfer ∝ L: hides once L >= threshold
+        if r not in spanning:
+            continue
+        # one step: (L/r)² pairs per head (4·D flops each, x3.5 with backward) vs 2·(L/r)·H·D·e bytes:
+        # compute grows with L², the transfer with L, so a step hides its transfer once L is large enough
         per_l2 = 4 * s.head_dim * s.batch * s.heads / r**2 * (FWD_BWD_FACTOR if s.mode == "fwdbwd" else 1) / peak
         per_l = 2 * s.batch * s.heads * s.head_dim * e / r / (link.bandwidth_gb_s * 1e9 * profile.efficiency.communication)
-        threshold = per_l / per_l2 + link.latency_us * 1e-6 / per_l2 ** 0.5 if per_l2 > 0 else float("inf")
-        lines.append(f"w={w}, r={r}: ring steps hide their transfer once N/p >= {int(threshold):,}")
-    return "; ".join(lines)
+        threshold = per_l / per_l2 + (link.latency_us * 1e-6 / per_l2) ** 0.5
+        if worst is None or threshold > worst[0]:
+            worst = (threshold, w, r)
+    if worst is None:
+        return f"every segment fits in a shard of N/p = {s.seq_len // devices:,}: no ring traffic"
+    threshold, w, r = worst
+    verdict = "hidden" if s.seq_len // devices >= threshold else "exposed"
+    return (f"the sparsest spanning pair (w={w}, r={r}) hides its ring transfer once N/p >= {int(threshold):,}; "
+            f"here N/p = {s.seq_len // devices:,}: {verdict}")

@@ -46,7 +46,8 @@ class Efficiency(_Strict):
     attention_compute: float = Field(gt=0, le=1)
     memory_bandwidth: float = Field(gt=0, le=1)
     communication: float = Field(gt=0, le=1)
-    per_impl: dict[str, float] = Field(default_factory=dict, description="attention_compute fitted per implementation")
+    per_impl: dict[str, float] = Field(
+        default_factory=dict, description="attention_compute fitted per implementation, or per 'implementation/mode'")
 
     @field_validator("per_impl")
     @classmethod
@@ -56,7 +57,9 @@ class Efficiency(_Strict):
                 raise ValueError(f"per_impl.{name} must be in (0, 1], got {v}")
         return value
 
-    def compute_for(self, impl: str) -> float:
+    def compute_for(self, impl: str, mode: str | None = None) -> float:
+        if mode is not None and f"{impl}/{mode}" in self.per_impl:
+            return self.per_impl[f"{impl}/{mode}"]
         return self.per_impl.get(impl, self.attention_compute)
 
 
@@ -72,6 +75,7 @@ class HardwareProfile(_Strict):
     devices_per_node: int = Field(ge=1)
     efficiency: Efficiency
     framework_overhead_gib: float = Field(ge=0, description="CUDA context and allocator reserve, or a CPU process's runtime")
+    backward_overhead_gib: float = Field(0.0, ge=0, description="the first backward's fixed cost (autograd engine threads)")
     allocator_rounding_bytes: int = Field(ge=1)
     sources: dict[str, str]
     notes: str | None = None

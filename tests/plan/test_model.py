@@ -77,7 +77,7 @@ def test_check_and_calibrate_on_a_small_report(tmp_path, capsys):
     code, _, err = run_cli(["plan", "--calibrate", str(report), "--profile", "cpu-host", "--save", str(saved)], capsys)
     assert code == 0, err
     calibrated = load_profile(saved)
-    assert set(calibrated.efficiency.per_impl) == {"ImprovedDilatedAttention", "sdpa"}
+    assert set(calibrated.efficiency.per_impl) == {"ImprovedDilatedAttention/fwd", "sdpa/fwd"}
     assert calibrated.calibrated_from == str(report)
 
 
