@@ -384,6 +384,7 @@ def plan(
     causal: bool = typer.Option(False, "--causal/--no-causal"),
     dtype: DType = typer.Option(DType.float32, "--dtype"),
     mode: str = typer.Option("fwdbwd", "--mode", help="fwd or fwdbwd."),
+    memory: Optional[str] = typer.Option(None, "--memory", help="Memory per device instead of the profile's, e.g. 2GiB (a bench --max-memory cap)."),
     max_seq: bool = typer.Option(False, "--max-seq", help="Solve for the largest N that fits on --devices."),
     min_devices: bool = typer.Option(False, "--min-devices", help="Solve for the fewest devices that fit --seq-len."),
     check: Optional[Path] = typer.Option(None, "--check", help="Bench JSONL report: predicted vs measured for every ok row."),
@@ -401,6 +402,10 @@ def plan(
     from .render import check_table, plan_table
 
     hw = load_profile(profile)
+    if memory is not None:
+        from .bench.config import parse_size
+
+        hw = hw.model_copy(update={"memory_gib": parse_size(memory, "--memory") / 2**30})
     if mode not in ("fwd", "fwdbwd"):
         raise UsageError(f"--mode {mode!r}: use fwd or fwdbwd")
     if devices < 1:
