@@ -111,6 +111,12 @@ def _check_device(device: str) -> None:
         raise UsageError(f"--device {device!r}: use cpu or cuda")
 
 
+def _write_json(target: str, payload: dict) -> None:
+    """JSON to a file, or to stdout for '-'."""
+    text = json.dumps(payload, indent=1, default=str)
+    print(text) if target == "-" else Path(target).write_text(text)
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -258,8 +264,7 @@ def bench(
 
         payload = {"environment": environment_record(cfg, ["dattn", *sys.argv[1:]]),
                    "summaries": [s.model_dump() for s in result.summaries], "rows": [r.model_dump() for r in result.rows]}
-        text = json.dumps(payload, indent=1, default=str)
-        print(text) if json_out == "-" else Path(json_out).write_text(text)
+        _write_json(json_out, payload)
     if plot is not None:
         exponents = plot_rows(result.rows, plot)
         for name, fits in exponents.items():
@@ -430,8 +435,7 @@ def plan(
         stdout.print(check_table(frame, hw.name, stats))
         if json_out:
             payload = {"profile": hw.name, "rows": frame.to_dict(orient="records"), "summary": stats}
-            text = json.dumps(payload, indent=1, default=str)
-            print(text) if json_out == "-" else Path(json_out).write_text(text)
+            _write_json(json_out, payload)
         return
     shape = Shape(impl=impl, seq_len=parse_seq_lens(seq_len)[0], batch=batch, heads=heads, head_dim=head_dim,
                   segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
@@ -456,8 +460,7 @@ def plan(
     stdout.print(plan_table(result, solved, advice))
     if json_out:
         payload = {**result.model_dump(), "solved": solved, "chunk_advice": advice}
-        text = json.dumps(payload, indent=1, default=str)
-        print(text) if json_out == "-" else Path(json_out).write_text(text)
+        _write_json(json_out, payload)
     if fail_if_infeasible and not result.feasible:
         raise typer.Exit(code=1)
 

@@ -8,18 +8,27 @@ not see the CUDA context, so none is added.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from .config import BenchConfig
+
+
+@lru_cache(maxsize=None)
+def _cpu_fixed_bytes(mode: str) -> int:
+    """The CPU host profile's fixed runtime costs, read once per process rather than once per point."""
+    from ..plan.model import framework_bytes
+    from ..plan.profiles import load_profile
+
+    return framework_bytes(load_profile("cpu-host"), mode)
 
 def estimate_peak_bytes(impl: str, cfg: BenchConfig, seq_len: int) -> int:
     from ..plan.memory import Shape, estimate_memory, strategy_for
-    from ..plan.model import framework_bytes
-    from ..plan.profiles import load_profile
 
     if impl == "reference":  # float64 copies of q, k, v, out (and grads) plus its bounded block of scores
         x64 = cfg.batch * seq_len * cfg.heads * cfg.head_dim * 8
         return int((16 if cfg.mode == "fwdbwd" else 8) * x64 + 64 * 2**20 * (3 if cfg.mode == "fwdbwd" else 1))
     cpu = not cfg.device.startswith("cuda")
-    framework = framework_bytes(load_profile("cpu-host"), cfg.mode) if cpu else 0
+    framework = _cpu_fixed_bytes(cfg.mode) if cpu else 0
     shape = Shape(impl=impl, seq_len=seq_len, batch=cfg.batch, heads=cfg.heads, head_dim=cfg.head_dim,
                   segment_lengths=cfg.segment_lengths, dilation_rates=cfg.dilation_rates, semantics=cfg.semantics,
                   causal=cfg.causal, dtype=cfg.dtype, mode=cfg.mode, world_size=cfg.nproc,

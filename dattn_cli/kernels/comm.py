@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 import threading
 
+from typing import Sequence
+
 import torch
 import torch.distributed as dist
+from torch import nn
 
 
 def group_rank_size(group) -> tuple[int, int]:
@@ -58,3 +61,31 @@ def check_consistent(group, name: str, shape: tuple, dtype: torch.dtype, config:
             f"{name}: ranks disagree on shard shape, dtype or configuration (this rank: shape {tuple(shape)}, "
             f"{dtype}, {config}); ranks {odd} differ from rank 0: give every rank the same shapes and settings"
         )
+
+
+class DistributedAttention(nn.Module):
+    """What every distributed module holds: the single-device attention it delegates to (world size 1,
+    or the per-rank work), its process group and its byte counts."""
+
+    def __init__(
+        self,
+        segment_lengths: Sequence[int],
+        dilation_rates: Sequence[int],
+        *,
+        process_group=None,
+        **attention_kwargs,
+    ):
+        super().__init__()
+        from .dilated import ImprovedDilatedAttention
+
+        self.attention = ImprovedDilatedAttention(segment_lengths, dilation_rates, **attention_kwargs)
+        self.process_group = process_group
+        self.stats = CommStats()
+
+    segment_lengths = property(lambda self: self.attention.segment_lengths)
+    dilation_rates = property(lambda self: self.attention.dilation_rates)
+    semantics = property(lambda self: self.attention.semantics)
+    scale = property(lambda self: self.attention.scale)
+
+    def comm_stats(self) -> dict[str, int]:
+        return self.stats.snapshot()

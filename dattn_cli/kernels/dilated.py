@@ -102,20 +102,24 @@ class _DilatedAttentionBase(nn.Module):
         (head-parallel shards), so offsets and head groups follow the global head index.
         """
         check_qkv(q, k, v)
-        batch, seq_len, num_heads, head_dim = q.shape
+        batch, seq_len, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, seq_len, q.device)
-        dropout_active = self.training and self.dropout > 0
-        backend, reason = resolve_backend(self.backend, q.device, q.dtype, dropout_active, key_padding_mask is not None)
-        self.last_backend = (backend, reason)
+        backend, call, pool = self.prepare_call(q, is_causal, key_padding_mask is not None)
         blocks, access = self.plan(seq_len, num_heads, q.device, head_range)
+        return block_attention(q, k, v, key_padding_mask, BlockAttention(blocks, access, backend, call, pool))
+
+    def prepare_call(self, q: torch.Tensor, is_causal: bool, masked: bool) -> tuple[str, BlockCall, MemoryPool | None]:
+        """The backend for this call (recorded for describe()), the per-call options and the scratch pool."""
+        dropout_active = self.training and self.dropout > 0
+        backend, reason = resolve_backend(self.backend, q.device, q.dtype, dropout_active, masked)
+        self.last_backend = (backend, reason)
         call = BlockCall(
             causal=bool(is_causal),
-            scale=head_dim**-0.5 if self.scale is None else float(self.scale),
+            scale=q.shape[-1] ** -0.5 if self.scale is None else float(self.scale),
             dropout_p=self.dropout if dropout_active else 0.0,
             seed=int(torch.randint(1 << 62, ()).item()) if dropout_active else 0,
         )
-        pool = self.memory_pool if self.enable_memory_pool else None
-        return block_attention(q, k, v, key_padding_mask, BlockAttention(blocks, access, backend, call, pool))
+        return backend, call, self.memory_pool if self.enable_memory_pool else None
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,

@@ -11,15 +11,11 @@ moves the same four tensors' gradients the other way (see docs/communication.md)
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from .dilated import ImprovedDilatedAttention
 from .validation import check_key_padding_mask, check_qkv
-from .comm import CommStats, check_consistent, group_rank_size
+from .comm import CommStats, DistributedAttention, check_consistent, group_rank_size
 
 
 def _payload(t: torch.Tensor, world: int) -> int:
@@ -55,40 +51,8 @@ def _exchange(x: torch.Tensor, to_heads: bool, group, stats: CommStats, phase: s
     return recv.permute(1, 2, 0, 3, 4).reshape(b, n // world, world * hp, d)  # recv[i] = my shard of head chunk i
 
 
-class HeadParallelDilatedAttention(nn.Module):
+class HeadParallelDilatedAttention(DistributedAttention):
     """Sequence-sharded in, sequence-sharded out; dilated attention on H/p heads per rank in between."""
-
-    def __init__(
-        self,
-        segment_lengths: Sequence[int],
-        dilation_rates: Sequence[int],
-        *,
-        process_group=None,
-        **attention_kwargs,
-    ):
-        super().__init__()
-        self.attention = ImprovedDilatedAttention(segment_lengths, dilation_rates, **attention_kwargs)
-        self.process_group = process_group
-        self.stats = CommStats()
-
-    @property
-    def segment_lengths(self):
-        return self.attention.segment_lengths
-
-    @property
-    def dilation_rates(self):
-        return self.attention.dilation_rates
-
-    @property
-    def semantics(self):
-        return self.attention.semantics
-
-    @property
-    def scale(self):
-        return self.attention.scale
-
-    def comm_stats(self) -> dict[str, int]:
-        return self.stats.snapshot()
 
     def forward_with_lse(self, q, k, v, is_causal: bool = False, *, key_padding_mask=None):
         """(out, lse) of this rank's sequence shard; moving lse back costs one more all-to-all (counted)."""

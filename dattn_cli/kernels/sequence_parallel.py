@@ -20,11 +20,9 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from .backends import BACKENDS, BlockCall, resolve_backend
-from .comm import CommStats, check_consistent, group_rank_size
-from .dilated import ImprovedDilatedAttention
+from .backends import BACKENDS
+from .comm import DistributedAttention, check_consistent, group_rank_size
 from .engine import BlockAttention, ViewAccess, block_attention
 from .pattern import Block, head_sets, pair_blocks, validate_pattern
 from .validation import check_key_padding_mask, check_qkv
@@ -208,33 +206,12 @@ def ring_sends(a: int, t: int, g: int, causal: bool) -> bool:
 _SUBGROUPS: dict[tuple[tuple[int, ...], ...], dict] = {}
 
 
-class SequenceParallelBase(nn.Module):
+class SequenceParallelBase(DistributedAttention):
     """Contiguous sequence shards in, shards out. Subclasses supply `exchange_class`, the RemoteBlocks
     strategy (ring rotation or all-gather) for the pairs whose segments span several ranks."""
 
     exchange_class: type
     strategy_summary = ""
-
-    def __init__(
-        self,
-        segment_lengths: Sequence[int],
-        dilation_rates: Sequence[int],
-        *,
-        process_group=None,
-        **attention_kwargs,
-    ):
-        super().__init__()
-        self.attention = ImprovedDilatedAttention(segment_lengths, dilation_rates, **attention_kwargs)
-        self.process_group = process_group
-        self.stats = CommStats()
-
-    segment_lengths = property(lambda self: self.attention.segment_lengths)
-    dilation_rates = property(lambda self: self.attention.dilation_rates)
-    semantics = property(lambda self: self.attention.semantics)
-    scale = property(lambda self: self.attention.scale)
-
-    def comm_stats(self) -> dict[str, int]:
-        return self.stats.snapshot()
 
     def global_rank(self, group_rank: int) -> int:
         """A rank of `process_group` as the global rank that point-to-point calls and new_group take."""
@@ -266,7 +243,7 @@ class SequenceParallelBase(nn.Module):
         if world == 1:
             return self.attention.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask)
         check_qkv(q, k, v)
-        batch, shard, num_heads, head_dim = q.shape
+        batch, shard, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, shard, q.device)
         name = type(self).__name__
         local, spanning = shard_plan(shard * world, world, rank, num_heads, self.segment_lengths, self.dilation_rates,
@@ -275,17 +252,7 @@ class SequenceParallelBase(nn.Module):
                   f"{key_padding_mask is not None}|{self.attention.dropout}|{self.training}")
         check_consistent(self.process_group, name, tuple(q.shape), q.dtype, config, q.device)
         self.stats.call()
-        attention = self.attention
-        dropout_active = attention.training and attention.dropout > 0
-        backend, reason = resolve_backend(attention.backend, q.device, q.dtype, dropout_active, key_padding_mask is not None)
-        attention.last_backend = (backend, reason)
-        call = BlockCall(
-            causal=bool(is_causal),
-            scale=head_dim**-0.5 if attention.scale is None else float(attention.scale),
-            dropout_p=attention.dropout if dropout_active else 0.0,
-            seed=int(torch.randint(1 << 62, ()).item()) if dropout_active else 0,
-        )
-        pool = attention.memory_pool if attention.enable_memory_pool else None
+        backend, call, pool = self.attention.prepare_call(q, is_causal, key_padding_mask is not None)
         remote = self.exchange_class(self, spanning, world) if spanning else None
         engine = BlockAttention(local, ViewAccess(pool), backend, call, pool, remote)
         return block_attention(q, k, v, key_padding_mask, engine)

@@ -25,11 +25,9 @@ Items (bytes, per device):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
-
 from pydantic import BaseModel
 
-from ..kernels.pattern import Block, build_blocks, head_sets, pair_blocks
+from ..kernels.pattern import Block, build_blocks, pair_blocks
 
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 DENSE = ("sdpa", "flash", "math")
@@ -92,12 +90,10 @@ class _Tally:
 def _local_blocks(s: Shape, length: int, heads: int, first_head: int) -> list[Block]:
     """The blocks one device computes locally (its shard, or its head shard of the whole sequence)."""
     if s.strategy in ("ring", "allgather"):
-        from ..kernels.pattern import pair_blocks as local_pair_blocks
-
         blocks: list[Block] = []
         for i, (w, r) in enumerate(zip(s.segment_lengths, s.dilation_rates)):
             span = min(w, s.seq_len)  # a spanning pair's own-rows block has the shape of a one-segment pair
-            blocks += local_pair_blocks(i, length, heads, min(span, length), r, len(s.segment_lengths), s.semantics)
+            blocks += pair_blocks(i, length, heads, min(span, length), r, len(s.segment_lengths), s.semantics)
         return blocks
     if first_head or heads != s.heads:
         blocks = []
@@ -198,16 +194,3 @@ def _finish(t: _Tally, framework_bytes: int) -> MemoryBreakdown:
     if framework_bytes:
         t.add("framework", framework_bytes)
     return MemoryBreakdown(items=t.items, total=sum(t.items.values()))
-
-
-def dense_attention_bytes(seq_len: int, batch: int, heads: int, element_bytes: int) -> int:
-    """Standard attention's N x N score matrix alone, the quantity behind '1M tokens need ~1 TB'."""
-    return batch * heads * seq_len * seq_len * element_bytes
-
-
-def head_sets_count(rate: int, heads: int, pairs: int, semantics: str) -> int:
-    return len(head_sets(0, rate, heads, pairs, semantics))
-
-
-def shape_from_sequence(values: Sequence[int]) -> list[int]:
-    return [int(v) for v in values]

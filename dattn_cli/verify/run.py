@@ -197,20 +197,14 @@ def run_verify(
                 results.append(result)
                 if on_result:
                     on_result(result)
-    for case in chosen_cases if names else []:
-        for sem in semantics:
-            if sem == "head_groups" and case.heads < len(case.segment_lengths):
-                continue
-            uncovered = uncovered_fraction(case.seq_len, case.heads, case.segment_lengths, case.dilation_rates, sem)
-            for is_causal in causal:
-                for backend in chosen:
-                    for name in names:
-                        impl = REGISTRY[name]
-                        runner = _run_multihead if impl.kind == "multihead" else _run_core
-                        result = _check_one(impl, runner, case, sem, is_causal, backend, torch_dtype, device, gen, uncovered)
-                        results.append(result)
-                        if on_result:
-                            on_result(result)
+    for case, sem, is_causal, backend, uncovered in _variants(chosen_cases if names else [], semantics, causal, chosen):
+        for name in names:
+            impl = REGISTRY[name]
+            runner = _run_multihead if impl.kind == "multihead" else _run_core
+            result = _check_one(impl, runner, case, sem, is_causal, backend, torch_dtype, device, gen, uncovered)
+            results.append(result)
+            if on_result:
+                on_result(result)
     return VerifyReport(results=results, passed=all(r.passed for r in results), seed=seed, skipped=skipped)
 
 
@@ -233,21 +227,18 @@ def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, 
     from .distributed import build_multihead, case_inputs, combine, multihead_inputs, rank_outputs, run_multihead
     from .distributed import shard_problem
 
-    jobs, meta = [], []
+    shardable = []
     for case in cases:
         problem = shard_problem(case, world, name)
         if problem:
             skipped.append(f"{name} p={world}, case '{case.name}': {problem}")
-            continue
-        for sem in semantics:
-            if sem == "head_groups" and case.heads < len(case.segment_lengths):
-                continue
-            uncovered = uncovered_fraction(case.seq_len, case.heads, case.segment_lengths, case.dilation_rates, sem)
-            for is_causal in causal:
-                for backend in backends:
-                    job_seed = seed * 1000 + len(jobs)
-                    jobs.append((case.model_dump(), sem, is_causal, backend, job_seed))
-                    meta.append((case, sem, is_causal, backend, job_seed, uncovered))
+        else:
+            shardable.append(case)
+    jobs, meta = [], []
+    for case, sem, is_causal, backend, uncovered in _variants(shardable, semantics, causal, backends):
+        job_seed = seed * 1000 + len(jobs)
+        jobs.append((case.model_dump(), sem, is_causal, backend, job_seed))
+        meta.append((case, sem, is_causal, backend, job_seed, uncovered))
     if not jobs:
         return []
     dtype_name = str(dtype).split(".")[-1]
@@ -281,6 +272,19 @@ def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, 
                                   passed=all(e.passed for e in errors.values()),
                                   comm=[r[j]["comm"] for r in per_rank]))
     return results
+
+
+def _variants(cases, semantics, causal, backends):
+    """(case, semantics, causal, backend, uncovered fraction) for every combination that is legal:
+    head_groups needs at least one head per pair."""
+    for case in cases:
+        for sem in semantics:
+            if sem == "head_groups" and case.heads < len(case.segment_lengths):
+                continue
+            uncovered = uncovered_fraction(case.seq_len, case.heads, case.segment_lengths, case.dilation_rates, sem)
+            for is_causal in causal:
+                for backend in backends:
+                    yield case, sem, is_causal, backend, uncovered
 
 
 def _case_fields(case: VerifyCase, sem: str, is_causal: bool, backend: str, uncovered: float) -> dict:
