@@ -7,6 +7,7 @@ DATTN_PATTERN_CACHE_SIZE (entries, default 256).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections import OrderedDict
@@ -20,6 +21,10 @@ DEFAULT_ENTRIES = 256
 def _value_bytes(value: Any) -> int:
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(_value_bytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    if hasattr(value, "as_tuple"):  # FlexAttention's BlockMask: its index tensors
+        return _value_bytes(value.as_tuple())
     if isinstance(value, (list, tuple)):
         return sum(_value_bytes(v) for v in value)
     if isinstance(value, dict):

@@ -89,3 +89,7 @@ class DistributedAttention(nn.Module):
 
     def comm_stats(self) -> dict[str, int]:
         return self.stats.snapshot()
+
+    def reference(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dense reference on the whole sequence (see the single-device module's `reference`)."""
+        return self.attention.reference(*args, **kwargs)

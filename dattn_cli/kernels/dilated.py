@@ -21,20 +21,20 @@ from .cache import PatternCache, get_global_pattern_cache
 from .engine import BlockAttention, IndexAccess, RowAccess, ViewAccess, block_attention
 from .pattern import Block, pair_blocks, validate_pattern
 from .pool import MemoryPool, get_global_memory_pool
+from .reference import dilated_attention_reference
 from .validation import check_key_padding_mask, check_qkv
 
 
-class _DilatedAttentionBase(nn.Module):
-    gathers_by_index = True
+class AttentionCore(nn.Module):
+    """What every single-device core shares: scale, dropout, backend choice, pattern cache and memory
+    pool options, and the per-call setup (`prepare_call`)."""
+
     default_pattern_cache = False
     default_memory_pool = False
 
     def __init__(
         self,
-        segment_lengths: Sequence[int],
-        dilation_rates: Sequence[int],
         *,
-        semantics: str = "longnet",
         scale: float | None = None,
         dropout: float = 0.0,
         backend: str = "auto",
@@ -42,8 +42,6 @@ class _DilatedAttentionBase(nn.Module):
         enable_memory_pool: bool | None = None,
     ):
         super().__init__()
-        self.segment_lengths, self.dilation_rates = validate_pattern(segment_lengths, dilation_rates, semantics)
-        self.semantics = semantics
         if scale is not None and (not isinstance(scale, (int, float)) or scale <= 0):
             raise ValueError(f"scale must be a positive number or None (= head_dim ** -0.5), got {scale!r}")
         if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
@@ -58,6 +56,49 @@ class _DilatedAttentionBase(nn.Module):
         self.memory_pool: MemoryPool = get_global_memory_pool()
         self.last_backend: tuple[str, str] | None = None
         self.selection_reason: str | None = None
+
+    def cached(self, key, build):
+        """`build()`, through the pattern cache when it is on for this module."""
+        return self.pattern_cache.get_or_build(key, build) if self.use_pattern_cache else build()
+
+    def prepare_call(self, q: torch.Tensor, is_causal: bool, masked: bool) -> tuple[str, BlockCall, MemoryPool | None]:
+        """The backend for this call (recorded for describe()), the per-call options and the scratch pool."""
+        dropout_active = self.training and self.dropout > 0
+        backend, reason = resolve_backend(self.backend, q.device, q.dtype, dropout_active, masked)
+        self.last_backend = (backend, reason)
+        call = BlockCall(
+            causal=bool(is_causal),
+            scale=q.shape[-1] ** -0.5 if self.scale is None else float(self.scale),
+            dropout_p=self.dropout if dropout_active else 0.0,
+            seed=int(torch.randint(1 << 62, ()).item()) if dropout_active else 0,
+        )
+        return backend, call, self.memory_pool if self.enable_memory_pool else None
+
+    def describe_backend(self) -> str:
+        if self.last_backend:
+            return f"backend {self.backend} -> {self.last_backend[0]} on the last call ({self.last_backend[1]})"
+        return f"backend {self.backend} (resolved per call from device, dtype, dropout and masks)"
+
+
+class _DilatedAttentionBase(AttentionCore):
+    gathers_by_index = True
+
+    def __init__(
+        self,
+        segment_lengths: Sequence[int],
+        dilation_rates: Sequence[int],
+        *,
+        semantics: str = "longnet",
+        scale: float | None = None,
+        dropout: float = 0.0,
+        backend: str = "auto",
+        use_pattern_cache: bool | None = None,
+        enable_memory_pool: bool | None = None,
+    ):
+        super().__init__(scale=scale, dropout=dropout, backend=backend, use_pattern_cache=use_pattern_cache,
+                         enable_memory_pool=enable_memory_pool)
+        self.segment_lengths, self.dilation_rates = validate_pattern(segment_lengths, dilation_rates, semantics)
+        self.semantics = semantics
 
     # planning ---------------------------------------------------------------------------------
     def _plan_pair(self, pair: int, seq_len: int, num_heads: int, device: torch.device, heads: tuple[int, int]):
@@ -84,7 +125,7 @@ class _DilatedAttentionBase(nn.Module):
             key = ((pair, len(self.segment_lengths), w, r), seq_len, num_heads, heads, self.semantics, str(device),
                    self.gathers_by_index)
             build = lambda pair=pair: self._plan_pair(pair, seq_len, num_heads, device, heads)  # noqa: E731
-            pair_plan, pair_index = self.pattern_cache.get_or_build(key, build) if self.use_pattern_cache else build()
+            pair_plan, pair_index = self.cached(key, build)
             blocks.extend(pair_plan)
             index.update(pair_index)
         pool = self.memory_pool if self.enable_memory_pool else None
@@ -108,19 +149,6 @@ class _DilatedAttentionBase(nn.Module):
         blocks, access = self.plan(seq_len, num_heads, q.device, head_range)
         return block_attention(q, k, v, key_padding_mask, BlockAttention(blocks, access, backend, call, pool))
 
-    def prepare_call(self, q: torch.Tensor, is_causal: bool, masked: bool) -> tuple[str, BlockCall, MemoryPool | None]:
-        """The backend for this call (recorded for describe()), the per-call options and the scratch pool."""
-        dropout_active = self.training and self.dropout > 0
-        backend, reason = resolve_backend(self.backend, q.device, q.dtype, dropout_active, masked)
-        self.last_backend = (backend, reason)
-        call = BlockCall(
-            causal=bool(is_causal),
-            scale=q.shape[-1] ** -0.5 if self.scale is None else float(self.scale),
-            dropout_p=self.dropout if dropout_active else 0.0,
-            seed=int(torch.randint(1 << 62, ()).item()) if dropout_active else 0,
-        )
-        return backend, call, self.memory_pool if self.enable_memory_pool else None
-
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
         *, key_padding_mask: torch.Tensor | None = None,
@@ -128,12 +156,19 @@ class _DilatedAttentionBase(nn.Module):
         """q, k, v: (batch, seq_len, heads, head_dim) -> out of the same shape and dtype."""
         return self.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask)[0]
 
+    def reference(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+        *, key_padding_mask: torch.Tensor | None = None, compute_dtype: torch.dtype = torch.float64,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dense reference of what this module computes (SPEC §2), differentiable."""
+        return dilated_attention_reference(
+            q, k, v, self.segment_lengths, self.dilation_rates, is_causal, self.semantics, self.scale,
+            key_padding_mask=key_padding_mask, compute_dtype=compute_dtype,
+        )
+
     # reporting --------------------------------------------------------------------------------
     def describe(self) -> str:
-        if self.last_backend:
-            backend = f"backend {self.backend} -> {self.last_backend[0]} on the last call ({self.last_backend[1]})"
-        else:
-            backend = f"backend {self.backend} (resolved per call from device, dtype, dropout and masks)"
+        backend = self.describe_backend()
         rows = "gathered by index" if self.gathers_by_index else "reached through strided views"
         parts = [
             f"{type(self).__name__}: segments {list(self.segment_lengths)}, dilations {list(self.dilation_rates)}, "

@@ -1,4 +1,5 @@
-"""Dense reference for dilated attention (SPEC §2), built straight from the definition.
+"""Dense references (SPEC §2), built straight from the definitions: dilated attention, and attention
+restricted by a block table (block-sparse patterns).
 
 For every (query, key, head) it counts c_h(t, u), the pairs under which t attends u, and computes
 one softmax with an additive log c bias (−inf where c = 0). Work is done in float64, a chunk of query
@@ -84,6 +85,53 @@ def dilated_attention_reference(
     batch, seq_len, num_heads, head_dim = q.shape
     if semantics == "head_groups" and num_heads < len(segs):
         raise ValueError(f"head_groups semantics needs num_heads >= {len(segs)} pairs, got {num_heads}")
+    return _masked_softmax_attention(
+        q, k, v, scale, key_padding_mask, compute_dtype, max_block_elements,
+        lambda rows: torch.log(pair_counts(rows, seq_len, num_heads, segs, rates, semantics, is_causal).to(compute_dtype)),
+    )
+
+
+def block_sparse_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    key_padding_mask: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+    max_block_elements: int = DEFAULT_MAX_BLOCK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense attention restricted by a block table (True = query block attends key block): one softmax
+    per query over every key of its active blocks (and, causal, not after it). Returns (out, lse) like
+    `dilated_attention_reference`; rows with no key output 0 with lse -inf."""
+    check_qkv(q, k, v)
+    seq_len = q.shape[1]
+    num_blocks = -(-seq_len // block_size)
+    if tuple(block_table.shape) != (num_blocks, num_blocks) or block_table.dtype != torch.bool:
+        raise ValueError(
+            f"block_table must be bool ({num_blocks}, {num_blocks}) for N={seq_len}, block_size={block_size}; "
+            f"got {block_table.dtype} {tuple(block_table.shape)}"
+        )
+    table = block_table.to(q.device)
+    keys = torch.arange(seq_len, device=q.device)
+
+    def log_allowed(rows):
+        allowed = table[rows // block_size][:, keys // block_size]
+        if is_causal:
+            allowed = allowed & (keys.unsqueeze(0) <= rows.unsqueeze(1))
+        zero = torch.zeros((), dtype=compute_dtype, device=q.device)
+        return torch.where(allowed, zero, float("-inf")).unsqueeze(0)  # (1, rows, N): the same for every head
+
+    return _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, max_block_elements, log_allowed)
+
+
+def _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, max_block_elements, row_bias):
+    """One softmax per query over all keys with the additive bias `row_bias(rows)` ((H or 1, rows, N);
+    -inf = not attended), a chunk of query rows at a time, in compute_dtype."""
+    batch, seq_len, num_heads, head_dim = q.shape
     tau = head_dim**-0.5 if scale is None else scale
     qc, kc, vc = (x.to(compute_dtype).transpose(1, 2) for x in (q, k, v))  # (B, H, N, D)
     key_bias = None
@@ -94,9 +142,7 @@ def dilated_attention_reference(
     outs, lses = [], []
     for t0 in range(0, seq_len, chunk):
         rows = torch.arange(t0, min(seq_len, t0 + chunk), device=q.device)
-        counts = pair_counts(rows, seq_len, num_heads, segs, rates, semantics, is_causal)
-        log_c = torch.log(counts.to(compute_dtype))  # log 0 = -inf masks keys no pair offers
-        scores = torch.matmul(qc[:, :, rows], kc.transpose(-1, -2)) * tau + log_c
+        scores = torch.matmul(qc[:, :, rows], kc.transpose(-1, -2)) * tau + row_bias(rows)
         if key_bias is not None:
             scores = scores + key_bias
         # Rows with no key at all (kept by no pair, or every key padded) output 0 with lse -inf;
