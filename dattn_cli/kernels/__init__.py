@@ -1,13 +1,20 @@
 """Dilated attention implementations, the dense reference, pattern cache and memory pool."""
 
 from .allgather import DistributedImprovedDilatedAttention
+from .block_patterns import PATTERNS, BlockPattern
+from .block_sparse import BlockSparseRingDilatedAttention
 from .cache import PatternCache, get_global_pattern_cache, reset_global_pattern_cache
 from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .head_parallel import HeadParallelDilatedAttention
 from .merge import merge_partial_, merge_partials
-from .multihead import ImprovedMultiheadDilatedAttention, MultiheadDilatedAttention, RingMultiheadDilatedAttention
+from .multihead import (
+    BlockSparseRingMultiheadDilatedAttention,
+    ImprovedMultiheadDilatedAttention,
+    MultiheadDilatedAttention,
+    RingMultiheadDilatedAttention,
+)
 from .pool import MemoryPool, get_global_memory_pool, reset_global_memory_pool
-from .reference import dilated_attention_reference
+from .reference import block_sparse_reference, dilated_attention_reference
 from .ring import RingDilatedAttention
 from .registry import (
     REGISTRY,
@@ -25,6 +32,11 @@ __all__ = [
     "RingDilatedAttention",
     "RingMultiheadDilatedAttention",
     "DistributedImprovedDilatedAttention",
+    "BlockSparseRingDilatedAttention",
+    "BlockSparseRingMultiheadDilatedAttention",
+    "BlockPattern",
+    "PATTERNS",
+    "block_sparse_reference",
     "MultiheadDilatedAttention",
     "ImprovedMultiheadDilatedAttention",
     "dilated_attention_reference",

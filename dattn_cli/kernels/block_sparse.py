@@ -24,6 +24,7 @@ block's dK/dV share home.
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -283,10 +284,13 @@ def flex_forward(q, k, v, block_mask, scale: float, *, need_lse: bool, compiled:
 
     fn = _compiled_flex() if compiled else flex_attention
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-    if need_lse:
-        out, aux = fn(qt, kt, vt, block_mask=block_mask, scale=scale, return_aux=AuxRequest(lse=True))
-        return out.transpose(1, 2), aux.lse.transpose(1, 2)
-    return fn(qt, kt, vt, block_mask=block_mask, scale=scale).transpose(1, 2), None
+    with warnings.catch_warnings():
+        if not compiled:  # eager on purpose: silence torch's "use torch.compile" advice
+            warnings.simplefilter("ignore", UserWarning)
+        if need_lse:
+            out, aux = fn(qt, kt, vt, block_mask=block_mask, scale=scale, return_aux=AuxRequest(lse=True))
+            return out.transpose(1, 2), aux.lse.transpose(1, 2)
+        return fn(qt, kt, vt, block_mask=block_mask, scale=scale).transpose(1, 2), None
 
 
 def flex_compiles_on(device: torch.device) -> bool:

@@ -30,6 +30,13 @@ class CommStats:
         self.counts = {"forward_bytes_sent": 0, "forward_bytes_received": 0,
                        "backward_bytes_sent": 0, "backward_bytes_received": 0, "forward_calls": 0}
 
+    def __getstate__(self):  # copies and pickles of a module carry the counts, not the lock
+        return {"counts": self.snapshot()}
+
+    def __setstate__(self, state):
+        self._lock = threading.Lock()
+        self.counts = dict(state["counts"])
+
     def add(self, phase: str, sent: int, received: int) -> None:
         with self._lock:
             self.counts[f"{phase}_bytes_sent"] += int(sent)

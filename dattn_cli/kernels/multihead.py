@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dilated import DilatedAttention, ImprovedDilatedAttention
+from .block_sparse import BlockSparseRingDilatedAttention
 from .ring import RingDilatedAttention
 
 
@@ -26,8 +27,8 @@ class MultiheadDilatedAttention(nn.Module):
         embed_dim: int,
         num_heads: int,
         *,
-        segment_lengths: Sequence[int],
-        dilation_rates: Sequence[int],
+        segment_lengths: Sequence[int] | None = None,
+        dilation_rates: Sequence[int] | None = None,
         semantics: str = "longnet",
         dropout: float = 0.0,
         bias: bool = True,
@@ -41,7 +42,10 @@ class MultiheadDilatedAttention(nn.Module):
         batch_first: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **attention_options,
     ):
+        """attention_options go to the core (e.g. process_group for the ring forms; pattern, block_size,
+        window, density for the block-sparse form); a core that does not take one raises TypeError."""
         super().__init__()
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -62,7 +66,7 @@ class MultiheadDilatedAttention(nn.Module):
         self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, **factory)
         self.attention = self.attention_class(
             segment_lengths, dilation_rates, semantics=semantics, scale=scale, dropout=dropout, backend=backend,
-            use_pattern_cache=use_pattern_cache, enable_memory_pool=enable_memory_pool,
+            use_pattern_cache=use_pattern_cache, enable_memory_pool=enable_memory_pool, **attention_options,
         )
         self.norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps, **factory) if layer_norm else None
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
@@ -134,9 +138,12 @@ class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
 
     attention_class = RingDilatedAttention
 
-    def __init__(self, embed_dim: int, num_heads: int, *, process_group=None, **kwargs):
-        super().__init__(embed_dim, num_heads, **kwargs)
-        self.attention.process_group = process_group
-
     def comm_stats(self) -> dict[str, int]:
         return self.attention.comm_stats()
+
+
+class BlockSparseRingMultiheadDilatedAttention(RingMultiheadDilatedAttention):
+    """Projections around BlockSparseRingDilatedAttention (pattern options as keywords; with a
+    process_group, each rank passes its sequence shard)."""
+
+    attention_class = BlockSparseRingDilatedAttention

@@ -66,6 +66,8 @@ def validate_pattern(
     segment_lengths: Sequence[int], dilation_rates: Sequence[int], semantics: str = "longnet"
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Check a pattern and return it as tuples; raise ValueError naming the parameter and the fix."""
+    if segment_lengths is None or dilation_rates is None:
+        raise ValueError("segment_lengths and dilation_rates are required, e.g. [2048, 4096] and [1, 2]")
     if isinstance(segment_lengths, int) or isinstance(dilation_rates, int):
         raise ValueError("segment_lengths and dilation_rates must be lists of ints, e.g. [2048, 4096] and [1, 2]")
     segs, rates = tuple(segment_lengths), tuple(dilation_rates)

@@ -13,8 +13,14 @@ from torch import nn
 
 from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .allgather import DistributedImprovedDilatedAttention
+from .block_sparse import BlockSparseRingDilatedAttention
 from .head_parallel import HeadParallelDilatedAttention
-from .multihead import ImprovedMultiheadDilatedAttention, MultiheadDilatedAttention, RingMultiheadDilatedAttention
+from .multihead import (
+    BlockSparseRingMultiheadDilatedAttention,
+    ImprovedMultiheadDilatedAttention,
+    MultiheadDilatedAttention,
+    RingMultiheadDilatedAttention,
+)
 from .ring import RingDilatedAttention
 
 
@@ -24,7 +30,13 @@ class Implementation:
     cls: type[nn.Module]
     kind: Literal["core", "multihead"]
     summary: str
-    distributed: bool = False
+    distributed: bool = False  # runs sharded over a process group (verify/bench run it in spawned groups)
+    block_sparse: bool = False  # takes pattern options (pattern, block_size, window, density, ...)
+    single_device: bool | None = None  # also a plain single-device module; default: not distributed
+
+    def __post_init__(self):
+        if self.single_device is None:
+            object.__setattr__(self, "single_device", not self.distributed)
 
 
 REGISTRY: dict[str, Implementation] = {}
@@ -70,6 +82,21 @@ register(
 )
 
 
+register(
+    Implementation(
+        "BlockSparseRingDilatedAttention", BlockSparseRingDilatedAttention, "core",
+        "block patterns (local, dilated, global_local, hierarchical, longnet) on FlexAttention or gathered key blocks; "
+        "ring form sends only used key blocks", distributed=True, single_device=True, block_sparse=True,
+    )
+)
+register(
+    Implementation(
+        "BlockSparseRingMultiheadDilatedAttention", BlockSparseRingMultiheadDilatedAttention, "multihead",
+        "projections around BlockSparseRingDilatedAttention", distributed=True, single_device=True, block_sparse=True,
+    )
+)
+
+
 def get_implementation(name: str) -> Implementation:
     if name not in REGISTRY:
         raise ValueError(f"unknown implementation {name!r}: use one of {', '.join(REGISTRY)}")
@@ -85,9 +112,9 @@ def _choose(kind: str, wanted: Literal["core", "multihead"]) -> tuple[Implementa
         return impl, f"chosen: {impl.name} (requested)"
     dist = torch.distributed.is_available() and torch.distributed.is_initialized()
     world = torch.distributed.get_world_size() if dist else 1
-    candidates = [i for i in REGISTRY.values() if i.kind == wanted and i.distributed == (world > 1)]
+    candidates = [i for i in REGISTRY.values() if i.kind == wanted and (i.distributed if world > 1 else i.single_device)]
     if not candidates:
-        candidates = [i for i in REGISTRY.values() if i.kind == wanted and not i.distributed]
+        candidates = [i for i in REGISTRY.values() if i.kind == wanted and i.single_device]
         why = f"world size {world} but no distributed {wanted} implementation is registered, so single-device"
     else:
         why = f"world size {world}"

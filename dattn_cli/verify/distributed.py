@@ -13,7 +13,8 @@ from torch import nn
 
 from ..kernels import REGISTRY
 from ..kernels.sequence_parallel import SequenceParallelBase, shard_plan
-from .cases import VerifyCase
+from .build import build_core, build_multihead
+from .cases import VERIFY_BLOCK_SIZE, VerifyCase
 
 CORE_KEYS = ("out", "lse", "dq", "dk", "dv")
 MULTIHEAD_KEYS = ("out", "dx", "dparams")
@@ -27,6 +28,8 @@ def shard_problem(case: VerifyCase, world: int, impl: str) -> str | None:
     if impl == "HeadParallelDilatedAttention" and case.heads % world:
         return f"{case.heads} heads are not divisible by {world} ranks"
     core = entry.cls.attention_class if entry.kind == "multihead" else entry.cls
+    if entry.block_sparse and (case.seq_len // world) % VERIFY_BLOCK_SIZE and world > 1:
+        return f"N/p = {case.seq_len // world} is not a multiple of the block size {VERIFY_BLOCK_SIZE}"
     if issubclass(core, SequenceParallelBase) and world > 1:
         try:
             shard_plan(case.seq_len, world, 0, case.heads, case.segment_lengths, case.dilation_rates, "longnet", impl)
@@ -49,21 +52,6 @@ def multihead_inputs(case: VerifyCase, seed: int) -> list[torch.Tensor]:
     return [torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(2)]
 
 
-def build_multihead(impl: str, case: VerifyCase, semantics: str, backend: str, seed: int) -> nn.Module:
-    """The same float64 weights on every rank and in the caller: seeded init, then seeded non-trivial
-    LayerNorm and biases so their gradients are checked too."""
-    torch.manual_seed(seed)
-    module = REGISTRY[impl].cls(
-        case.heads * case.head_dim, case.heads, segment_lengths=case.segment_lengths,
-        dilation_rates=case.dilation_rates, semantics=semantics, backend=backend, dtype=torch.float64,
-    )
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64))
-    return module
-
-
 def run_multihead(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor, causal: bool) -> dict[str, torch.Tensor]:
     x = x.clone().requires_grad_()
     out, _ = module(x, x, x, is_causal=causal)
@@ -73,22 +61,22 @@ def run_multihead(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor, ca
 
 
 def rank_outputs(rank: int, world: int, impl: str, jobs: list[tuple], dtype_name: str) -> list[dict]:
-    """Runs on every rank: for each (case, semantics, causal, backend, seed), this rank's shards."""
+    """Runs on every rank: for each (case, semantics, causal, backend, seed, pattern), this rank's shards."""
     dtype = getattr(torch, dtype_name)
     multihead = REGISTRY[impl].kind == "multihead"
     results = []
-    for case_data, semantics, causal, backend, seed in jobs:
+    for case_data, semantics, causal, backend, seed, pattern in jobs:
         case = VerifyCase.model_validate(case_data)
         length = case.seq_len // world
         shard = slice(rank * length, (rank + 1) * length)
         if multihead:
             x, upstream = multihead_inputs(case, seed)
-            module = build_multihead(impl, case, semantics, backend, seed).to(dtype)
+            module = build_multihead(impl, case, semantics, backend, seed, pattern).to(dtype)
             result = run_multihead(module, x[:, shard].to(dtype), upstream[:, shard], causal)
         else:
             q, k, v, upstream = case_inputs(case, seed)
             xs = [x[:, shard].to(dtype).clone().requires_grad_() for x in (q, k, v)]
-            module = REGISTRY[impl].cls(case.segment_lengths, case.dilation_rates, semantics=semantics, backend=backend)
+            module = build_core(impl, case, semantics, backend, pattern)
             out, lse = module.forward_with_lse(*xs, causal)
             grads = torch.autograd.grad(out, xs, upstream[:, shard].to(dtype))
             result = {"out": out.detach(), "lse": lse.detach(), "dq": grads[0], "dk": grads[1], "dv": grads[2]}

@@ -16,8 +16,9 @@ from torch import nn
 
 from ..kernels.backends import available_backends
 from ..kernels.pattern import uncovered_fraction
-from ..kernels.reference import dilated_attention_reference
 from ..kernels.registry import REGISTRY, Implementation
+from ..kernels.block_patterns import PATTERNS
+from .build import build_core, build_multihead
 from .cases import VerifyCase, case_matrix
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -47,6 +48,7 @@ class CaseResult(BaseModel):
     segment_lengths: list[int]
     dilation_rates: list[int]
     uncovered_fraction: float
+    pattern: str | None = None  # block-sparse implementations: the block pattern checked
     errors: dict[str, Error]
     passed: bool
     message: str = ""
@@ -94,45 +96,34 @@ class _ReferenceAttention(nn.Module):
         self.core, self.compute_dtype = core, compute_dtype
 
     def forward(self, q, k, v, is_causal=False, key_padding_mask=None):
-        return dilated_attention_reference(
-            q, k, v, self.core.segment_lengths, self.core.dilation_rates, is_causal, self.core.semantics,
-            self.core.scale, key_padding_mask=key_padding_mask, compute_dtype=self.compute_dtype,
-        )[0]
+        return self.core.reference(q, k, v, is_causal, key_padding_mask=key_padding_mask, compute_dtype=self.compute_dtype)[0]
 
 
 def _grads(outputs: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Tensor) -> list[torch.Tensor]:
     return list(torch.autograd.grad(outputs, inputs, upstream.to(outputs.dtype)))
 
 
-def _run_core(impl: Implementation, case: VerifyCase, semantics, causal, backend, dtype, device, gen):
+def _run_core(impl: Implementation, case: VerifyCase, semantics, causal, backend, dtype, device, gen, pattern):
     shape = (case.batch, case.seq_len, case.heads, case.head_dim)
     base = [torch.randn(shape, generator=gen, dtype=torch.float64).to(device) for _ in range(3)]
     upstream = torch.randn(shape, generator=gen, dtype=torch.float64).to(device)
-    module = impl.cls(case.segment_lengths, case.dilation_rates, semantics=semantics, backend=backend)
+    module = build_core(impl.name, case, semantics, backend, pattern)
     inputs = [x.to(dtype).requires_grad_() for x in base]
     out, lse = module.forward_with_lse(*inputs, causal)
     got = {"out": out, "lse": lse, **dict(zip(("dq", "dk", "dv"), _grads(out, inputs, upstream)))}
 
     def reference(compute_dtype, src_dtype):
         xs = [x.to(src_dtype).requires_grad_() for x in base]
-        o, l = dilated_attention_reference(
-            *xs, case.segment_lengths, case.dilation_rates, causal, semantics, compute_dtype=compute_dtype
-        )
+        o, l = module.reference(*xs, causal, compute_dtype=compute_dtype)
         return {"out": o, "lse": l, **dict(zip(("dq", "dk", "dv"), _grads(o, xs, upstream)))}
 
     return got, reference
 
 
-def _run_multihead(impl: Implementation, case: VerifyCase, semantics, causal, backend, dtype, device, gen):
+def _run_multihead(impl: Implementation, case: VerifyCase, semantics, causal, backend, dtype, device, gen, pattern):
     embed = case.heads * case.head_dim
-    torch.manual_seed(int(torch.randint(1 << 30, (1,), generator=gen)))
-    module = impl.cls(
-        embed, case.heads, segment_lengths=case.segment_lengths, dilation_rates=case.dilation_rates,
-        semantics=semantics, backend=backend, device=device,
-    )
-    with torch.no_grad():  # non-trivial LayerNorm and biases, so their gradients are checked too
-        for p in module.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p))
+    seed = int(torch.randint(1 << 30, (1,), generator=gen))
+    module = build_multihead(impl.name, case, semantics, backend, seed, pattern, dtype=torch.float32).to(device)
     x64 = torch.randn(case.batch, case.seq_len, embed, generator=gen, dtype=torch.float64).to(device)
     upstream = torch.randn(case.batch, case.seq_len, embed, generator=gen, dtype=torch.float64).to(device)
 
@@ -166,6 +157,7 @@ def run_verify(
     device: str = "cpu",
     seed: int = 0,
     cases: list[VerifyCase] | None = None,
+    patterns: Iterable[str] = PATTERNS,
     on_result: Callable[[CaseResult], None] | None = None,
 ) -> VerifyReport:
     """Check each implementation x case x semantics x causal x backend against the reference."""
@@ -176,7 +168,13 @@ def run_verify(
     if any(w < 1 for w in world_sizes):
         raise ValueError(f"--world-size values must be >= 1, got {world_sizes}")
     distributed_run = world_sizes != [1]
-    names = list(impls) if impls else [n for n, i in REGISTRY.items() if i.distributed == distributed_run]
+    names = list(impls) if impls else [
+        n for n, i in REGISTRY.items() if (i.distributed if distributed_run else i.single_device)
+    ]
+    patterns, semantics, causal = list(patterns), list(semantics), list(causal)
+    for pattern in patterns:
+        if pattern not in PATTERNS:
+            raise ValueError(f"--pattern {pattern!r} is unknown: use one of {', '.join(PATTERNS)}")
     for name in names:
         if name not in REGISTRY:
             raise ValueError(f"--impl {name!r} is not registered: use one of {', '.join(REGISTRY)}")
@@ -193,26 +191,26 @@ def run_verify(
     for name in dist_names:
         for world in world_sizes:
             for result in _verify_distributed(name, world, chosen_cases, semantics, causal, chosen, torch_dtype, seed,
-                                              dist_timeout_s, skipped):
+                                              dist_timeout_s, skipped, patterns):
                 results.append(result)
                 if on_result:
                     on_result(result)
-    for case, sem, is_causal, backend, uncovered in _variants(chosen_cases if names else [], semantics, causal, chosen):
-        for name in names:
-            impl = REGISTRY[name]
-            runner = _run_multihead if impl.kind == "multihead" else _run_core
-            result = _check_one(impl, runner, case, sem, is_causal, backend, torch_dtype, device, gen, uncovered)
+    for name in names:
+        impl = REGISTRY[name]
+        runner = _run_multihead if impl.kind == "multihead" else _run_core
+        for variant in _variants(chosen_cases, semantics, causal, chosen, _patterns(impl, patterns)):
+            result = _check_one(impl, runner, *variant, torch_dtype, device, gen)
             results.append(result)
             if on_result:
                 on_result(result)
     return VerifyReport(results=results, passed=all(r.passed for r in results), seed=seed, skipped=skipped)
 
 
-def _check_one(impl, runner, case, sem, is_causal, backend, dtype, device, gen, uncovered) -> CaseResult:
+def _check_one(impl, runner, case, sem, is_causal, backend, uncovered, pattern, dtype, device, gen) -> CaseResult:
     common = dict(impl=impl.name, dtype=str(dtype).split(".")[-1], device=device,
-                  **_case_fields(case, sem, is_causal, backend, uncovered))
+                  **_case_fields(case, sem, is_causal, backend, uncovered, pattern))
     try:
-        got, reference = runner(impl, case, sem, is_causal, backend, dtype, device, gen)
+        got, reference = runner(impl, case, sem, is_causal, backend, dtype, device, gen, pattern)
         ref = reference(torch.float64, torch.float64)
         naive = reference(dtype, dtype) if dtype in HALF else {}
         errors = {k: _compare(k, got[k], ref[k], naive.get(k), dtype) for k in got}
@@ -221,10 +219,10 @@ def _check_one(impl, runner, case, sem, is_causal, backend, dtype, device, gen, 
     return CaseResult(**common, errors=errors, passed=all(e.passed for e in errors.values()))
 
 
-def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, seed, timeout_s, skipped) -> list[CaseResult]:
+def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, seed, timeout_s, skipped, patterns) -> list[CaseResult]:
     """One process group per (implementation, world size) runs every shardable case."""
     from ..distributed import run_distributed
-    from .distributed import build_multihead, case_inputs, combine, multihead_inputs, rank_outputs, run_multihead
+    from .distributed import case_inputs, combine, multihead_inputs, rank_outputs, run_multihead
     from .distributed import shard_problem
 
     shardable = []
@@ -235,10 +233,11 @@ def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, 
         else:
             shardable.append(case)
     jobs, meta = [], []
-    for case, sem, is_causal, backend, uncovered in _variants(shardable, semantics, causal, backends):
+    for case, sem, is_causal, backend, uncovered, pattern in _variants(shardable, semantics, causal, backends,
+                                                                       _patterns(REGISTRY[name], patterns)):
         job_seed = seed * 1000 + len(jobs)
-        jobs.append((case.model_dump(), sem, is_causal, backend, job_seed))
-        meta.append((case, sem, is_causal, backend, job_seed, uncovered))
+        jobs.append((case.model_dump(), sem, is_causal, backend, job_seed, pattern))
+        meta.append((case, sem, is_causal, backend, job_seed, uncovered, pattern))
     if not jobs:
         return []
     dtype_name = str(dtype).split(".")[-1]
@@ -246,50 +245,69 @@ def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, 
     try:
         per_rank = run_distributed(rank_outputs, world, name, jobs, dtype_name, timeout_s=timeout_s)
     except Exception as exc:  # the whole group failed: every case of it is a failure, reported
-        return [CaseResult(**common, **_case_fields(c, s, k, b, u), errors={}, passed=False, message=str(exc))
-                for c, s, k, b, _, u in meta]
+        return [CaseResult(**common, **_case_fields(c, s, k, b, u, pt), errors={}, passed=False, message=str(exc))
+                for c, s, k, b, _, u, pt in meta]
     multihead = REGISTRY[name].kind == "multihead"
     results = []
-    for j, (case, sem, is_causal, backend, job_seed, uncovered) in enumerate(meta):
+    for j, (case, sem, is_causal, backend, job_seed, uncovered, pattern) in enumerate(meta):
 
         def reference(compute_dtype, src_dtype):
             if multihead:
-                module = build_multihead(name, case, sem, backend, job_seed)
+                module = build_multihead(name, case, sem, backend, job_seed, pattern)
                 module.attention = _ReferenceAttention(module.attention, compute_dtype)
                 x, upstream = multihead_inputs(case, job_seed)
                 return run_multihead(module.to(src_dtype), x.to(src_dtype), upstream, is_causal)
             base = case_inputs(case, job_seed)
             xs = [x.to(src_dtype).requires_grad_() for x in base[:3]]
-            o, l = dilated_attention_reference(*xs, case.segment_lengths, case.dilation_rates, is_causal, sem,
-                                               compute_dtype=compute_dtype)
+            o, l = build_core(name, case, sem, backend, pattern).reference(*xs, is_causal, compute_dtype=compute_dtype)
             return {"out": o, "lse": l, **dict(zip(("dq", "dk", "dv"), _grads(o, xs, base[3])))}
 
         got = combine(name, per_rank, j)
         ref = reference(torch.float64, torch.float64)
         naive = reference(dtype, dtype) if dtype in HALF else {}
         errors = {k: _compare(k, got[k], ref[k], naive.get(k), dtype) for k in got}
-        results.append(CaseResult(**common, **_case_fields(case, sem, is_causal, backend, uncovered), errors=errors,
+        results.append(CaseResult(**common, **_case_fields(case, sem, is_causal, backend, uncovered, pattern), errors=errors,
                                   passed=all(e.passed for e in errors.values()),
                                   comm=[r[j]["comm"] for r in per_rank]))
     return results
 
 
-def _variants(cases, semantics, causal, backends):
-    """(case, semantics, causal, backend, uncovered fraction) for every combination that is legal:
-    head_groups needs at least one head per pair."""
+def _patterns(impl: Implementation, patterns: list[str]) -> list[str | None]:
+    return patterns if impl.block_sparse else [None]
+
+
+def _variants(cases, semantics, causal, backends, patterns=(None,)):
+    """(case, semantics, causal, backend, uncovered fraction, pattern) for every combination that is
+    legal and distinct: head_groups needs at least one head per pair; of the block patterns only
+    'longnet' depends on the semantics."""
     for case in cases:
         for sem in semantics:
             if sem == "head_groups" and case.heads < len(case.segment_lengths):
                 continue
-            uncovered = uncovered_fraction(case.seq_len, case.heads, case.segment_lengths, case.dilation_rates, sem)
-            for is_causal in causal:
-                for backend in backends:
-                    yield case, sem, is_causal, backend, uncovered
+            for pattern in patterns:
+                if pattern is not None and pattern != "longnet" and sem != semantics[0]:
+                    continue
+                if pattern is None:
+                    uncovered = uncovered_fraction(case.seq_len, case.heads, case.segment_lengths, case.dilation_rates, sem)
+                else:
+                    uncovered = _uncovered_blocks(case, sem, pattern)
+                for is_causal in causal:
+                    for backend in backends:
+                        yield case, sem, is_causal, backend, uncovered, pattern
 
 
-def _case_fields(case: VerifyCase, sem: str, is_causal: bool, backend: str, uncovered: float) -> dict:
+def _uncovered_blocks(case: VerifyCase, sem: str, pattern: str) -> float:
+    """Share of query rows whose block attends no key block (they output 0)."""
+    module = build_core("BlockSparseRingDilatedAttention", case, sem, "auto", pattern)
+    table = module.block_table(case.seq_len, case.heads)
+    rows = torch.full((table.shape[0],), module.block_size)
+    rows[-1] = case.seq_len - module.block_size * (table.shape[0] - 1)
+    return rows[~table.any(dim=1)].sum().item() / case.seq_len
+
+
+def _case_fields(case: VerifyCase, sem: str, is_causal: bool, backend: str, uncovered: float, pattern: str | None) -> dict:
     return dict(
         case=case.name, backend=backend, semantics=sem, causal=is_causal, batch=case.batch, seq_len=case.seq_len,
         heads=case.heads, head_dim=case.head_dim, segment_lengths=case.segment_lengths,
-        dilation_rates=case.dilation_rates, uncovered_fraction=uncovered,
+        dilation_rates=case.dilation_rates, uncovered_fraction=uncovered, pattern=pattern,
     )
