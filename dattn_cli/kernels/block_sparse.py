@@ -356,6 +356,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         self.stats = CommStats()
         self.last_executor: tuple[str, str] | None = None
         self.last_shape: tuple[int, int] | None = None  # (N, H) of the last call, for density()
+        self.last_plan: RankPlan | None = None
 
     segment_lengths = property(lambda self: self.pattern.segment_lengths)
     dilation_rates = property(lambda self: self.pattern.dilation_rates)
@@ -467,11 +468,16 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         backend, call, pool = self.prepare_call(q, is_causal, key_padding_mask is not None)
         plan = self.cached(("block_plan", self.pattern, seq_len, num_heads, bool(is_causal), rank, world, str(q.device)),
                            lambda: plan_rank(table, seq_len, self.block_size, rank, world, is_causal, q.device))
+        self.last_plan = plan
         exchange = BlockSparseExchange(plan, self.block_size, self.process_group, self.stats)
         engine = BlockAttention([], ViewAccess(pool), backend, call, pool, exchange)
         return block_attention(q, k, v, key_padding_mask, engine)
 
     # distributed accounting and reporting -----------------------------------------------------------
+    def received_blocks(self) -> dict[int, tuple[int, ...]]:
+        """Source rank -> the global key blocks this rank received from it on the last (gather) call."""
+        return dict(self.last_plan.receive) if self.last_plan else {}
+
     def comm_stats(self) -> dict[str, int]:
         return self.stats.snapshot()
 

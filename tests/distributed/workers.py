@@ -142,3 +142,49 @@ def small_ring(rank: int, world: int):
 
     q = torch.randn(1, 16, 2, 4, generator=torch.Generator().manual_seed(rank))
     return RingDilatedAttention([32], [2])(q, q, q).sum().item()
+
+
+# Block-sparse ring cases: (pattern options, N); B = 2, H = 3, D = 8, block size 8.
+BS_CASES = [
+    (dict(pattern="local", window=1), 64),
+    (dict(pattern="global_local", window=1, global_blocks=1), 64),
+    (dict(pattern="dilated", segment_lengths=[16, 64], dilation_rates=[1, 3]), 64),
+    (dict(pattern="hierarchical", window=1, levels=2), 96),
+    (dict(pattern="longnet", segment_lengths=[16, 64], dilation_rates=[1, 2]), 64),
+]
+BS_VARIANTS = [(causal, mask) for causal in (False, True) for mask in (False, True)]
+
+
+def bs_inputs(case: int, variant: int):
+    _, n = BS_CASES[case]
+    g = torch.Generator().manual_seed(100 * case + variant)
+    xs = [torch.randn(2, n, 3, 8, generator=g, dtype=torch.float64) for _ in range(4)]
+    mask = torch.rand(2, n, generator=g) < 0.25 if BS_VARIANTS[variant][1] else None
+    return (*xs, mask)
+
+
+def block_sparse_cases(rank: int, world: int):
+    from dattn_cli.kernels import BlockSparseRingDilatedAttention
+
+    results = {}
+    for c, (options, n) in enumerate(BS_CASES):
+        if (n // world) % 8:
+            continue
+        for i, (causal, masked) in enumerate(BS_VARIANTS):
+            q, k, v, up, mask = bs_inputs(c, i)
+            shard = slice(rank * (n // world), (rank + 1) * (n // world))
+            xs = [x[:, shard].float().clone().requires_grad_() for x in (q, k, v)]
+            module = BlockSparseRingDilatedAttention(block_size=8, **options)
+            out, lse = module.forward_with_lse(*xs, causal, key_padding_mask=None if mask is None else mask[:, shard])
+            grads = torch.autograd.grad(out, xs, up[:, shard].float())
+            results[c, i] = {"out": out.detach(), "lse": lse, "grads": grads, "comm": module.comm_stats(),
+                             "expected": module.comm_volume(n, 3, 8, 2, 4, causal, masked),
+                             "received": {src: list(b) for src, b in module.received_blocks().items()}}
+    return results
+
+
+def block_sparse_bad_shard(rank: int, world: int):
+    from dattn_cli.kernels import BlockSparseRingDilatedAttention
+
+    x = torch.randn(1, 12, 2, 8)
+    BlockSparseRingDilatedAttention(pattern="local", block_size=8)(x, x, x)
