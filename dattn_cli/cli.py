@@ -210,13 +210,22 @@ def bench(
     resume: bool = typer.Option(False, "--resume", help="Continue --out: points already in it are not measured again."),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="Write all rows as CSV to this file ('-' = stdout)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write environment and rows as JSON to this file ('-' = stdout)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG of time and memory against N (log-log, fitted exponents)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG of time and memory against N (log-log, fitted exponents), or against density (--plot-x density)."),
+    plot_x: Optional[str] = typer.Option(None, "--plot-x", help="seq_len or density (default: density when --density has several values)."),
+    pattern: str = typer.Option("dilated", "--pattern", help="Block-sparse implementations: local, dilated, global_local, hierarchical or longnet."),
+    block_size: int = typer.Option(128, "--block-size", help="Block-sparse: block size in tokens."),
+    window: Optional[int] = typer.Option(None, "--window", help="Block-sparse: window in blocks each side (local, global_local, hierarchical)."),
+    density: Optional[str] = typer.Option(None, "--density", help="Block-sparse: target block densities, one line each, e.g. 0.05,0.1,0.25."),
+    global_blocks: int = typer.Option(1, "--global-blocks", help="Block-sparse global_local: global blocks."),
+    levels: int = typer.Option(2, "--levels", help="Block-sparse hierarchical: dilated levels."),
+    executor: str = typer.Option("auto", "--executor", help="Block-sparse: auto, flex or gather."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="Earlier JSONL report to compare against."),
     fail_on_regression: Optional[float] = typer.Option(None, "--fail-on-regression", help="Exit 1 if a point got slower by more than PCT percent."),
 ) -> None:
     """Sweep sequence lengths: time, memory, TFLOP/s per implementation, each point in an isolated worker."""
     from .bench import BenchConfig, find_regressions, parse_seq_lens, parse_size, plot_rows, read_rows, rows_frame, run_sweep
-    from .bench.config import BASELINES, parse_int_list
+    from .bench.config import BASELINES, parse_float_list, parse_int_list
+    from .bench.plot import plot_density
     from .kernels import REGISTRY
     from .render import bench_table, regression_table
 
@@ -245,13 +254,19 @@ def bench(
         segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
         semantics=semantics, causal=causal, dtype=dtype.value, device=device, warmup=warmup, repeat=repeat,
         max_memory=parse_size(max_memory) if max_memory else _default_max_memory(), max_seconds=max_seconds, seed=seed,
-        nproc=nproc, dist_timeout=dist_timeout,
+        nproc=nproc, dist_timeout=dist_timeout, pattern=pattern, block_size=block_size, window=window,
+        densities=parse_float_list(density, "--density") if density else [], global_blocks=global_blocks, levels=levels,
+        executor=executor,
     )
+    if plot_x not in (None, "seq_len", "density"):
+        raise UsageError(f"--plot-x {plot_x!r}: use seq_len or density")
+    lines = sum(len(cfg.variants(i)) for i in cfg.impls)
     with _progress() as progress:
-        task = progress.add_task("bench", total=None if until_oom else len(cfg.impls) * len(cfg.seq_lens))
+        task = progress.add_task("bench", total=None if until_oom else lines * len(cfg.seq_lens))
 
         def on_row(row):
-            progress.update(task, advance=1, description=f"bench {row.impl} N={row.seq_len}: {row.status}")
+            what = f" {row.pattern}" if row.pattern else ""
+            progress.update(task, advance=1, description=f"bench {row.impl}{what} N={row.seq_len}: {row.status}")
 
         result = run_sweep(cfg, out=out, resume=resume, command=["dattn", *sys.argv[1:]], on_row=on_row)
     stdout.print(bench_table(result))
@@ -266,11 +281,15 @@ def bench(
                    "summaries": [s.model_dump() for s in result.summaries], "rows": [r.model_dump() for r in result.rows]}
         _write_json(json_out, payload)
     if plot is not None:
-        exponents = plot_rows(result.rows, plot)
-        for name, fits in exponents.items():
-            parts = [f"{q} ~ N^{v:.2f}" for q, v in fits.items() if v is not None]
-            if parts:
-                stderr_console().print(f"{name}: " + ", ".join(parts))
+        if (plot_x or ("density" if len(cfg.densities) > 1 else "seq_len")) == "density":
+            for fit in plot_density(result.rows, plot):
+                stderr_console().print(fit.line())
+        else:
+            exponents = plot_rows(result.rows, plot)
+            for name, fits in exponents.items():
+                parts = [f"{q} ~ N^{v:.2f}" for q, v in fits.items() if v is not None]
+                if parts:
+                    stderr_console().print(f"{name}: " + ", ".join(parts))
     if baseline is not None:
         regressions, matched = find_regressions(result.rows, read_rows(baseline), fail_on_regression)
         stdout.print(regression_table(regressions, matched, fail_on_regression))

@@ -122,7 +122,9 @@ def bench_table(result: SweepResult) -> Table:
                   + (f", {r.world_size} ranks: time of the slowest rank, memory and bytes of the largest rank" if distributed else "")
                   + "; time = median of repeats; TFLOP/s counts attended pairs only)")
     table = Table(title=title)
-    columns = ["impl", "N", "time ms", "tokens/s", "TFLOP/s", "peak mem"] + (["sent/call", "recv/call"] if distributed else []) + ["status"]
+    patterned = any(r.pattern for r in rows)
+    columns = (["impl"] + (["pattern", "density"] if patterned else []) + ["N", "time ms", "tokens/s", "TFLOP/s", "peak mem"]
+               + (["sent/call", "recv/call"] if distributed else []) + ["status"])
     for col in columns:
         if col == "impl":
             table.add_column(col, overflow="fold")
@@ -130,8 +132,9 @@ def bench_table(result: SweepResult) -> Table:
             table.add_column(col, justify="left" if col == "status" else "right", no_wrap=col != "status")
     for r in rows:
         status = "[green]ok[/]" if r.status == "ok" else f"[yellow]{r.status}[/] {r.reason or ''} {r.error or ''}".strip()
+        pattern_cells = [r.pattern or "-", f"{r.element_density:.3f}" if r.element_density is not None else "-"]
         cells = [
-            r.impl, str(r.seq_len),
+            r.impl, *(pattern_cells if patterned else []), str(r.seq_len),
             f"{r.time_ms:.1f}" if r.time_ms is not None else "-",
             f"{r.tokens_per_s:,.0f}" if r.tokens_per_s is not None else "-",
             f"{r.tflops:.3f}" if r.tflops is not None else "-",
@@ -142,8 +145,9 @@ def bench_table(result: SweepResult) -> Table:
         table.add_row(*cells, status)
     for s in result.summaries:
         table.add_section()
-        blanks = [""] * (len(columns) - 3)
-        table.add_row(s.impl, f"max {s.max_ok_seq_len}" if s.max_ok_seq_len else "none", *blanks, s.limit or "all ok")
+        blanks = [""] * (len(columns) - 3 - (2 if patterned else 0))
+        lead = [s.impl] + ([s.pattern or "-", ""] if patterned else [])
+        table.add_row(*lead, f"max {s.max_ok_seq_len}" if s.max_ok_seq_len else "none", *blanks, s.limit or "all ok")
     return table
 
 

@@ -51,6 +51,13 @@ def parse_int_list(text: str | list[int], option: str) -> list[int]:
         raise ValueError(f"{option}: {text!r} is not a comma-separated list of integers, e.g. 2048,4096") from None
 
 
+def parse_float_list(text: str, option: str) -> list[float]:
+    try:
+        return [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not a comma-separated list of numbers, e.g. 0.05,0.1,0.25") from None
+
+
 class BenchConfig(BaseModel):
     impls: list[str]
     seq_lens: list[int] = Field(default_factory=list)
@@ -73,8 +80,16 @@ class BenchConfig(BaseModel):
     seed: int = 0
     nproc: int = 1  # ranks of a gloo (CPU) / NCCL (CUDA) process group, spawned per point
     dist_timeout: float = 120.0
+    # block-sparse implementations only: the pattern, and target densities to sweep (one point each)
+    pattern: str = "dilated"
+    block_size: int = 128
+    window: int | None = None
+    densities: list[float] = Field(default_factory=list)
+    global_blocks: int = 1
+    levels: int = 2
+    executor: Literal["auto", "flex", "gather"] = "auto"
 
-    @field_validator("batch", "heads", "head_dim", "start", "repeat", "nproc")
+    @field_validator("batch", "heads", "head_dim", "start", "repeat", "nproc", "block_size")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value <= 0:
@@ -99,6 +114,8 @@ class BenchConfig(BaseModel):
             raise ValueError(f"--max-seconds must be positive, got {self.max_seconds}")
         if self.dist_timeout <= 0:
             raise ValueError(f"--dist-timeout must be positive, got {self.dist_timeout}")
+        for density in self.densities or [None]:
+            self.block_pattern(density)  # a bad pattern option fails here, naming the option
         if self.nproc > 1:
             from ..kernels import REGISTRY
 
@@ -108,6 +125,49 @@ class BenchConfig(BaseModel):
                 raise ValueError(f"--nproc {self.nproc} runs distributed implementations only; {', '.join(single)} "
                                  f"is not one: use {names}, or --nproc 1")
         return self
+
+    def block_pattern(self, density: float | None = None):
+        from ..kernels.block_patterns import USES_SEGMENTS, BlockPattern
+
+        segments = self.pattern in USES_SEGMENTS
+        try:
+            return BlockPattern(
+                self.pattern, self.block_size, self.window, self.global_blocks, self.levels, density,
+                tuple(self.segment_lengths) if segments else (), tuple(self.dilation_rates) if segments else (),
+                self.semantics if self.pattern == "longnet" else "longnet",
+            )
+        except ValueError as exc:
+            raise ValueError(f"--pattern/--density/--window/--block-size: {exc}") from None
+
+    def block_options(self, density: float | None = None) -> dict:
+        """Constructor keywords of a block-sparse module for this configuration."""
+        p = self.block_pattern(density)
+        return {"segment_lengths": list(p.segment_lengths) or None, "dilation_rates": list(p.dilation_rates) or None,
+                "pattern": p.name, "block_size": p.block_size, "window": p.window, "global_blocks": p.global_blocks,
+                "levels": p.levels, "density": p.density, "semantics": p.semantics, "executor": self.executor}
+
+    def variants(self, impl: str) -> list[tuple[str, "BenchConfig"]]:
+        """(impl, config) per measured line: one per target density for block-sparse implementations."""
+        from ..kernels import REGISTRY
+
+        if impl in REGISTRY and REGISTRY[impl].block_sparse and self.densities:
+            return [(impl, self.model_copy(update={"densities": [d]})) for d in self.densities]
+        return [(impl, self)]
+
+    def pattern_fields(self, impl: str, seq_len: int | None = None) -> dict:
+        """Row fields of the block pattern (None for other implementations); densities need seq_len."""
+        from ..kernels import REGISTRY
+        from ..kernels.block_patterns import attended_pairs
+
+        if impl not in REGISTRY or not REGISTRY[impl].block_sparse:
+            return {"pattern": None}
+        p = self.block_pattern(self.densities[0] if self.densities else None)
+        fields = {"pattern": p.label()}
+        if seq_len is not None:
+            table = p.table(seq_len, self.heads)
+            fields.update(block_density=table.float().mean().item(),
+                          element_density=attended_pairs(table, seq_len, p.block_size, self.causal) / seq_len**2)
+        return fields
 
     def point_key(self) -> dict:
         """The fields, besides impl and seq_len, that identify a measured point."""

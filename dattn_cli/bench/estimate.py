@@ -21,8 +21,14 @@ def _cpu_fixed_bytes(mode: str) -> int:
 
     return framework_bytes(load_profile("cpu-host"), mode)
 
-def estimate_peak_bytes(impl: str, cfg: BenchConfig, seq_len: int) -> int:
+
+def estimate_peak_bytes(impl: str, cfg: BenchConfig, seq_len: int) -> int | None:
+    """None where the planner has no model (block-sparse patterns): the row says so by leaving it empty."""
+    from ..kernels import REGISTRY
     from ..plan.memory import Shape, estimate_memory, strategy_for
+
+    if impl in REGISTRY and REGISTRY[impl].block_sparse:
+        return None
 
     if impl == "reference":  # float64 copies of q, k, v, out (and grads) plus its bounded block of scores
         x64 = cfg.batch * seq_len * cfg.heads * cfg.head_dim * 8

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from .rows import BenchRow
 
 
@@ -63,3 +65,71 @@ def plot_rows(rows: list[BenchRow], path: Path) -> dict[str, dict[str, float | N
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return exponents
+
+
+class DensityFit(BaseModel):
+    """time = intercept + slope · density, fitted per (implementation, N) over the measured densities."""
+
+    impl: str
+    seq_len: int
+    densities: list[float]
+    times_ms: list[float]
+    slope_ms: float | None  # ms per unit of element density
+    intercept_ms: float | None
+    exponent: float | None  # log-log slope: 1.0 = time proportional to density
+
+    def line(self) -> str:
+        if self.slope_ms is None:
+            return f"{self.impl} N={self.seq_len}: fewer than two densities measured"
+        return (f"{self.impl} N={self.seq_len}: time = {self.intercept_ms:.1f} ms + {self.slope_ms:.1f} ms x density "
+                f"(log-log exponent {self.exponent:.2f}; 1.00 = proportional)")
+
+
+def fit_density(rows: list[BenchRow]) -> list[DensityFit]:
+    groups: dict[tuple[str, int], list[BenchRow]] = {}
+    for r in rows:
+        if r.status == "ok" and r.element_density is not None and r.time_ms:
+            groups.setdefault((r.impl, r.seq_len), []).append(r)
+    fits = []
+    for (impl, n), group in groups.items():
+        group.sort(key=lambda r: r.element_density)
+        xs, ys = [r.element_density for r in group], [r.time_ms for r in group]
+        slope = intercept = None
+        if len(set(xs)) >= 2:
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+            intercept = my - slope * mx
+        fits.append(DensityFit(impl=impl, seq_len=n, densities=xs, times_ms=ys, slope_ms=slope, intercept_ms=intercept,
+                               exponent=fit_exponent(xs, ys)))
+    return fits
+
+
+def plot_density(rows: list[BenchRow], path: Path) -> list[DensityFit]:
+    """Time against element density (linear axes) per (implementation, N), dense baselines as horizontal
+    lines; returns the fits."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fits = fit_density(rows)
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for fit in fits:
+        label = f"{fit.impl} N={fit.seq_len}" + (f": exponent {fit.exponent:.2f}" if fit.exponent is not None else "")
+        ax.plot(fit.densities, fit.times_ms, "o-", label=label)
+        if fit.slope_ms is not None:
+            xs = [0.0, max(fit.densities)]
+            ax.plot(xs, [fit.intercept_ms + fit.slope_ms * x for x in xs], ":", color="gray")
+    for r in rows:
+        if r.status == "ok" and r.pattern is None and r.time_ms:
+            ax.axhline(r.time_ms, linestyle="--", linewidth=1, label=f"{r.impl} (dense) N={r.seq_len}", color="black")
+    ax.set_xlabel("element density (attended pairs / N²)")
+    ax.set_ylabel("time per call (ms)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fits

@@ -14,7 +14,7 @@ FLOP_CONVENTION = (
     "(causal counted exactly); fwd+bwd = 3.5 x fwd"
 )
 KEY_FIELDS = ("impl", "seq_len", "mode", "batch", "heads", "head_dim", "segments", "dilations", "semantics",
-              "causal", "dtype", "device", "world_size")
+              "causal", "dtype", "device", "world_size", "pattern")
 
 
 class BenchRow(BaseModel):
@@ -32,6 +32,9 @@ class BenchRow(BaseModel):
     causal: bool
     mode: str
     world_size: int = 1
+    pattern: str | None = None  # block-sparse implementations: the block pattern, e.g. local(window 13, block 128)
+    block_density: float | None = None  # active blocks / all blocks
+    element_density: float | None = None  # attended (query, key) pairs / N^2 (what the work scales with)
     status: Literal["ok", "oom", "error", "skipped"]
     reason: str | None = None
     time_ms: float | None = None
@@ -55,7 +58,7 @@ class BenchRow(BaseModel):
 
 
 def point_key(row: dict) -> tuple:
-    return tuple(tuple(row[f]) if isinstance(row[f], list) else row[f] for f in KEY_FIELDS)
+    return tuple(tuple(row.get(f)) if isinstance(row.get(f), list) else row.get(f) for f in KEY_FIELDS)
 
 
 def append_jsonl(path: Path, record: dict) -> None:

@@ -24,6 +24,7 @@ MAX_DOUBLINGS = 24
 
 class ImplSummary(BaseModel):
     impl: str
+    pattern: str | None = None  # block-sparse lines: the pattern (one line per target density)
     max_ok_seq_len: int | None
     limit: str | None  # why the next length failed, e.g. "oom at N=16384"
 
@@ -50,7 +51,7 @@ class _Sweeper:
             self.done = {r.key(): r for r in read_rows(out)}
 
     def point(self, impl: str, n: int, blocked: str | None = None) -> BenchRow:
-        key = point_key({"impl": impl, "seq_len": n, **self.cfg.point_key()})
+        key = point_key({"impl": impl, "seq_len": n, **self.cfg.point_key(), **self.cfg.pattern_fields(impl)})
         if key in self.done:  # measured by an earlier, interrupted run
             row = self.done[key]
             self.rows.append(row)
@@ -59,7 +60,7 @@ class _Sweeper:
         cpu = not self.cfg.device.startswith("cuda")
         if blocked:
             result = {"status": "skipped", "reason": blocked}
-        elif cpu and predicted > PREDICTION_MARGIN * self.cfg.max_memory:
+        elif cpu and predicted is not None and predicted > PREDICTION_MARGIN * self.cfg.max_memory:
             result = {"status": "skipped", "reason": f"memory: predicted {predicted / 2**30:.2f} GiB, more than "
                       f"{PREDICTION_MARGIN:g} x --max-memory {self.cfg.max_memory / 2**30:.2f} GiB"}
         else:
@@ -139,5 +140,11 @@ def run_sweep(
     if cfg.nproc > 1 and runner is run_isolated:
         runner = run_distributed_point
     sweeper = _Sweeper(cfg, out, resume, on_row, runner)
-    summaries = [sweeper.until_oom(i) if cfg.until_oom else sweeper.fixed(i) for i in cfg.impls]
+    summaries = []
+    for impl in cfg.impls:
+        for _, variant in cfg.variants(impl):  # block-sparse: one line per target density
+            sweeper.cfg = variant
+            summary = sweeper.until_oom(impl) if cfg.until_oom else sweeper.fixed(impl)
+            summaries.append(summary.model_copy(update=variant.pattern_fields(impl)))
+    sweeper.cfg = cfg
     return SweepResult(rows=sweeper.rows, summaries=summaries)

@@ -41,6 +41,9 @@ def attended_pairs_for(impl: str, cfg: BenchConfig, n: int) -> int:
 
     if impl in ("sdpa", "math", "flash", "reference"):
         return dense_pairs(cfg.batch, cfg.heads, n, cfg.causal)
+    fields = cfg.pattern_fields(impl, n)
+    if fields["pattern"] is not None:
+        return round(fields["element_density"] * n * n) * cfg.batch * cfg.heads
     blocks = build_blocks(n, cfg.heads, cfg.segment_lengths, cfg.dilation_rates, cfg.semantics)
     return attended_pairs(cfg.batch, blocks, cfg.causal)
 
@@ -88,16 +91,19 @@ def _build(impl: str, cfg: BenchConfig, n: int, length: int | None = None):
     entry = REGISTRY.get(impl)
     if entry is None:
         raise ValueError(f"--impl {impl!r} is not registered and not a baseline")
+    if entry.block_sparse:
+        options = cfg.block_options(cfg.densities[0] if cfg.densities else None)
+    else:
+        options = {"segment_lengths": cfg.segment_lengths, "dilation_rates": cfg.dilation_rates, "semantics": cfg.semantics}
     if entry.kind == "multihead":
         embed = cfg.heads * cfg.head_dim
-        module = entry.cls(embed, cfg.heads, segment_lengths=cfg.segment_lengths, dilation_rates=cfg.dilation_rates,
-                           semantics=cfg.semantics, device=device, dtype=dtype)
+        module = entry.cls(embed, cfg.heads, **options, device=device, dtype=dtype)
 
         def x3():
             x = torch.randn(cfg.batch, length, embed, dtype=dtype, device=device, requires_grad=grad)
             return x, x, x
         return x3, lambda q, k, v: module(q, k, v, is_causal=cfg.causal)[0], module
-    module = entry.cls(cfg.segment_lengths, cfg.dilation_rates, semantics=cfg.semantics)
+    module = entry.cls(options.pop("segment_lengths"), options.pop("dilation_rates"), **options)
     return qkv, lambda q, k, v: module(q, k, v, is_causal=cfg.causal), module
 
 
@@ -331,4 +337,5 @@ def run_distributed_point(cfg: BenchConfig, impl: str, n: int) -> dict:
 
 
 def make_row(cfg: BenchConfig, impl: str, n: int, result: dict, predicted: int | None) -> BenchRow:
-    return BenchRow(impl=impl, seq_len=n, predicted_mem_bytes=predicted, **cfg.point_key(), **result)
+    return BenchRow(impl=impl, seq_len=n, predicted_mem_bytes=predicted, **cfg.point_key(),
+                    **cfg.pattern_fields(impl, n), **result)

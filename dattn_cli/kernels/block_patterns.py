@@ -181,6 +181,19 @@ class BlockPattern:
             return table
         return longnet_cover(seq_len, self.block_size, self.segment_lengths, self.dilation_rates, num_heads, self.semantics)
 
+    def label(self) -> str:
+        """A compact name for tables and report rows, e.g. local(d=0.1,b=128); segments are reported
+        in their own columns."""
+        params = []
+        if self.name in USES_WINDOW:
+            params.append(f"d={self.density:g}" if self.density is not None else f"w={self.window if self.window is not None else 1}")
+            if self.name == "global_local":
+                params.append(f"g={self.global_blocks}")
+            if self.name == "hierarchical":
+                params.append(f"l={self.levels}")
+        params.append(f"b={self.block_size}")
+        return f"{self.name}({','.join(params)})"
+
     def describe(self, seq_len: int | None = None) -> str:
         if self.name in USES_SEGMENTS:
             params = f"segments {list(self.segment_lengths)}, dilations {list(self.dilation_rates)}"

@@ -20,7 +20,8 @@ def shape_of(row: BenchRow) -> Shape:
 
 
 def ok_rows(path: Path | str) -> list[BenchRow]:
-    rows = [r for r in read_rows(Path(path)) if r.status == "ok"]
+    """The ok rows the planner models (block-sparse patterns have no planner model yet)."""
+    rows = [r for r in read_rows(Path(path)) if r.status == "ok" and r.pattern is None]
     if not rows:
         raise ValueError(f"{path}: no ok rows to check against; run `dattn bench ... --out {path}` first")
     return rows
