@@ -139,6 +139,7 @@ def verify(
     dist_timeout: float = typer.Option(120.0, "--dist-timeout", help="Seconds before a stuck process group is ended with an error naming the rank."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full report as JSON to this file."),
     details: bool = typer.Option(False, "--details", help="One table row per case, not per implementation."),
+    pattern: Optional[list[str]] = typer.Option(None, "--pattern", help="Block patterns to check for block-sparse implementations (repeatable; default all)."),
 ) -> None:
     """Equivalence of every implementation against the dense reference, forward and gradients."""
     from .bench.config import parse_int_list
@@ -154,7 +155,7 @@ def verify(
         task = progress.add_task("verify", total=None)
         report = run_verify(
             impl, world_sizes=parse_int_list(world_size, "--world-size"), dist_timeout_s=dist_timeout, full=full, dtype=dtype.value, semantics=sems, causal=causals, backends=backend, device=device,
-            seed=seed, cases=cases, on_result=lambda r: progress.advance(task),
+            seed=seed, cases=cases, on_result=lambda r: progress.advance(task), **({"patterns": pattern} if pattern else {}),
         )
     stdout.print(verify_table(report, details))
     for line in verify_warnings(report, details):
@@ -316,6 +317,14 @@ def profile(
     seed: int = typer.Option(0, "--seed"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a torch.profiler Chrome trace here."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the report as JSON to this file ('-' = stdout)."),
+    pattern: Optional[str] = typer.Option(None, "--pattern", help="Block-sparse: local, dilated, global_local, hierarchical or longnet."),
+    block_size: int = typer.Option(128, "--block-size", help="Block-sparse: block size in tokens."),
+    window: Optional[int] = typer.Option(None, "--window", help="Block-sparse: window in blocks each side."),
+    density: Optional[float] = typer.Option(None, "--density", help="Block-sparse: target block density (picks the window)."),
+    global_blocks: int = typer.Option(1, "--global-blocks", help="Block-sparse global_local: global blocks."),
+    levels: int = typer.Option(2, "--levels", help="Block-sparse hierarchical: dilated levels."),
+    executor: str = typer.Option("auto", "--executor", help="Block-sparse: auto, flex or gather."),
+    show_pattern: Optional[Path] = typer.Option(None, "--show-pattern", help="Block-sparse: write the block mask as a PNG."),
 ) -> None:
     """Pattern-cache and memory-pool hit rates, allocator stats, time and peak memory with caches on vs off."""
     from .bench.config import parse_int_list, parse_seq_lens
@@ -324,15 +333,35 @@ def profile(
 
     if mode not in ("fwd", "fwdbwd"):
         raise UsageError(f"--mode {mode!r}: use fwd or fwdbwd")
+    from .kernels import REGISTRY
+
+    block_sparse = impl in REGISTRY and REGISTRY[impl].block_sparse
+    given = {"--pattern": pattern, "--window": window, "--density": density, "--show-pattern": show_pattern}
+    if not block_sparse and any(v is not None for v in given.values()):
+        options = ", ".join(k for k, v in given.items() if v is not None)
+        raise UsageError(f"{options}: block-sparse implementations only; use --impl BlockSparseRingDilatedAttention")
+    block_options = None
+    if block_sparse:
+        block_options = {"pattern": pattern or "dilated", "block_size": block_size, "window": window, "density": density,
+                         "global_blocks": global_blocks, "levels": levels, "executor": executor}
     with _progress() as progress:
         progress.add_task(f"profile {impl}", total=None)
         report = run_profile(
             impl, batch=batch, seq_len=parse_seq_lens(seq_len)[0], heads=heads, head_dim=head_dim,
             segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
             semantics=semantics, causal=causal, dtype=dtype.value, device=device, mode=mode, iterations=iterations,
-            warmup=warmup, seed=seed, trace=trace,
+            warmup=warmup, seed=seed, trace=trace, block_options=block_options,
         )
     stdout.print(profile_table(report))
+    if show_pattern is not None:
+        from .bench.plot import plot_block_table
+        from .profiling import block_table_for
+
+        table = block_table_for(report.config)
+        bp = report.block_pattern
+        plot_block_table(table, show_pattern, f"{impl}\n{bp.description}, N={report.config.seq_len}"
+                         f"{' causal' if causal else ''}; block density {bp.block_density:.3f}", causal)
+        stderr_console().print(f"block mask ({table.shape[0]} x {table.shape[1]} blocks) written to {show_pattern}")
     for note in report.notes:
         stderr_console().print(f"[yellow]note: {note}[/]")
     if json_out:

@@ -70,6 +70,19 @@ class ProfileConfig(BaseModel):
     iterations: int
     warmup: int
     seed: int
+    block_options: dict | None = None  # block-sparse implementations: pattern, block_size, window, density, ...
+
+
+class BlockPatternStats(BaseModel):
+    """The block pattern a block-sparse implementation ran, and what it keeps in the pattern cache."""
+
+    label: str
+    description: str
+    block_density: float
+    element_density: float
+    block_table_bytes: int
+    executor: str | None  # what ran on the last call (flex or gather) and why
+    cached_bytes: int  # pattern-cache bytes after the caches-on run: the table, plus the gather plan or BlockMask
 
 
 class PatternCacheStats(BaseModel):
@@ -124,6 +137,7 @@ class SettingResult(BaseModel):
     memory_pool: MemoryPoolStats
     time: TimeStats
     memory: MemoryStats
+    block_pattern: BlockPatternStats | None = None
 
 
 class ProfileReport(BaseModel):
@@ -135,6 +149,7 @@ class ProfileReport(BaseModel):
     trace_path: str | None
     trace_iterations: int
     notes: list[str]
+    block_pattern: BlockPatternStats | None = None
 
 
 # validation -------------------------------------------------------------------------------------
@@ -170,6 +185,30 @@ def _check_inputs(
 
 
 # running one setting ----------------------------------------------------------------------------
+def build_module(cfg: ProfileConfig, caches: bool, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> nn.Module:
+    """The module a profile runs, caches on or off (block-sparse: with cfg.block_options)."""
+    impl = REGISTRY[cfg.impl]
+    switches = {"use_pattern_cache": caches, "enable_memory_pool": caches, "semantics": cfg.semantics}
+    options = {"segment_lengths": cfg.segment_lengths, "dilation_rates": cfg.dilation_rates}
+    if impl.block_sparse:
+        options = dict(cfg.block_options or {})
+        if options.get("pattern", "dilated") in ("dilated", "longnet"):
+            options.update(segment_lengths=cfg.segment_lengths, dilation_rates=cfg.dilation_rates)
+        if options.get("pattern", "dilated") != "longnet":
+            switches.pop("semantics")
+    if impl.kind == "multihead":
+        return impl.cls(cfg.embed_dim, cfg.heads, device=device, dtype=dtype, **options, **switches)
+    segs, rates = options.pop("segment_lengths", None), options.pop("dilation_rates", None)
+    return impl.cls(segs, rates, **options, **switches)
+
+
+def block_table_for(cfg: ProfileConfig) -> torch.Tensor:
+    """The block table (query block x key block, True = attend) of a block-sparse profile configuration."""
+    module = build_module(cfg, caches=False)
+    core = module.attention if REGISTRY[cfg.impl].kind == "multihead" else module
+    return core.block_table(cfg.seq_len, cfg.heads)
+
+
 class _Workload:
     """One module plus its inputs, built from the seed so every setting sees the same numbers."""
 
@@ -178,17 +217,12 @@ class _Workload:
         cuda_devices = [device.index or 0] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda_devices):  # seed locally; the caller's RNG state is kept
             torch.manual_seed(cfg.seed)
-            switches = {"use_pattern_cache": caches, "enable_memory_pool": caches, "semantics": cfg.semantics}
+            self.module: nn.Module = build_module(cfg, caches, device, dtype)
             if impl.kind == "multihead":
-                self.module: nn.Module = impl.cls(
-                    cfg.embed_dim, cfg.heads, segment_lengths=cfg.segment_lengths,
-                    dilation_rates=cfg.dilation_rates, device=device, dtype=dtype, **switches,
-                )
                 shape = (cfg.batch, cfg.seq_len, cfg.embed_dim)
                 x = self._randn(shape, dtype, device, cfg.mode)
                 self.inputs: tuple[torch.Tensor, ...] = (x, x, x)  # self-attention: the fused projection path
             else:
-                self.module = impl.cls(cfg.segment_lengths, cfg.dilation_rates, **switches)
                 shape = (cfg.batch, cfg.seq_len, cfg.heads, cfg.head_dim)
                 self.inputs = tuple(self._randn(shape, dtype, device, cfg.mode) for _ in range(3))
             self.grad_out = torch.randn(shape, dtype=dtype, device=device) if cfg.mode == "fwdbwd" else None
@@ -214,8 +248,12 @@ class _Workload:
         out = self.module(*self.inputs, is_causal=self.causal)
         return out[0] if self.multihead else out
 
+    @property
+    def core(self) -> nn.Module:
+        return self.module.attention if self.multihead else self.module
+
     def backend(self) -> str | None:
-        core = self.module.attention if self.multihead else self.module
+        core = self.core
         last = getattr(core, "last_backend", None)
         return last[0] if last else None
 
@@ -353,6 +391,17 @@ def _run_setting(
         time=times,
         memory=memory,
     )
+    if hasattr(work.core, "block_table"):
+        core = work.core
+        n, h = cfg.seq_len, cfg.heads
+        executor = core.last_executor
+        result.block_pattern = BlockPatternStats(
+            label=core.pattern.label(), description=core.pattern.describe(n), block_density=core.density(n, h),
+            element_density=core.element_density(n, h, cfg.causal),
+            block_table_bytes=core.block_table(n, h).numel(),
+            executor=f"{executor[0]} ({executor[1]})" if executor else None,
+            cached_bytes=get_global_pattern_cache().stats()["bytes"],
+        )
     if trace is not None:
         _write_trace(work.step, device, trace)
     return result
@@ -428,6 +477,7 @@ def run_profile(
     warmup: int = 2,
     seed: int = 0,
     trace: str | Path | None = None,
+    block_options: dict | None = None,
 ) -> ProfileReport:
     """Run `impl` with caches on, then off, and report cache/pool statistics, time and peak memory.
 
@@ -446,7 +496,11 @@ def run_profile(
         embed_dim=heads * head_dim if kind == "multihead" else None,
         segment_lengths=list(segs), dilation_rates=list(rates), semantics=semantics, causal=bool(causal),
         dtype=dtype, device=str(dev), mode=mode, iterations=iterations, warmup=warmup, seed=seed,
+        block_options=block_options if REGISTRY[impl].block_sparse else None,
     )
+    if block_options and not REGISTRY[impl].block_sparse:
+        raise ValueError(f"pattern options apply to block-sparse implementations only, not {impl}: drop them or use "
+                         + ", ".join(n for n, i in REGISTRY.items() if i.block_sparse))
     trace_path = Path(trace) if trace is not None else None
     _prime(cfg, torch_dtype, dev)
     on = _run_setting(cfg, torch_dtype, dev, caches=True, trace=trace_path)
@@ -460,4 +514,5 @@ def run_profile(
         trace_path=str(trace_path) if trace_path is not None else None,
         trace_iterations=TRACE_ITERATIONS if trace_path is not None else 0,
         notes=_notes(on, off),
+        block_pattern=on.block_pattern,
     )

@@ -21,30 +21,30 @@ def verify_table(report: VerifyReport, details: bool = False) -> Table:
         return _verify_cases(report, details)
     dtypes = ", ".join(sorted({r.dtype for r in report.results}))
     table = Table(title=f"dattn verify ({dtypes}): worst relative error vs the float64 reference")
-    for col in ("impl", "checks", "out", "lse", "grads", "status"):
+    for col in ("impl", "pattern", "checks", "out", "lse", "grads", "status"):
         if col == "impl":
             table.add_column(col, overflow="fold")
         else:
-            table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True, min_width=len(col))
-    for impl, world in dict.fromkeys((r.impl, r.world_size) for r in report.results):
-        rows = [r for r in report.results if (r.impl, r.world_size) == (impl, world)]
+            table.add_column(col, justify="left" if col in ("status", "pattern") else "right", no_wrap=True, min_width=len(col))
+    for impl, world, pattern in dict.fromkeys((r.impl, r.world_size, r.pattern) for r in report.results):
+        rows = [r for r in report.results if (r.impl, r.world_size, r.pattern) == (impl, world, pattern)]
         worst = {q: max((e.rel for r in rows for k, e in r.errors.items() if k == q or (q == "grads" and k.startswith("d"))),
                         default=None) for q in ("out", "lse", "grads")}
         bad = sum(not r.passed for r in rows)
-        table.add_row(impl if world == 1 else f"{impl} (p={world})", str(len(rows)), *(_fmt(worst[q]) if worst[q] is not None else "-" for q in ("out", "lse", "grads")),
+        table.add_row(impl if world == 1 else f"{impl} (p={world})", pattern or "-", str(len(rows)), *(_fmt(worst[q]) if worst[q] is not None else "-" for q in ("out", "lse", "grads")),
                       "[green]ok[/]" if not bad else f"[red]{bad} failed[/]")
     return table
 
 
 def _verify_cases(report: VerifyReport, details: bool) -> Table:
     table = Table(title="dattn verify: " + ("all cases" if details else "failed cases") + " (relative error)")
-    for col in ("impl", "case", "sem", "causal", "backend", "dtype", "out", "lse", "grads", "status"):
+    for col in ("impl", "pattern", "case", "sem", "causal", "backend", "dtype", "out", "lse", "grads", "status"):
         table.add_column(col, justify="right" if col in ("out", "lse", "grads") else "left", overflow="fold")
     for r in report.results if details else report.failures:
         grads = [e for k, e in r.errors.items() if k.startswith("d")]
         status = "[green]ok[/]" if r.passed else f"[red]FAIL[/] {r.message}".strip()
         table.add_row(
-            r.impl if r.world_size == 1 else f"{r.impl} (p={r.world_size})", r.case, r.semantics, "yes" if r.causal else "no", r.backend, r.dtype,
+            r.impl if r.world_size == 1 else f"{r.impl} (p={r.world_size})", r.pattern or "-", r.case, r.semantics, "yes" if r.causal else "no", r.backend, r.dtype,
             _fmt(r.errors["out"].rel) if "out" in r.errors else "-",
             _fmt(r.errors["lse"].rel) if "lse" in r.errors else "-",
             _fmt(max(e.rel for e in grads)) if grads else "-",
@@ -188,6 +188,13 @@ def profile_table(report: ProfileReport) -> Table:
         row("cuda alloc retries / OOMs",
             lambda s: f"{s.memory.cuda_allocator.num_alloc_retries} / {s.memory.cuda_allocator.num_ooms}")
     row("backend", lambda s: s.backend or "-")
+    if on.block_pattern is not None:
+        row("block pattern", lambda s: s.block_pattern.description if s.block_pattern else "-")
+        row("density: blocks / (query, key) pairs",
+            lambda s: f"{s.block_pattern.block_density:.4f} / {s.block_pattern.element_density:.4f}" if s.block_pattern else "-")
+        row("executor", lambda s: s.block_pattern.executor or "-" if s.block_pattern else "-")
+        row("block table / cached pattern bytes",
+            lambda s: f"{_size(s.block_pattern.block_table_bytes)} / {_size(s.block_pattern.cached_bytes)}" if s.block_pattern else "-")
     table.caption = f"memory: {on.memory.memory_method}" + (f"; trace: {report.trace_path}" if report.trace_path else "")
     return table
 

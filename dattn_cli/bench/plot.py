@@ -133,3 +133,25 @@ def plot_density(rows: list[BenchRow], path: Path) -> list[DensityFit]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return fits
+
+
+def plot_block_table(table, path: Path, title: str, causal: bool = False) -> None:
+    """The block table as an image: a dark cell = the query block (row) attends the key block (column);
+    with causal, the blocks above the diagonal (never computed) are shown lighter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    shown = table.to(torch.float32)
+    if causal:
+        shown = torch.where(torch.ones_like(table).triu(1) & table, 0.35, shown)
+    fig, ax = plt.subplots(figsize=(6, 6))
+    ax.imshow(shown.numpy(), cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_xlabel("key block")
+    ax.set_ylabel("query block")
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
