@@ -162,7 +162,7 @@ class BenchConfig(BaseModel):
         if impl not in REGISTRY or not REGISTRY[impl].block_sparse:
             return {"pattern": None}
         p = self.block_pattern(self.densities[0] if self.densities else None)
-        fields = {"pattern": p.label()}
+        fields = {"pattern": p.label() + (f" [{self.executor}]" if self.executor != "auto" else "")}
         if seq_len is not None:
             table = p.table(seq_len, self.heads)
             fields.update(block_density=table.float().mean().item(),

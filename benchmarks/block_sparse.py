@@ -1,0 +1,66 @@
+"""Block-sparse cost against density: does the time really fall with the pattern?
+
+Issue target (CPU, fp32, B = 1, N = 32768, H = 8, D = 64, forward): the `local` pattern at ~10% density
+takes <= 0.25x the time of dense SDPA, measured side by side in one run; and time against density for
+5%, 10% and 25% scales near-proportionally (the fitted line and log-log exponent are printed). Also
+measured: compiled CPU FlexAttention (executor=flex) at 10%, next to the gather executor that `auto`
+picks on CPU.
+
+    python benchmarks/block_sparse.py [--seq-len 32k] [--repeat 5] [--out FILE.jsonl] [--plot FILE.png]
+
+Every point runs through `dattn bench`'s sweep (one isolated worker per point), so the rows are
+ordinary bench rows (pattern and element_density columns); this script puts them side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dattn_cli.bench import BenchConfig, parse_seq_lens, run_sweep
+from dattn_cli.bench.plot import fit_density, plot_density
+from dattn_cli.bench.rows import read_rows
+
+IMPL = "BlockSparseRingDilatedAttention"
+DENSITIES = [0.05, 0.10, 0.25]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seq-len", default="32k")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/block_sparse_cpu.jsonl"))
+    parser.add_argument("--plot", type=Path, default=Path("benchmarks/block_sparse_cpu.png"))
+    parser.add_argument("--no-flex", action="store_true", help="skip the compiled FlexAttention point")
+    args = parser.parse_args()
+    n = parse_seq_lens(args.seq_len)[0]
+    common = dict(seq_lens=[n], mode="fwd", batch=1, heads=8, head_dim=64, warmup=1, repeat=args.repeat,
+                  max_memory=16 * 2**30, max_seconds=900.0, pattern="local", block_size=128)
+    command = ["python", "benchmarks/block_sparse.py", *(["--no-flex"] if args.no_flex else [])]
+    show = lambda r: print(f"  {r.impl} {r.pattern or 'dense'}: {r.status} {r.time_ms} ms", flush=True)  # noqa: E731
+    configs = [BenchConfig(impls=["sdpa", IMPL], densities=DENSITIES, **common)]
+    if not args.no_flex:  # the compile happens in the warm-up call
+        configs.append(BenchConfig(impls=[IMPL], densities=[0.10], executor="flex", **{**common, "warmup": 2}))
+    for cfg in configs:
+        run_sweep(cfg, out=args.out, resume=True, command=command, on_row=show)
+
+    rows = [r for r in read_rows(args.out) if r.seq_len == n and r.status == "ok"]
+    dense = next(r for r in rows if r.impl == "sdpa")
+    auto = sorted((r for r in rows if r.impl == IMPL and "[" not in r.pattern), key=lambda r: r.element_density)
+    flex = [r for r in rows if r.impl == IMPL and r.pattern.endswith("[flex]")]
+    print(f"\nN={n}, fwd, fp32: dense sdpa {dense.time_ms:.1f} ms (p10 {dense.time_ms_p10:.1f}, p90 {dense.time_ms_p90:.1f})")
+    for r in auto + flex:
+        print(f"  {r.pattern:<26} density {r.element_density:.4f}: {r.time_ms:8.1f} ms "
+              f"(p10 {r.time_ms_p10:.1f}, p90 {r.time_ms_p90:.1f}) = {r.time_ms / dense.time_ms:.3f} x dense sdpa")
+    for fit in fit_density(auto):
+        print("  fit (executor auto = gather on CPU): " + fit.line())
+    plot_density(auto + [dense], args.plot)
+    print(f"  plot: {args.plot}")
+    if flex:
+        same = [r for r in auto if r.pattern == flex[0].pattern.replace(" [flex]", "")]
+        if same:
+            print(f"  compiled CPU FlexAttention / gather at the same pattern: {flex[0].time_ms / same[0].time_ms:.2f}")
+
+
+if __name__ == "__main__":
+    main()
