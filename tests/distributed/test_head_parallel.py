@@ -72,7 +72,8 @@ def test_verify_world_sizes_from_the_cli(tmp_path, capsys):
     by_world = {w: [r for r in rows if r["world_size"] == w] for w in (1, 2, 4)}
     assert all(by_world[w] for w in (1, 2, 4))
     assert {r["impl"] for r in rows} == {"HeadParallelDilatedAttention", "RingDilatedAttention",
-                                         "RingMultiheadDilatedAttention", "DistributedImprovedDilatedAttention"}
+                                         "RingMultiheadDilatedAttention", "DistributedImprovedDilatedAttention",
+                                         "BlockSparseRingDilatedAttention", "BlockSparseRingMultiheadDilatedAttention"}
     assert all(r["passed"] for r in rows)
     assert max(e["rel"] for r in by_world[4] for name, e in r["errors"].items() if name.startswith("d")) <= 1e-4
     assert all(r["comm"] and len(r["comm"]) == r["world_size"] for r in rows)
