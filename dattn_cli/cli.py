@@ -220,6 +220,12 @@ def bench(
     global_blocks: int = typer.Option(1, "--global-blocks", help="Block-sparse global_local: global blocks."),
     levels: int = typer.Option(2, "--levels", help="Block-sparse hierarchical: dilated levels."),
     executor: str = typer.Option("auto", "--executor", help="Block-sparse: auto, flex or gather."),
+    target: str = typer.Option("attention", "--target", help="attention, layer (one DilatedTransformerBlock) or model (a LongNetLM; fwdbwd = a training step with AdamW)."),
+    embed_dim: Optional[int] = typer.Option(None, "--embed-dim", help="Layer/model width (default heads x head dim)."),
+    layers: int = typer.Option(12, "--layers", help="Model depth (--target model)."),
+    vocab_size: int = typer.Option(50304, "--vocab-size", help="Model vocabulary (--target model)."),
+    checkpointing: bool = typer.Option(False, "--checkpointing/--no-checkpointing", help="Per-block gradient checkpointing (layer/model)."),
+    amp: Optional[str] = typer.Option(None, "--amp", help="Autocast the layer/model: bf16 or fp16."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="Earlier JSONL report to compare against."),
     fail_on_regression: Optional[float] = typer.Option(None, "--fail-on-regression", help="Exit 1 if a point got slower by more than PCT percent."),
 ) -> None:
@@ -257,7 +263,8 @@ def bench(
         max_memory=parse_size(max_memory) if max_memory else _default_max_memory(), max_seconds=max_seconds, seed=seed,
         nproc=nproc, dist_timeout=dist_timeout, pattern=pattern, block_size=block_size, window=window,
         densities=parse_float_list(density, "--density") if density else [], global_blocks=global_blocks, levels=levels,
-        executor=executor,
+        executor=executor, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
+        checkpointing=checkpointing, amp=amp,
     )
     if plot_x not in (None, "seq_len", "density"):
         raise UsageError(f"--plot-x {plot_x!r}: use seq_len or density")

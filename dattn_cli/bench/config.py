@@ -88,8 +88,17 @@ class BenchConfig(BaseModel):
     global_blocks: int = 1
     levels: int = 2
     executor: Literal["auto", "flex", "gather"] = "auto"
+    # what is measured: the attention alone, one DilatedTransformerBlock, or a whole LongNetLM (fwdbwd:
+    # forward, backward and an AdamW step)
+    target: Literal["attention", "layer", "model"] = "attention"
+    embed_dim: int | None = None  # layer/model width; default heads * head_dim
+    layers: int = 12
+    vocab_size: int = 50304
+    mlp_ratio: float = 4.0
+    checkpointing: bool = False
+    amp: Literal["bf16", "fp16"] | None = None
 
-    @field_validator("batch", "heads", "head_dim", "start", "repeat", "nproc", "block_size")
+    @field_validator("batch", "heads", "head_dim", "start", "repeat", "nproc", "block_size", "layers", "vocab_size")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value <= 0:
@@ -114,6 +123,24 @@ class BenchConfig(BaseModel):
             raise ValueError(f"--max-seconds must be positive, got {self.max_seconds}")
         if self.dist_timeout <= 0:
             raise ValueError(f"--dist-timeout must be positive, got {self.dist_timeout}")
+        if self.target != "attention":
+            from ..kernels import REGISTRY
+
+            wrong = [i for i in self.impls if i not in REGISTRY or REGISTRY[i].kind != "multihead"]
+            if wrong:
+                names = ", ".join(n for n, i in REGISTRY.items() if i.kind == "multihead")
+                raise ValueError(f"--target {self.target} builds layers around a multihead attention; {', '.join(wrong)} "
+                                 f"is not one: use {names}")
+            if self.nproc > 1:
+                raise ValueError(f"--target {self.target} runs on one process: drop --nproc")
+            if self.embed_dim is not None:
+                if self.embed_dim % self.heads:
+                    raise ValueError(f"--embed-dim {self.embed_dim} is not divisible by --heads {self.heads}")
+                self.head_dim = self.embed_dim // self.heads
+            if self.head_dim % 2:
+                raise ValueError(f"head dim {self.head_dim} must be even (rotary embeddings): change --embed-dim or --heads")
+        elif self.checkpointing or self.amp:
+            raise ValueError("--checkpointing and --amp apply to --target layer or model")
         for density in self.densities or [None]:
             self.block_pattern(density)  # a bad pattern option fails here, naming the option
         if self.nproc > 1:
@@ -169,9 +196,17 @@ class BenchConfig(BaseModel):
                           element_density=attended_pairs(table, seq_len, p.block_size, self.causal) / seq_len**2)
         return fields
 
+    @property
+    def width(self) -> int:
+        return self.heads * self.head_dim
+
     def point_key(self) -> dict:
         """The fields, besides impl and seq_len, that identify a measured point."""
-        return {
+        layer = {}
+        if self.target != "attention":
+            layer = {"target": self.target, "embed_dim": self.width, "layers": self.layers if self.target == "model" else 1,
+                     "checkpointing": self.checkpointing, "amp": self.amp}
+        return {**layer,
             "mode": self.mode, "batch": self.batch, "heads": self.heads, "head_dim": self.head_dim,
             "segments": list(self.segment_lengths), "dilations": list(self.dilation_rates),
             "semantics": self.semantics, "causal": self.causal, "dtype": self.dtype, "device": self.device,

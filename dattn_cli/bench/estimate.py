@@ -29,6 +29,13 @@ def estimate_peak_bytes(impl: str, cfg: BenchConfig, seq_len: int) -> int | None
 
     if impl in REGISTRY and REGISTRY[impl].block_sparse:
         return None
+    if cfg.target != "attention":
+        from ..plan.layers import layer_memory
+
+        try:
+            return layer_memory(cfg, seq_len).total + (_cpu_fixed_bytes(cfg.mode) if not cfg.device.startswith("cuda") else 0)
+        except ValueError:
+            return None
 
     if impl == "reference":  # float64 copies of q, k, v, out (and grads) plus its bounded block of scores
         x64 = cfg.batch * seq_len * cfg.heads * cfg.head_dim * 8

@@ -14,7 +14,7 @@ FLOP_CONVENTION = (
     "(causal counted exactly); fwd+bwd = 3.5 x fwd"
 )
 KEY_FIELDS = ("impl", "seq_len", "mode", "batch", "heads", "head_dim", "segments", "dilations", "semantics",
-              "causal", "dtype", "device", "world_size", "pattern")
+              "causal", "dtype", "device", "world_size", "pattern", "target", "embed_dim", "layers", "checkpointing", "amp")
 
 
 class BenchRow(BaseModel):
@@ -35,6 +35,12 @@ class BenchRow(BaseModel):
     pattern: str | None = None  # block-sparse implementations: the block pattern, e.g. local(window 13, block 128)
     block_density: float | None = None  # active blocks / all blocks
     element_density: float | None = None  # attended (query, key) pairs / N^2 (what the work scales with)
+    target: Literal["attention", "layer", "model"] = "attention"
+    embed_dim: int | None = None  # layer/model rows: width, depth (1 for a layer), options, parameters
+    layers: int | None = None
+    checkpointing: bool = False
+    amp: str | None = None
+    params: int | None = None
     status: Literal["ok", "oom", "error", "skipped"]
     reason: str | None = None
     time_ms: float | None = None

@@ -49,8 +49,77 @@ def attended_pairs_for(impl: str, cfg: BenchConfig, n: int) -> int:
 
 
 def flops_for(impl: str, cfg: BenchConfig, n: int) -> float:
+    """Attention: 4·D·P (fwd+bwd 3.5x). Layers add their matmuls: 2·(tokens)·(in·out) per linear layer
+    (q/k/v/out projections and the MLP; the LM head for a model), fwd+bwd 3x."""
     fwd = 4.0 * cfg.head_dim * attended_pairs_for(impl, cfg, n)
-    return fwd * (3.5 if cfg.mode == "fwdbwd" else 1.0)
+    total = fwd * (3.5 if cfg.mode == "fwdbwd" else 1.0)
+    if cfg.target != "attention":
+        e, hidden, tokens = cfg.width, int(cfg.width * cfg.mlp_ratio), cfg.batch * n
+        linear = 2.0 * tokens * (4 * e * e + 2 * e * hidden)
+        layers = cfg.layers if cfg.target == "model" else 1
+        head = 2.0 * tokens * e * cfg.vocab_size if cfg.target == "model" else 0.0
+        total = layers * (total + linear * (3.0 if cfg.mode == "fwdbwd" else 1.0)) + head * (3.0 if cfg.mode == "fwdbwd" else 1.0)
+    return total
+
+
+def _build_layer(impl: str, cfg: BenchConfig, n: int):
+    """(make_inputs, run, module) for --target layer|model. A model's fwdbwd step is a training step:
+    forward, loss, backward and AdamW step (run returns None; it does the backward itself)."""
+    import contextlib
+
+    import torch
+
+    from ..kernels.longnet import DilatedTransformerBlock, LongNetLM
+
+    dtype, device = getattr(torch, cfg.dtype), torch.device(cfg.device)
+    grad = cfg.mode == "fwdbwd"
+    options = dict(segment_lengths=cfg.segment_lengths, dilation_rates=cfg.dilation_rates, attention=impl,
+                   mlp_ratio=cfg.mlp_ratio, device=device, dtype=dtype)
+    if _block_sparse(impl):
+        options.update({k: v for k, v in cfg.block_options(cfg.densities[0] if cfg.densities else None).items()
+                        if k not in ("segment_lengths", "dilation_rates", "semantics")})
+    else:
+        options["semantics"] = cfg.semantics
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext()
+
+    if cfg.target == "layer":
+        block = DilatedTransformerBlock(cfg.width, cfg.heads, **options)
+
+        def run_layer(x):
+            with autocast():
+                if cfg.checkpointing and grad:
+                    return torch.utils.checkpoint.checkpoint(block, x, cfg.causal, use_reentrant=False)
+                return block(x, cfg.causal)
+
+        def x1():
+            return (torch.randn(cfg.batch, n, cfg.width, dtype=dtype, device=device, requires_grad=grad),)
+        return x1, run_layer, block
+
+    model = LongNetLM(cfg.vocab_size, cfg.width, cfg.heads, cfg.layers, checkpointing=cfg.checkpointing, **options)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if grad else None
+
+    def tokens():
+        return (torch.randint(0, cfg.vocab_size, (cfg.batch, n + 1), device=device),)
+
+    def run_model(t):
+        with autocast():
+            loss = model.loss(t[:, :-1], t[:, 1:])
+        if optimizer is None:
+            return loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    return tokens, run_model, model
+
+
+def _block_sparse(impl: str) -> bool:
+    from ..kernels import REGISTRY
+
+    return impl in REGISTRY and REGISTRY[impl].block_sparse
 
 
 def _build(impl: str, cfg: BenchConfig, n: int, length: int | None = None):
@@ -62,6 +131,8 @@ def _build(impl: str, cfg: BenchConfig, n: int, length: int | None = None):
     from ..kernels import REGISTRY
     from ..kernels.reference import dilated_attention_reference
 
+    if cfg.target != "attention":
+        return _build_layer(impl, cfg, n)
     dtype = getattr(torch, cfg.dtype)
     device = torch.device(cfg.device)
     grad = cfg.mode == "fwdbwd"
@@ -145,7 +216,8 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
         t0 = time.perf_counter()
         if cfg.mode == "fwdbwd":
             out = run(*inputs)
-            out.backward(torch.ones_like(out))
+            if out is not None:  # None: run took a whole training step itself
+                out.backward(torch.ones_like(out))
         else:
             with torch.no_grad():
                 run(*inputs)
@@ -179,6 +251,8 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
     }
     flops = flops_for(impl, cfg, n)
     result.update(flops=flops, tflops=flops / median / 1e12)
+    if cfg.target != "attention":
+        result["params"] = sum(p.numel() for p in module.parameters())
     if calls_before is not None:
         after = module.comm_stats()
         for way in ("sent", "received"):

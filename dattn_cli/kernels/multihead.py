@@ -17,6 +17,7 @@ from torch import nn
 from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .block_sparse import BlockSparseRingDilatedAttention
 from .ring import RingDilatedAttention
+from .rotary import apply_rotary
 
 
 class MultiheadDilatedAttention(nn.Module):
@@ -42,6 +43,7 @@ class MultiheadDilatedAttention(nn.Module):
         batch_first: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        rotary: bool = False,
         **attention_options,
     ):
         """attention_options go to the core (e.g. process_group for the ring forms; pattern, block_size,
@@ -62,6 +64,9 @@ class MultiheadDilatedAttention(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.batch_first = True
         self.gamma_init = gamma_init
+        self.rotary = bool(rotary)
+        if self.rotary and self.head_dim % 2:
+            raise ValueError(f"rotary=True needs an even head_dim, got {self.head_dim}: change embed_dim or num_heads")
         factory = {"device": device, "dtype": dtype}
         self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, **factory)
         self.attention = self.attention_class(
@@ -101,8 +106,10 @@ class MultiheadDilatedAttention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         need_weights: bool = False,
         attn_mask: torch.Tensor | None = None,
+        position_offset: int = 0,
     ) -> tuple[torch.Tensor, None]:
-        """query, key, value: (batch, seq_len, embed_dim) -> (out (batch, seq_len, embed_dim), None)."""
+        """query, key, value: (batch, seq_len, embed_dim) -> (out (batch, seq_len, embed_dim), None).
+        position_offset: the position of the first row (a sequence shard), for rotary embeddings."""
         if attn_mask is not None:
             raise NotImplementedError(
                 "attn_mask is not supported by dilated attention: use is_causal=True for causal masking "
@@ -115,6 +122,8 @@ class MultiheadDilatedAttention(nn.Module):
                 shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                 raise ValueError(f"{name} has shape {shape}: pass (batch, seq_len, {self.embed_dim})")
         q, k, v = (x.unflatten(-1, (self.num_heads, self.head_dim)) for x in self._project(query, key, value))
+        if self.rotary:
+            q, k = apply_rotary(q, position_offset), apply_rotary(k, position_offset)
         out = self.attention(q, k, v, is_causal=is_causal, key_padding_mask=key_padding_mask).flatten(2)
         if self.norm is not None:
             out = self.norm(out)

@@ -1,0 +1,139 @@
+"""LongNet building blocks: a dilated transformer block and a small decoder-only language model.
+
+DilatedTransformerBlock: x + Attn(LN(x)), then x + MLP(LN(x)) ("pre" norm), or the MAGNETO layout
+("subln": Wang et al., "Foundation Transformers", 2022 — an extra LayerNorm inside each sublayer, before
+the attention output projection and before the MLP's second linear, with Xavier gain gamma on the
+value/output and MLP weights). The attention is any registered multihead implementation, by name, with
+rotary position embeddings so the model works at any length.
+
+LongNetLM: token embedding, blocks, final LayerNorm, output head tied to the embedding. Per-block
+gradient checkpointing (`checkpointing=True`, torch.utils.checkpoint, non-reentrant) and autocast
+(run the forward under `torch.autocast`) are supported; causal attention throughout.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .registry import REGISTRY, create_multihead_dilated_attention
+
+NORMS = ("pre", "subln")
+
+
+class DilatedTransformerBlock(nn.Module):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        segment_lengths: Sequence[int],
+        dilation_rates: Sequence[int],
+        attention: str = "ImprovedMultiheadDilatedAttention",
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        norm: str = "pre",
+        num_layers: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        **attention_options,
+    ):
+        super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"norm={norm!r} is unknown: use 'pre' (pre-LayerNorm) or 'subln' (MAGNETO sub-LayerNorm)")
+        if attention not in REGISTRY or REGISTRY[attention].kind != "multihead":
+            names = ", ".join(n for n, i in REGISTRY.items() if i.kind == "multihead")
+            raise ValueError(f"attention={attention!r} is not a registered multihead implementation: use one of {names}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        factory = {"device": device, "dtype": dtype}
+        self.norm_kind = norm
+        # MAGNETO's gain for decoder-only models: sqrt(log(2N)) for N layers
+        gamma = math.sqrt(math.log(2 * num_layers)) if norm == "subln" and num_layers > 1 else 1.0
+        hidden = int(embed_dim * mlp_ratio)
+        self.attn_norm = nn.LayerNorm(embed_dim, **factory)
+        self.attn = create_multihead_dilated_attention(
+            attention, embed_dim=embed_dim, num_heads=num_heads, segment_lengths=segment_lengths,
+            dilation_rates=dilation_rates, dropout=dropout, layer_norm=norm == "subln", gamma_init=gamma,
+            rotary=True, **factory, **attention_options,
+        )
+        self.mlp_norm = nn.LayerNorm(embed_dim, **factory)
+        self.fc1 = nn.Linear(embed_dim, hidden, **factory)
+        self.mlp_inner_norm = nn.LayerNorm(hidden, **factory) if norm == "subln" else None
+        self.fc2 = nn.Linear(hidden, embed_dim, **factory)
+        self.dropout = nn.Dropout(dropout)
+        nn.init.xavier_normal_(self.fc1.weight, gain=gamma)
+        nn.init.xavier_normal_(self.fc2.weight, gain=gamma)
+        nn.init.zeros_(self.fc1.bias)
+        nn.init.zeros_(self.fc2.bias)
+
+    def forward(self, x: torch.Tensor, is_causal: bool = True) -> torch.Tensor:
+        """x (batch, seq_len, embed_dim) -> same shape."""
+        h = self.attn_norm(x)
+        x = x + self.dropout(self.attn(h, h, h, is_causal=is_causal)[0])
+        h = F.gelu(self.fc1(self.mlp_norm(x)))
+        if self.mlp_inner_norm is not None:
+            h = self.mlp_inner_norm(h)
+        return x + self.dropout(self.fc2(h))
+
+
+class LongNetLM(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int,
+        num_heads: int,
+        num_layers: int,
+        *,
+        segment_lengths: Sequence[int],
+        dilation_rates: Sequence[int],
+        attention: str = "ImprovedMultiheadDilatedAttention",
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        norm: str = "pre",
+        checkpointing: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        **attention_options,
+    ):
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("num_layers", num_layers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.embed = nn.Embedding(vocab_size, embed_dim, device=device, dtype=dtype)
+        nn.init.normal_(self.embed.weight, std=embed_dim**-0.5)
+        self.blocks = nn.ModuleList(
+            DilatedTransformerBlock(
+                embed_dim, num_heads, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
+                attention=attention, mlp_ratio=mlp_ratio, dropout=dropout, norm=norm, num_layers=num_layers,
+                device=device, dtype=dtype, **attention_options,
+            )
+            for _ in range(num_layers)
+        )
+        self.final_norm = nn.LayerNorm(embed_dim, device=device, dtype=dtype)
+        self.checkpointing = bool(checkpointing)
+        self.scale = embed_dim**0.5
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (batch, seq_len) int64 -> logits (batch, seq_len, vocab_size); causal."""
+        if tokens.dtype != torch.long or tokens.dim() != 2:
+            raise ValueError(f"tokens must be int64 (batch, seq_len), got {tokens.dtype} {tuple(tokens.shape)}")
+        x = self.embed(tokens) * self.scale
+        for block in self.blocks:
+            if self.checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return F.linear(self.final_norm(x), self.embed.weight)  # head tied to the embedding
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+        logits = self(tokens)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
