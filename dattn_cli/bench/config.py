@@ -202,7 +202,7 @@ class BenchConfig(BaseModel):
 
     def point_key(self) -> dict:
         """The fields, besides impl and seq_len, that identify a measured point."""
-        layer = {}
+        layer = {"target": "attention", "embed_dim": None, "layers": None, "checkpointing": False, "amp": None}
         if self.target != "attention":
             layer = {"target": self.target, "embed_dim": self.width, "layers": self.layers if self.target == "model" else 1,
                      "checkpointing": self.checkpointing, "amp": self.amp}
