@@ -26,6 +26,7 @@ from torch import nn
 
 from . import __version__
 from .envinfo import cpu_name
+from .kernels.block_patterns import block_sparse_options
 from .measure import quantile, rss_bytes
 from .kernels import (
     REGISTRY,
@@ -191,11 +192,9 @@ def build_module(cfg: ProfileConfig, caches: bool, device: torch.device | str = 
     switches = {"use_pattern_cache": caches, "enable_memory_pool": caches, "semantics": cfg.semantics}
     options = {"segment_lengths": cfg.segment_lengths, "dilation_rates": cfg.dilation_rates}
     if impl.block_sparse:
-        options = dict(cfg.block_options or {})
-        if options.get("pattern", "dilated") in ("dilated", "longnet"):
-            options.update(segment_lengths=cfg.segment_lengths, dilation_rates=cfg.dilation_rates)
-        if options.get("pattern", "dilated") != "longnet":
-            switches.pop("semantics")
+        given = dict(cfg.block_options or {})
+        options = block_sparse_options(given.pop("pattern", "dilated"), cfg.segment_lengths, cfg.dilation_rates,
+                                       switches.pop("semantics"), **given)
     if impl.kind == "multihead":
         return impl.cls(cfg.embed_dim, cfg.heads, device=device, dtype=dtype, **options, **switches)
     segs, rates = options.pop("segment_lengths", None), options.pop("dilation_rates", None)

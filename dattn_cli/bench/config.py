@@ -153,25 +153,22 @@ class BenchConfig(BaseModel):
                                  f"is not one: use {names}, or --nproc 1")
         return self
 
-    def block_pattern(self, density: float | None = None):
-        from ..kernels.block_patterns import USES_SEGMENTS, BlockPattern
+    def block_options(self, density: float | None = None) -> dict:
+        """Constructor keywords of a block-sparse module for this configuration (without the executor)."""
+        from ..kernels.block_patterns import block_sparse_options
 
-        segments = self.pattern in USES_SEGMENTS
+        return block_sparse_options(self.pattern, self.segment_lengths, self.dilation_rates, self.semantics,
+                                    block_size=self.block_size, window=self.window, global_blocks=self.global_blocks,
+                                    levels=self.levels, density=density)
+
+    def block_pattern(self, density: float | None = None):
+        from ..kernels.block_patterns import BlockPattern
+
+        options = self.block_options(density)
         try:
-            return BlockPattern(
-                self.pattern, self.block_size, self.window, self.global_blocks, self.levels, density,
-                tuple(self.segment_lengths) if segments else (), tuple(self.dilation_rates) if segments else (),
-                self.semantics if self.pattern == "longnet" else "longnet",
-            )
+            return BlockPattern(options.pop("pattern"), **options)
         except ValueError as exc:
             raise ValueError(f"--pattern/--density/--window/--block-size: {exc}") from None
-
-    def block_options(self, density: float | None = None) -> dict:
-        """Constructor keywords of a block-sparse module for this configuration."""
-        p = self.block_pattern(density)
-        return {"segment_lengths": list(p.segment_lengths) or None, "dilation_rates": list(p.dilation_rates) or None,
-                "pattern": p.name, "block_size": p.block_size, "window": p.window, "global_blocks": p.global_blocks,
-                "levels": p.levels, "density": p.density, "semantics": p.semantics, "executor": self.executor}
 
     def variants(self, impl: str) -> list[tuple[str, "BenchConfig"]]:
         """(impl, config) per measured line: one per target density for block-sparse implementations."""

@@ -73,13 +73,7 @@ def _build_layer(impl: str, cfg: BenchConfig, n: int):
 
     dtype, device = getattr(torch, cfg.dtype), torch.device(cfg.device)
     grad = cfg.mode == "fwdbwd"
-    options = dict(segment_lengths=cfg.segment_lengths, dilation_rates=cfg.dilation_rates, attention=impl,
-                   mlp_ratio=cfg.mlp_ratio, device=device, dtype=dtype)
-    if _block_sparse(impl):
-        options.update({k: v for k, v in cfg.block_options(cfg.densities[0] if cfg.densities else None).items()
-                        if k not in ("segment_lengths", "dilation_rates", "semantics")})
-    else:
-        options["semantics"] = cfg.semantics
+    options = dict(attention=impl, mlp_ratio=cfg.mlp_ratio, device=device, dtype=dtype, **_attention_options(impl, cfg))
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
 
     def autocast():
@@ -116,10 +110,15 @@ def _build_layer(impl: str, cfg: BenchConfig, n: int):
     return tokens, run_model, model
 
 
-def _block_sparse(impl: str) -> bool:
+def _attention_options(impl: str, cfg: BenchConfig) -> dict:
+    """Constructor keywords of a registered implementation for this configuration; segment_lengths and
+    dilation_rates always present (None where a block pattern takes none)."""
     from ..kernels import REGISTRY
 
-    return impl in REGISTRY and REGISTRY[impl].block_sparse
+    if not REGISTRY[impl].block_sparse:
+        return {"segment_lengths": cfg.segment_lengths, "dilation_rates": cfg.dilation_rates, "semantics": cfg.semantics}
+    options = cfg.block_options(cfg.densities[0] if cfg.densities else None)
+    return {"segment_lengths": None, "dilation_rates": None, **options, "executor": cfg.executor}
 
 
 def _build(impl: str, cfg: BenchConfig, n: int, length: int | None = None):
@@ -162,10 +161,7 @@ def _build(impl: str, cfg: BenchConfig, n: int, length: int | None = None):
     entry = REGISTRY.get(impl)
     if entry is None:
         raise ValueError(f"--impl {impl!r} is not registered and not a baseline")
-    if entry.block_sparse:
-        options = cfg.block_options(cfg.densities[0] if cfg.densities else None)
-    else:
-        options = {"segment_lengths": cfg.segment_lengths, "dilation_rates": cfg.dilation_rates, "semantics": cfg.semantics}
+    options = _attention_options(impl, cfg)
     if entry.kind == "multihead":
         embed = cfg.heads * cfg.head_dim
         module = entry.cls(embed, cfg.heads, **options, device=device, dtype=dtype)

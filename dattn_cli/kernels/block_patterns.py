@@ -84,6 +84,26 @@ def longnet_cover(
     return table
 
 
+def block_sparse_options(
+    pattern: str, segment_lengths: Sequence[int] = (), dilation_rates: Sequence[int] = (), semantics: str = "longnet",
+    **params,
+) -> dict:
+    """Constructor keywords of a block-sparse module for `pattern`, from a caller's general settings:
+    segments and dilations only for the patterns that use them, semantics only for 'longnet', and
+    global_blocks / levels only for the patterns they shape. window and density pass through, so a
+    pattern that takes neither refuses them (the module never ignores an argument it was given)."""
+    options = {"pattern": pattern, **params}
+    if pattern != "global_local":
+        options.pop("global_blocks", None)
+    if pattern != "hierarchical":
+        options.pop("levels", None)
+    if pattern in USES_SEGMENTS:
+        options.update(segment_lengths=list(segment_lengths), dilation_rates=list(dilation_rates))
+    if pattern == "longnet":
+        options["semantics"] = semantics
+    return options
+
+
 def attended_pairs(table: torch.Tensor, seq_len: int, block_size: int, causal: bool) -> int:
     """(query, key) pairs the table attends for one (batch, head): whole blocks, the ragged last block
     and (causal) the diagonal blocks' lower triangles counted exactly."""
@@ -122,6 +142,8 @@ class BlockPattern:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0):
             raise ValueError(f"window must be an integer >= 0 (blocks on each side of the diagonal), got {self.window!r}")
+        if self.window is not None and self.name not in USES_WINDOW:
+            raise ValueError(f"pattern={self.name!r} takes no window; pass window with one of {', '.join(USES_WINDOW)}")
         if self.density is not None:
             if not isinstance(self.density, (int, float)) or not 0 < self.density <= 1:
                 raise ValueError(f"density must be in (0, 1], got {self.density!r}")

@@ -307,13 +307,18 @@ def flex_forward(q, k, v, block_mask, scale: float, *, need_lse: bool, compiled:
 
 def flex_compiles_on(device: torch.device) -> bool:
     """Whether torch can compile flex attention for this device here (triton for CUDA, a C++ compiler
-    for CPU)."""
+    for CPU); looked up once per device type, not on every call."""
+    return _flex_compiles_on(device.type)
+
+
+@functools.lru_cache(maxsize=None)
+def _flex_compiles_on(device_type: str) -> bool:
     import importlib.util
     import shutil
 
-    if device.type == "cuda":
+    if device_type == "cuda":
         return importlib.util.find_spec("triton") is not None
-    return device.type == "cpu" and any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+    return device_type == "cpu" and any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 
 
 # the module ------------------------------------------------------------------------------------------

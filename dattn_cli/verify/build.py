@@ -12,10 +12,7 @@ from .cases import VerifyCase, block_options
 
 def _options(impl: str, case: VerifyCase, semantics: str, backend: str, pattern: str | None) -> dict:
     if REGISTRY[impl].block_sparse:
-        options = block_options(case, pattern or "dilated")
-        if options["pattern"] == "longnet":
-            options["semantics"] = semantics
-        return {**options, "backend": backend}
+        return {**block_options(case, pattern or "dilated", semantics), "backend": backend}
     return {"segment_lengths": case.segment_lengths, "dilation_rates": case.dilation_rates, "semantics": semantics,
             "backend": backend}
 

@@ -44,14 +44,11 @@ def case_matrix(full: bool = False) -> list[VerifyCase]:
 VERIFY_BLOCK_SIZE = 8  # small blocks, so the quick cases hold several, a ragged last one included
 
 
-def block_options(case: VerifyCase, pattern: str) -> dict:
+def block_options(case: VerifyCase, pattern: str, semantics: str = "longnet") -> dict:
     """Pattern options of the block-sparse implementations for `case`: a one-block window, one global
-    block, two hierarchical levels; the case's segments for the patterns that use them."""
-    from ..kernels.block_patterns import USES_SEGMENTS
+    block, two hierarchical levels; the case's segments (and semantics) for the patterns that use them."""
+    from ..kernels.block_patterns import USES_WINDOW, block_sparse_options
 
-    options = {"pattern": pattern, "block_size": VERIFY_BLOCK_SIZE}
-    if pattern in USES_SEGMENTS:
-        options.update(segment_lengths=case.segment_lengths, dilation_rates=case.dilation_rates)
-    else:
-        options.update(window=1, global_blocks=1, levels=2)
-    return options
+    window = {"window": 1, "global_blocks": 1, "levels": 2} if pattern in USES_WINDOW else {}
+    return block_sparse_options(pattern, case.segment_lengths, case.dilation_rates, semantics,
+                                block_size=VERIFY_BLOCK_SIZE, **window)

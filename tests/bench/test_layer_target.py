@@ -31,6 +31,13 @@ def test_rows_carry_the_layer_fields():
     assert row.predicted_mem_bytes and row.params == 2 * block_parameters(32, 4.0) + 64 * 32 + 2 * 32
 
 
+def test_layer_around_a_block_sparse_attention():
+    cfg = BenchConfig(**{**TINY, "impls": ["BlockSparseRingMultiheadDilatedAttention"]}, target="layer", pattern="local",
+                      block_size=32, window=1)
+    result = measure_point(cfg, cfg.impls[0], 256)
+    assert result["status"] == "ok", result
+
+
 @pytest.mark.parametrize("options,message", [
     ({"target": "layer", "impls": ["ImprovedDilatedAttention"]}, "not one: use"),
     ({"target": "layer", "impls": ["sdpa"]}, "not one: use"),

@@ -47,6 +47,7 @@ def test_bad_pattern_options_are_one_line_exit_2(capsys):
         (["--pattern", "dilated", "--density", "0.1"], "takes no density"),
         (["--density", "0.1,x", "--pattern", "local"], "--density"),
         (["--executor", "fast"], "executor"),
+        (["--pattern", "dilated", "--window", "2"], "takes no window"),
     ):
         code, _, err = run_cli(["bench", "--impl", IMPL, "--seq-lens", "1k", *args], capsys)
         assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err

@@ -95,3 +95,8 @@ def test_every_pattern_has_a_description():
     for name in PATTERNS:
         extra = dict(segment_lengths=(16,), dilation_rates=(2,)) if name in ("dilated", "longnet") else {}
         assert BlockPattern(name, **extra).describe().startswith(name)
+
+
+def test_window_is_refused_where_the_pattern_takes_none():
+    with pytest.raises(ValueError, match="pattern='dilated' takes no window"):
+        BlockPattern("dilated", window=2, segment_lengths=(8,), dilation_rates=(1,))
