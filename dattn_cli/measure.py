@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import resource
 from typing import Sequence
+
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter (malloc.h)
+RETURN_THRESHOLD = 64 * 1024
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -24,6 +29,45 @@ def vm_bytes() -> int:
     """Address-space size of this process now (what RLIMIT_AS limits)."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def return_freed_memory() -> bool:
+    """Make glibc hand freed memory back to the OS from now on, and give back what it holds now.
+
+    By default glibc keeps freed heap memory for reuse and raises its mmap threshold as large blocks are
+    freed, so a process's RSS depends on the order of earlier allocations. After malloc_trim and a fixed
+    64 KiB mmap threshold every tensor-sized allocation is its own mapping, unmapped when freed, and RSS
+    follows the memory actually in use (the CPU analogue of the CUDA allocator's allocated bytes).
+    False where the C library is not glibc.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, RETURN_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0); False if not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak RSS: VmHWM (resettable), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class LiveTensorBytes:

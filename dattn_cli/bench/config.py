@@ -199,10 +199,12 @@ class BenchConfig(BaseModel):
 
     def point_key(self) -> dict:
         """The fields, besides impl and seq_len, that identify a measured point."""
-        layer = {"target": "attention", "embed_dim": None, "layers": None, "checkpointing": False, "amp": None}
+        layer = {"target": "attention", "embed_dim": None, "layers": None, "checkpointing": False, "amp": None,
+                 "vocab_size": None}
         if self.target != "attention":
-            layer = {"target": self.target, "embed_dim": self.width, "layers": self.layers if self.target == "model" else 1,
-                     "checkpointing": self.checkpointing, "amp": self.amp}
+            model = self.target == "model"
+            layer = {"target": self.target, "embed_dim": self.width, "layers": self.layers if model else 1,
+                     "checkpointing": self.checkpointing, "amp": self.amp, "vocab_size": self.vocab_size if model else None}
         return {**layer,
             "mode": self.mode, "batch": self.batch, "heads": self.heads, "head_dim": self.head_dim,
             "segments": list(self.segment_lengths), "dilations": list(self.dilation_rates),

@@ -29,18 +29,19 @@ def estimate_peak_bytes(impl: str, cfg: BenchConfig, seq_len: int) -> int | None
 
     if impl in REGISTRY and REGISTRY[impl].block_sparse:
         return None
+    cpu = not cfg.device.startswith("cuda")
     if cfg.target != "attention":
         from ..plan.layers import layer_memory
 
         try:
-            return layer_memory(cfg, seq_len).total + (_cpu_fixed_bytes(cfg.mode) if not cfg.device.startswith("cuda") else 0)
+            return layer_memory(layer_shape(impl, cfg, seq_len), _cpu_fixed_bytes(cfg.mode) if cpu else 0,
+                                "cpu" if cpu else "cuda").total
         except ValueError:
             return None
 
     if impl == "reference":  # float64 copies of q, k, v, out (and grads) plus its bounded block of scores
         x64 = cfg.batch * seq_len * cfg.heads * cfg.head_dim * 8
         return int((16 if cfg.mode == "fwdbwd" else 8) * x64 + 64 * 2**20 * (3 if cfg.mode == "fwdbwd" else 1))
-    cpu = not cfg.device.startswith("cuda")
     framework = _cpu_fixed_bytes(cfg.mode) if cpu else 0
     shape = Shape(impl=impl, seq_len=seq_len, batch=cfg.batch, heads=cfg.heads, head_dim=cfg.head_dim,
                   segment_lengths=cfg.segment_lengths, dilation_rates=cfg.dilation_rates, semantics=cfg.semantics,
@@ -50,3 +51,13 @@ def estimate_peak_bytes(impl: str, cfg: BenchConfig, seq_len: int) -> int | None
         return estimate_memory(shape, framework, "cpu" if cpu else "cuda").total
     except ValueError:  # a shape the model cannot plan (e.g. unaligned shards): the point decides itself
         return 0
+
+
+def layer_shape(impl: str, cfg: BenchConfig, seq_len: int):
+    """The planner's LayerShape of a --target layer|model point."""
+    from ..plan.layers import LayerShape
+
+    return LayerShape(impl=impl, seq_len=seq_len, batch=cfg.batch, heads=cfg.heads, embed_dim=cfg.width,
+                      segment_lengths=cfg.segment_lengths, dilation_rates=cfg.dilation_rates, semantics=cfg.semantics,
+                      causal=cfg.causal, dtype=cfg.dtype, mode=cfg.mode, target=cfg.target, layers=cfg.layers,
+                      vocab_size=cfg.vocab_size, mlp_ratio=cfg.mlp_ratio, checkpointing=cfg.checkpointing, amp=cfg.amp)

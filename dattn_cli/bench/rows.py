@@ -14,7 +14,7 @@ FLOP_CONVENTION = (
     "(causal counted exactly); fwd+bwd = 3.5 x fwd"
 )
 KEY_FIELDS = ("impl", "seq_len", "mode", "batch", "heads", "head_dim", "segments", "dilations", "semantics",
-              "causal", "dtype", "device", "world_size", "pattern", "target", "embed_dim", "layers", "checkpointing", "amp")
+              "causal", "dtype", "device", "world_size", "pattern", "target", "embed_dim", "layers", "checkpointing", "amp", "vocab_size")
 
 
 class BenchRow(BaseModel):
@@ -38,6 +38,7 @@ class BenchRow(BaseModel):
     target: Literal["attention", "layer", "model"] = "attention"
     embed_dim: int | None = None  # layer/model rows: width, depth (1 for a layer), options, parameters
     layers: int | None = None
+    vocab_size: int | None = None  # model rows
     checkpointing: bool = False
     amp: str | None = None
     params: int | None = None

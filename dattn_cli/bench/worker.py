@@ -6,9 +6,11 @@ worker caps its own address space (RLIMIT_AS) so an allocation beyond --max-memo
 (status=oom) long before the kernel's OOM killer would act; the parent also watches the worker's RSS
 and its time budget, and kills it if either is exceeded.
 
-CPU peak memory: the worker's peak RSS (ru_maxrss) minus its RSS right after start-up, i.e. everything
-the point allocated, inputs included. GPU: torch.cuda.max_memory_allocated after a reset, plus NVML's
-device-used figure.
+CPU peak memory: after the timed calls, glibc is told to return freed memory to the OS
+(measure.return_freed_memory), the peak RSS is reset and one more call runs; its peak RSS minus the
+worker's RSS right after start-up is everything the point holds at its peak (inputs, weights, caches
+included), independent of what glibc would otherwise keep from earlier calls. GPU:
+torch.cuda.max_memory_allocated after a reset, plus NVML's device-used figure.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ import time
 import traceback
 from typing import Any, Callable
 
-from ..measure import quantile, rss_bytes, vm_bytes
+from ..measure import peak_rss_bytes, quantile, reset_peak_rss, return_freed_memory, rss_bytes, vm_bytes
 from .config import BenchConfig
 from .rows import BenchRow
 
-CPU_MEM_METHOD = "peak RSS (ru_maxrss) of the isolated worker above its RSS after start-up, inputs included"
+CPU_MEM_METHOD = ("peak RSS of one extra call, freed memory returned to the OS (glibc mmap threshold 64 KiB), "
+                  "above the isolated worker's RSS after start-up, inputs included")
+CPU_MEM_METHOD_FALLBACK = "peak RSS (ru_maxrss) of the isolated worker above its RSS after start-up, inputs included"
 GPU_MEM_METHOD = "torch.cuda.max_memory_allocated after reset_peak_memory_stats (allocator view)"
 RLIMIT_SLACK = 512 * 2**20
 _CONTEXT: Any = None
@@ -258,8 +262,11 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
         result.update(peak_mem_bytes=torch.cuda.max_memory_allocated(), mem_method=GPU_MEM_METHOD,
                       nvml_used_bytes=_nvml_used(torch.cuda.current_device()))
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        result.update(peak_mem_bytes=max(0, peak - start_rss), mem_method=CPU_MEM_METHOD)
+        exact = return_freed_memory() and reset_peak_rss()
+        if exact:
+            step()
+        result.update(peak_mem_bytes=max(0, peak_rss_bytes() - start_rss),
+                      mem_method=CPU_MEM_METHOD if exact else CPU_MEM_METHOD_FALLBACK)
     return result
 
 

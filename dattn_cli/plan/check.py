@@ -8,15 +8,22 @@ from pathlib import Path
 import pandas as pd
 
 from ..bench.rows import BenchRow, read_rows
+from .layers import LayerShape, attention_shape, layer_flops, matmul_key
 from .memory import Shape
-from .model import flops_per_device, plan
+from .model import estimate_time, flops_per_device, plan
 from .profiles import HardwareProfile
 
 
 def shape_of(row: BenchRow) -> Shape:
-    return Shape(impl=row.impl, seq_len=row.seq_len, batch=row.batch, heads=row.heads, head_dim=row.head_dim,
-                 segment_lengths=row.segments, dilation_rates=row.dilations, semantics=row.semantics,
-                 causal=row.causal, dtype=row.dtype, mode=row.mode, world_size=row.world_size)
+    """The planner's shape of a bench row: a LayerShape for --target layer|model rows."""
+    fields = dict(impl=row.impl, seq_len=row.seq_len, batch=row.batch, heads=row.heads, head_dim=row.head_dim,
+                  segment_lengths=row.segments, dilation_rates=row.dilations, semantics=row.semantics,
+                  causal=row.causal, dtype=row.dtype, mode=row.mode, world_size=row.world_size)
+    if row.target == "attention":
+        return Shape(**fields)
+    return LayerShape(**fields, target=row.target, embed_dim=row.embed_dim or row.heads * row.head_dim,
+                      layers=row.layers or 1, vocab_size=row.vocab_size or 50304, checkpointing=row.checkpointing,
+                      amp=row.amp)
 
 
 def ok_rows(path: Path | str) -> list[BenchRow]:
@@ -35,13 +42,22 @@ def check_rows(rows: list[BenchRow], profile: HardwareProfile) -> pd.DataFrame:
         predicted_time = p.time.total_s * 1e3 if p.time else None
         measured_mem = row.peak_mem_bytes
         records.append({
-            "impl": row.impl, "seq_len": row.seq_len, "mode": row.mode, "world_size": row.world_size,
+            "impl": row.impl, "target": _target_label(row), "seq_len": row.seq_len, "mode": row.mode,
+            "world_size": row.world_size,
             "measured_mem_bytes": measured_mem, "predicted_mem_bytes": p.memory.total,
             "mem_error_pct": _pct(p.memory.total, measured_mem),
             "measured_ms": row.time_ms, "predicted_ms": predicted_time,
             "time_error_pct": _pct(predicted_time, row.time_ms),
         })
     return pd.DataFrame(records)
+
+
+def _target_label(row: BenchRow) -> str:
+    if row.target == "attention":
+        return "attention"
+    options = [o for o in ("checkpointing" if row.checkpointing else "", row.amp or "") if o]
+    depth = f" x{row.layers}" if row.target == "model" else ""
+    return f"{row.target}{depth}" + (f" ({', '.join(options)})" if options else "")
 
 
 def _pct(predicted, measured) -> float | None:
@@ -61,10 +77,12 @@ def summary(frame: pd.DataFrame) -> dict[str, float | None]:
 
 def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> HardwareProfile:
     """Fit attention efficiency per implementation and mode ('impl/fwd', 'impl/fwdbwd'): the median over
-    its rows of achieved / peak FLOP/s (single-device rows; communication is not fitted here)."""
+    its rows of achieved / peak FLOP/s (single-device rows; communication is not fitted here). Layer and
+    model rows fit the linear layers' efficiency per compute dtype and mode ('matmul:bfloat16/fwdbwd'):
+    their linear FLOPs over the time left after the attention's predicted time (attention fitted first)."""
     per_impl: dict[str, list[float]] = {}
     for row in rows:
-        if row.world_size != 1 or not row.time_ms:
+        if row.world_size != 1 or not row.time_ms or row.target != "attention":
             continue
         shape = shape_of(row)
         peak = profile.peak_flops(shape.dtype)
@@ -72,8 +90,23 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
             continue
         achieved = flops_per_device(shape) / (row.time_ms / 1e3)
         per_impl.setdefault(f"{row.impl}/{row.mode}", []).append(achieved / peak)
-    if not per_impl:
-        raise ValueError(f"{source}: no single-device ok rows with a time to calibrate from")
     fitted = {impl: min(1.0, statistics.median(v)) for impl, v in per_impl.items()}
+    profile = _with_efficiency(profile, fitted, source)
+    per_dtype: dict[str, list[float]] = {}
+    for row in rows:
+        if row.target == "attention" or not row.time_ms:
+            continue
+        shape = shape_of(row)
+        attention_s = estimate_time(attention_shape(shape), profile).compute_s * shape.layers
+        linear_s = row.time_ms / 1e3 - attention_s
+        peak = profile.peak_flops(shape.compute_dtype)
+        if linear_s > 0 and peak:
+            per_dtype.setdefault(f"{matmul_key(shape)}/{row.mode}", []).append(layer_flops(shape)[1] / linear_s / peak)
+    if not per_impl and not per_dtype:
+        raise ValueError(f"{source}: no single-device ok rows with a time to calibrate from")
+    return _with_efficiency(profile, {k: min(1.0, statistics.median(v)) for k, v in per_dtype.items()}, source)
+
+
+def _with_efficiency(profile: HardwareProfile, fitted: dict[str, float], source: str) -> HardwareProfile:
     efficiency = profile.efficiency.model_copy(update={"per_impl": {**profile.efficiency.per_impl, **fitted}})
     return profile.model_copy(update={"efficiency": efficiency, "calibrated_from": source})

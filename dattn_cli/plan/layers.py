@@ -1,37 +1,102 @@
-"""Memory model of a DilatedTransformerBlock and a LongNetLM training step (bench --target layer|model).
+"""Memory and time of a DilatedTransformerBlock (`--target layer`) and a LongNetLM training step
+(`--target model`: forward, loss, backward, AdamW step), from what autograd keeps and frees.
 
-Status: a first model, not yet calibrated. Its first check (CPU, fp32, one block, E=256, H=4, fwd+bwd,
-N=2k/4k) predicted 129/198 MiB against 157/258 MiB measured (-18%/-24%): the backward transients of the
-block are under-counted. `plan --target` and the +-15% check of the layer issue are still open.
+Sizes: T = batch·N tokens, E the width, F = mlp_ratio·E, H heads of D = E/H, V the vocabulary, L the depth;
+p = bytes of the parameter dtype (the residual stream), c = bytes of the compute dtype (autocast's, else p).
 
-Per block, with T = batch x N tokens, E the width, F = mlp_ratio x E, s the bytes of the compute dtype:
+Saved for backward by one pre-norm block (counted with torch.autograd.graph.saved_tensors_hooks on the
+block of kernels/longnet.py; tests/plan/test_layers.py checks the sum against measure.LiveTensorBytes):
+* the two LayerNorm inputs, 2·T·E·p (LayerNorm runs in fp32 under autocast, on the residual stream)
+* the three linear inputs (qkv, out-projection, fc1), 3·T·E·c; the packed q/k/v projection, 3·T·E·c;
+  the rotated q and k, 2·T·E·c; fc1's output and GELU's output, 2·T·F·c
+* small: lse T·H·4, LayerNorm statistics 16·T, rotary cos/sin tables 8·N·D
+* under autocast: the half copies of the linear weights, (4E² + 2EF)·c; the attention core's fp32
+  accumulator (plan/memory.py's item), kept with its output
+With checkpointing a block keeps only its input, T·E·p; its saved set exists again while it is recomputed
+(torch's non-reentrant checkpoint stops recomputing at the last saved tensor, so not its output).
+The attention core's scratch (kept-row buffers of the memory pool, its backward gradients) comes from the
+attention model of plan/memory.py, in the compute dtype.
 
-* saved for backward without checkpointing: the tensors autograd keeps — LayerNorm inputs and outputs
-  (4·T·E), q, k, v and their rotary copies (5·T·E), the attention output and the sub-LayerNorm/out-proj
-  input (2·T·E), the MLP's fc1 output and GELU output (2·T·F) — plus the attention core's own saved
-  state (its fp32 output accumulator and lse: 4·T·E + 4·T·H bytes);
-* with checkpointing: only the block input (T·E) per block, plus one block's saved set while it is
-  recomputed during backward;
-* transient peak inside a block: the attention workspace of plan/memory.py's model for the core.
+The peak is the largest of these phases (the breakdown printed is the peak phase's):
+* forward end / backward start: everything saved, plus (model) the loss: log-softmax output, its gradient
+  and the gradient of the logits, 3 x T·V fp32 (12·T·V bytes) — at long N with a large vocabulary this,
+  not attention, is the largest item
+* a block's backward: the first op of the MLP's backward holds the upstream gradient (T·E·p, and its half
+  copy), fc2's input gradient T·F·c and weight gradient E·F·c on top of the saved set; with
+  checkpointing, the recomputed block's saved set and its output
+* (model) the AdamW step: weights, gradients and both moments (4·P·p) plus one temporary of the largest
+  parameter's size (torch's foreach AdamW, measured)
+AdamW's moments exist from the first step on; gradients are freed by zero_grad(set_to_none=True) between
+steps (model). A layer bench accumulates parameter gradients over its calls, so they are always there.
 
-A model adds the embedding/head (V·E), weights + gradients + AdamW's two moments (4 x parameters, in the
-parameter dtype), and the logits: T·V in the compute dtype plus the fp32 copy the loss takes and its
-gradient (2·T·V·4 bytes) — at long sequences with a large vocabulary the logits, not attention, dominate.
+Time: the attention's FLOPs at the attention efficiency (plan/model.py) plus the linear layers' FLOPs,
+2·T·(4E² + 2EF) per block (and 2·T·E·V for the head), x3 with backward, at the profile's fitted
+`matmul/<mode>` efficiency (falls back to the attention prior).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Literal
 
-DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+from pydantic import model_validator
+
+from .memory import ELEMENT_BYTES, MemoryBreakdown, Shape, estimate_memory
+
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+# CPU host only (a CUDA bench reports the caching allocator's figure, which sees neither): what the
+# process holds beyond live tensors. Fitted on this project's CPU host (torch 2.13, glibc, bench's RSS
+# method) over 44 layer and model rows, E=256, N=256..16K, every option (docs/layer-claims.md):
+# * first-call runtime costs beyond the profile's framework figures, MiB: the block's kernels (LayerNorm,
+#   GELU, matmuls), autocast's, the first non-reentrant checkpoint, a model's embedding/loss/AdamW code
+CPU_RUNTIME_MIB = {"block": 19, "autocast": 15, "checkpointing": 45, "model": 24}
+# * scratch inside CPU kernels (LayerNorm and GELU backward, oneDNN matmuls), invisible to torch as
+#   tensors, and allocator slack: a fraction of the live tensor bytes at the peak
+CPU_SCRATCH_FRACTION = 0.19
 
 
-@dataclass
-class LayerMemory:
-    items: dict[str, int] = field(default_factory=dict)
+class LayerShape(Shape):
+    """Shape of a block or a LongNetLM (impl: the registered multihead implementation in each block)."""
 
-    def add(self, name: str, nbytes: float) -> None:
-        self.items[name] = self.items.get(name, 0) + int(nbytes)
+    target: Literal["layer", "model"] = "layer"
+    embed_dim: int
+    layers: int = 1
+    vocab_size: int = 50304
+    mlp_ratio: float = 4.0
+    checkpointing: bool = False
+    amp: Literal["bf16", "fp16"] | None = None
+    causal: bool = True
+
+    @model_validator(mode="after")
+    def _derived(self) -> "LayerShape":
+        if self.embed_dim % self.heads:
+            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by heads {self.heads}: pick a multiple of it")
+        self.head_dim = self.embed_dim // self.heads
+        if self.target == "layer":
+            self.layers = 1
+        return self
+
+    @property
+    def compute_dtype(self) -> str:
+        return AMP_DTYPES[self.amp] if self.amp else self.dtype
+
+    @property
+    def hidden(self) -> int:
+        return int(self.embed_dim * self.mlp_ratio)
+
+
+class LayerMemory(MemoryBreakdown):
+    phase: str  # which phase of the step the peak (and this breakdown) belongs to
+
+
+class _Phase:
+    def __init__(self, name: str, common: dict[str, int]):
+        self.name = name
+        self.items = dict(common)
+
+    def add(self, name: str, nbytes: float) -> "_Phase":
+        if nbytes:
+            self.items[name] = self.items.get(name, 0) + int(nbytes)
+        return self
 
     @property
     def total(self) -> int:
@@ -46,46 +111,173 @@ def block_parameters(width: int, mlp_ratio: float, subln: bool = False) -> int:
     return params
 
 
-def layer_memory(cfg, seq_len: int) -> LayerMemory:
-    """Peak bytes of one bench point of --target layer|model (cfg: a BenchConfig)."""
-    from .memory import Shape, estimate_memory
+def model_parameters(s: LayerShape) -> int:
+    blocks = s.layers * block_parameters(s.embed_dim, s.mlp_ratio)
+    return blocks + (s.vocab_size * s.embed_dim + 2 * s.embed_dim if s.target == "model" else 0)
 
-    if cfg.target not in ("layer", "model"):
-        raise ValueError(f"layer_memory models --target layer or model, not {cfg.target!r}")
-    param_bytes = DTYPE_BYTES[cfg.dtype]
-    compute_dtype = {"bf16": "bfloat16", "fp16": "float16"}[cfg.amp] if cfg.amp else cfg.dtype
-    compute = DTYPE_BYTES[compute_dtype]
-    tokens, width = cfg.batch * seq_len, cfg.width
-    hidden = int(width * cfg.mlp_ratio)
-    layers = cfg.layers if cfg.target == "model" else 1
-    train = cfg.mode == "fwdbwd"
-    # the attention core: its own model (inputs, outputs, kept-row buffers, gradients), plan/memory.py
-    attention = estimate_memory(Shape(
-        impl=cfg.impls[0], seq_len=seq_len, batch=cfg.batch, heads=cfg.heads, head_dim=cfg.head_dim,
-        segment_lengths=cfg.segment_lengths, dilation_rates=cfg.dilation_rates, semantics=cfg.semantics,
-        causal=cfg.causal, dtype=compute_dtype, mode=cfg.mode), 0, "cuda" if cfg.device.startswith("cuda") else "cpu").total
-    # around it, autograd keeps: LN input and output, the residual, the second LN's output (4 x T·E),
-    # the out-projection input (T·E), fc1's and GELU's outputs (2 x T·F)
-    saved_around = (5 * width + 2 * hidden) * tokens * compute
-    memory = LayerMemory()
-    params = layers * block_parameters(width, cfg.mlp_ratio) + (cfg.vocab_size * width + 2 * width if cfg.target == "model" else 0)
-    memory.add("weights", params * param_bytes)
-    if cfg.target == "layer":
-        memory.add("input", tokens * width * param_bytes * (2 if train else 1))
+
+def _attention_items(s: LayerShape, mode: str, device_type: str) -> dict[str, int]:
+    core = Shape(impl=s.impl, seq_len=s.seq_len, batch=s.batch, heads=s.heads, head_dim=s.head_dim,
+                 segment_lengths=s.segment_lengths, dilation_rates=s.dilation_rates, semantics=s.semantics,
+                 causal=s.causal, dtype=s.compute_dtype, mode=mode)
+    return estimate_memory(core, 0, device_type).items
+
+
+def block_saved_bytes(s: LayerShape, device_type: str = "cpu") -> dict[str, int]:
+    """What one block keeps for its backward, itemised (module docstring)."""
+    p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
+    tokens, width, hidden = s.batch * s.seq_len, s.embed_dim, s.hidden
+    items = {
+        "LayerNorm inputs": 2 * tokens * width * p,
+        "linear inputs, q/k/v, rotated q/k": 8 * tokens * width * c,
+        "MLP hidden (fc1 and GELU outputs)": 2 * tokens * hidden * c,
+        "lse, LayerNorm statistics, rotary tables": tokens * s.heads * 4 + 16 * tokens + 8 * s.seq_len * s.head_dim,
+    }
+    if c != p:
+        items["autocast weight copies"] = (4 * width * width + 2 * width * hidden) * c
+    items["attention accumulator"] = _attention_items(s, "fwd", device_type).get("fp32 accumulator", 0)
+    return items
+
+
+def layer_memory(s: LayerShape, framework_bytes: int = 0, device_type: str = "cpu") -> LayerMemory:
+    """Peak bytes of one bench point of --target layer|model, itemised for the phase that peaks."""
+    p = ELEMENT_BYTES[s.dtype]
+    tokens, width = s.batch * s.seq_len, s.embed_dim
+    residual = tokens * width * p
+    params = model_parameters(s)
+    train = s.mode == "fwdbwd"
+    attention = _attention_items(s, s.mode, device_type)
+    pool = attention.get("gather buffers (memory pool)", 0)
+    model = s.target == "model"
+
+    common = {"weights": params * p}
+    if model:
+        common["tokens"] = 16 * tokens
+        if train:
+            common["AdamW moments"] = 2 * params * p
     else:
-        memory.add("tokens", tokens * 16)
-        memory.add("logits", tokens * cfg.vocab_size * (compute + (8 if train else 4)))
-    if not train:
-        memory.add("one block's transients", attention + 2 * hidden * tokens * compute)
-        return memory
-    memory.add("gradients", params * param_bytes)
-    if cfg.target == "model":
-        memory.add("AdamW moments", 2 * params * param_bytes)
-    if cfg.checkpointing:
-        memory.add("checkpointed block inputs", layers * tokens * width * compute)
-        memory.add("one block recomputed (attention + saved around it)", attention + saved_around)
-    else:
-        memory.add("attention (saved, per block)", layers * attention)
-        memory.add("saved around attention (per block)", layers * saved_around)
-    memory.add("backward transients", 2 * hidden * tokens * compute)
-    return memory
+        common["input and output"] = 2 * residual
+        if train:
+            common["parameter gradients"] = params * p
+    if pool:
+        common["attention kept-row buffers (memory pool)"] = pool
+
+    phases = _training_phases(s, common, attention) if train else _forward_phases(s, common, attention)
+    peak = max(phases, key=lambda ph: ph.total)
+    if device_type == "cpu":
+        peak.add("CPU kernel scratch and allocator slack", CPU_SCRATCH_FRACTION * peak.total)
+        options = ["block"] + ["autocast"] * bool(s.amp) + ["checkpointing"] * (s.checkpointing and train) + ["model"] * model
+        peak.add("CPU runtime (" + ", ".join(options) + ")", sum(CPU_RUNTIME_MIB[o] for o in options) * 2**20)
+    if framework_bytes:
+        peak.add("framework", framework_bytes)
+    return LayerMemory(items=peak.items, total=peak.total, phase=peak.name)
+
+
+def _forward_phases(s: LayerShape, common: dict[str, int], attention: dict[str, int]) -> list[_Phase]:
+    p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
+    tokens, width, hidden = s.batch * s.seq_len, s.embed_dim, s.hidden
+    core = sum(v for k, v in attention.items() if k not in ("inputs q, k, v", "output", "gather buffers (memory pool)",
+                                                              "kernel workspace"))
+    # one block at a time: the residual, then the larger of the attention half (LN output, packed q/k/v,
+    # rotated q/k, the core's scratch and output) and the MLP half (fc1 and GELU outputs)
+    attention_half = 6 * tokens * width * c + core + tokens * width * c
+    mlp_half = tokens * width * c + 2 * tokens * hidden * c
+    phases = [_Phase("forward (no grad): a block", common).add("one block's transients", tokens * width * p + max(attention_half, mlp_half))]
+    if s.target == "model":
+        half_copy = 4 if c != 4 else 0  # the fp32 copy cross_entropy takes of half logits
+        loss = _Phase("forward (no grad): loss", common).add("final LayerNorm output", tokens * width * c)
+        phases.append(loss.add("logits and log-softmax", tokens * s.vocab_size * (c + 4 + half_copy)))
+    return phases
+
+
+def _training_phases(s: LayerShape, common: dict[str, int], attention: dict[str, int]) -> list[_Phase]:
+    p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
+    tokens, width, hidden = s.batch * s.seq_len, s.embed_dim, s.hidden
+    residual = tokens * width * p
+    saved = sum(block_saved_bytes(s).values())
+    model = s.target == "model"
+    params = model_parameters(s)
+    upstream = residual + (tokens * width * c if c != p else 0)
+    mlp_backward = tokens * hidden * c + width * hidden * c
+
+    def kept(phase: _Phase, current: int | None) -> _Phase:
+        """The blocks' saved state while block `current` (its saved bytes; None: no block yet) runs its
+        backward: all blocks' saved sets, or with checkpointing their inputs and the recomputed one's."""
+        if s.checkpointing:
+            if model:
+                phase.add("checkpointed block inputs", s.layers * residual)
+            if current is not None:
+                phase.add("recomputed block: saved for backward", current)
+        elif current is None:
+            phase.add("saved for backward (all blocks)", s.layers * saved)
+        else:
+            phase.add("saved for backward (other blocks)", (s.layers - 1) * saved)
+            phase.add("saved for backward (this block)", current)
+        return phase
+
+    phases = []
+    if model:
+        loss = kept(_Phase("loss backward (logits)", common), None)
+        loss.add("final LayerNorm input and output", residual + tokens * width * c)
+        if c != p:
+            loss.add("autocast copy of the tied head weight", s.vocab_size * width * c)
+        loss.add("log-softmax, its gradient, the logits' gradient (fp32)", 12 * tokens * s.vocab_size)
+        phases.append(loss)
+        largest = max(s.vocab_size * width, width * hidden)
+        step = _Phase("AdamW step", common).add("parameter gradients", params * p).add("optimizer temporary", largest * p)
+        phases.append(step)
+    block = kept(_Phase("last block's backward (MLP)" if model else "block backward (MLP)", common), saved)
+    if model:
+        block.add("embedding/head gradient", s.vocab_size * width * p)
+    block.add("upstream gradient, fc2 input and weight gradients", upstream + mlp_backward)
+    phases.append(block)
+    # the attention's backward: the MLP half of the block's saved set is gone; the core's gradients and
+    # scratch and the packed q/k/v gradient appear
+    attention_half = saved - 2 * tokens * hidden * c - tokens * width * (c + p)
+    core_backward = sum(v for k, v in attention.items() if k in ("gradients (upstream, dq, dk, dv)", "block result",
+                                                                 "merge copies", "index tensors", "gather buffers"))
+    att = kept(_Phase("last block's backward (attention)" if model else "block backward (attention)", common), attention_half)
+    if model:
+        att.add("embedding/head gradient", s.vocab_size * width * p)
+    att.add("residual gradients, packed dq/dk/dv, attention gradients and scratch",
+            2 * residual + 3 * tokens * width * c + core_backward)
+    phases.append(att)
+    return phases
+
+
+def layer_flops(s: LayerShape) -> tuple[float, float]:
+    """(attention FLOPs, linear-layer FLOPs) of one bench point, SPEC convention for the attention."""
+    from .model import flops_per_device
+
+    attention = flops_per_device(attention_shape(s)) * s.layers
+    tokens, width = s.batch * s.seq_len, s.embed_dim
+    linear = 2.0 * tokens * (4 * width * width + 2 * width * s.hidden) * s.layers
+    if s.target == "model":
+        linear += 2.0 * tokens * width * s.vocab_size
+    return attention, linear * (3.0 if s.mode == "fwdbwd" else 1.0)
+
+
+def matmul_key(s: LayerShape) -> str:
+    """The profile's per_impl key of the linear layers' efficiency (fitted by `plan --calibrate`)."""
+    return f"matmul:{s.compute_dtype}"
+
+
+def attention_shape(s: LayerShape) -> Shape:
+    """One block's attention call, in the compute dtype."""
+    fields = {k: getattr(s, k) for k in Shape.model_fields}
+    return Shape(**{**fields, "dtype": s.compute_dtype, "world_size": 1, "strategy": "single"})
+
+
+def estimate_layer_time(s: LayerShape, profile):
+    """Compute time of one bench point: the attention calls at the attention efficiency, the linear layers
+    at the matmul efficiency (no communication: layer and model targets run on one device)."""
+    from .model import TimeBreakdown, estimate_time
+
+    attention = estimate_time(attention_shape(s), profile)
+    _, linear_flops = layer_flops(s)
+    peak = profile.peak_flops(s.compute_dtype)
+    linear_s = linear_flops / (peak * profile.efficiency.compute_for(matmul_key(s), s.mode))
+    compute = attention.compute_s * s.layers + linear_s
+    return TimeBreakdown(flops=attention.flops * s.layers + linear_flops, compute_s=compute, comm_bytes=0, messages=0,
+                         comm_s=0.0, overlappable_s=0.0, comm_hidden=True, total_s=compute, link="none",
+                         note=f"attention {attention.compute_s * s.layers * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms")

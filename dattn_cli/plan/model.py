@@ -14,7 +14,7 @@ Time model (per device, one layer's attention call):
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SerializeAsAny
 
 from ..kernels.pattern import attended_pairs, build_blocks
 from .memory import ELEMENT_BYTES, MemoryBreakdown, Shape, estimate_memory, strategy_for
@@ -38,10 +38,10 @@ class TimeBreakdown(BaseModel):
 
 
 class Plan(BaseModel):
-    shape: Shape
+    shape: SerializeAsAny[Shape]  # a LayerShape for --target layer|model
     profile: str
     devices: int
-    memory: MemoryBreakdown
+    memory: SerializeAsAny[MemoryBreakdown]
     capacity_bytes: int
     fits: bool
     time: TimeBreakdown | None
@@ -150,11 +150,16 @@ def framework_bytes(profile: HardwareProfile, mode: str) -> int:
 
 
 def plan(s: Shape, profile: HardwareProfile, devices: int | None = None) -> Plan:
+    from .layers import LayerShape, estimate_layer_time, layer_memory
+
     devices = devices or s.world_size
     s = normalise(s.model_copy(update={"world_size": devices}))
     device_type = "cpu" if profile.kind == "cpu" else "cuda"
+    layered = isinstance(s, LayerShape)
     try:
-        memory = estimate_memory(s, framework_bytes(profile, s.mode), device_type)
+        if layered and devices > 1:
+            raise ValueError(f"--target {s.target} is planned on one device; --devices {devices} applies to attention")
+        memory = (layer_memory if layered else estimate_memory)(s, framework_bytes(profile, s.mode), device_type)
     except ValueError as exc:
         empty = MemoryBreakdown(items={}, total=0)
         return Plan(shape=s, profile=profile.name, devices=devices, memory=empty, capacity_bytes=profile.memory_bytes,
@@ -162,7 +167,7 @@ def plan(s: Shape, profile: HardwareProfile, devices: int | None = None) -> Plan
     capacity = profile.memory_bytes
     fits = memory.total <= capacity
     try:
-        time = estimate_time(s, profile)
+        time = estimate_layer_time(s, profile) if layered else estimate_time(s, profile)
     except ValueError as exc:
         return Plan(shape=s, profile=profile.name, devices=devices, memory=memory, capacity_bytes=capacity, fits=fits,
                     time=None, feasible=False, reason=str(exc))
