@@ -431,7 +431,7 @@ def profiles_validate(paths: Optional[list[str]] = typer.Argument(None, help="Pr
 
 @app.command()
 def plan(
-    impl: str = typer.Option("ImprovedDilatedAttention", "--impl", help="Implementation or dense baseline (sdpa, flash, math)."),
+    impl: Optional[str] = typer.Option(None, "--impl", help="Implementation or dense baseline (sdpa, flash, math); for --target layer|model a multihead implementation [default: ImprovedDilatedAttention, or ImprovedMultiheadDilatedAttention for layer|model]."),
     profile: str = typer.Option("cpu-host", "--profile", help="Shipped profile name or path to your YAML."),
     seq_len: str = typer.Option("64k", "--seq-len", help="Total sequence length N."),
     devices: int = typer.Option(1, "--devices", help="Devices sharing the sequence (world size)."),
@@ -452,6 +452,12 @@ def plan(
     save: Optional[Path] = typer.Option(None, "--save", help="With --calibrate: write the calibrated profile here."),
     fail_if_infeasible: bool = typer.Option(False, "--fail-if-infeasible", help="Exit 1 when the plan does not fit."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the plan as JSON to this file ('-' = stdout)."),
+    target: str = typer.Option("attention", "--target", help="attention (one call), layer (one DilatedTransformerBlock) or model (a LongNetLM training step with AdamW); docs/layer-claims.md."),
+    embed_dim: Optional[int] = typer.Option(None, "--embed-dim", help="Layer/model width (default heads x head dim)."),
+    layers: int = typer.Option(12, "--layers", help="Model depth (--target model)."),
+    vocab_size: int = typer.Option(50304, "--vocab-size", help="Model vocabulary (--target model)."),
+    checkpointing: bool = typer.Option(False, "--checkpointing/--no-checkpointing", help="Per-block gradient checkpointing (layer/model)."),
+    amp: Optional[str] = typer.Option(None, "--amp", help="Autocast the layer/model: bf16 or fp16 (--dtype stays the weights' dtype)."),
 ) -> None:
     """Predict memory per device and time per call from a stated model (docs/plan.md), or check it against bench rows."""
     from .bench.config import parse_int_list, parse_seq_lens
@@ -492,13 +498,24 @@ def plan(
             payload = {"profile": hw.name, "rows": frame.to_dict(orient="records"), "summary": stats}
             _write_json(json_out, payload)
         return
-    shape = Shape(impl=impl, seq_len=parse_seq_lens(seq_len)[0], batch=batch, heads=heads, head_dim=head_dim,
+    fields = dict(seq_len=parse_seq_lens(seq_len)[0], batch=batch, heads=heads, head_dim=head_dim,
                   segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
                   semantics=semantics, causal=causal, dtype=dtype.value, mode=mode, world_size=devices)
+    if target == "attention":
+        if checkpointing or amp:
+            raise UsageError("--checkpointing and --amp apply to --target layer or model")
+        shape = Shape(impl=impl or "ImprovedDilatedAttention", **fields)
+    else:
+        from .plan.layers import layer_shape
+
+        shape = layer_shape(target, impl or "ImprovedMultiheadDilatedAttention", fields, embed_dim=embed_dim,
+                            layers=layers, vocab_size=vocab_size, checkpointing=checkpointing, amp=amp)
     from .kernels.pattern import validate_pattern
 
     validate_pattern(shape.segment_lengths, shape.dilation_rates, shape.semantics)
     solved = None
+    if min_devices and target != "attention":
+        raise UsageError(f"--min-devices applies to --target attention; --target {target} is planned on one device")
     if max_seq and min_devices:
         raise UsageError("--max-seq and --min-devices solve for different things: give one")
     if max_seq:

@@ -216,7 +216,14 @@ def _num(value) -> str:
 
 def plan_table(result, solved: str | None, advice: str) -> Table:
     s = result.shape
-    title = (f"dattn plan: {s.impl} ({s.strategy}) on {result.devices} x {result.profile}, N={s.seq_len:,}, B={s.batch} "
+    what = f"{s.impl} ({s.strategy})"
+    target = getattr(s, "target", "attention")
+    if target != "attention":
+        options = ", ".join(o for o in ("checkpointing" if s.checkpointing else "", f"autocast {s.amp}" if s.amp else "") if o)
+        depth = f"LongNetLM {s.layers} x " if target == "model" else ""
+        what = (f"{depth}DilatedTransformerBlock E={s.embed_dim} around {s.impl}" + (f" ({options})" if options else "")
+                + (f", vocabulary {s.vocab_size:,}" if target == "model" else ""))
+    title = (f"dattn plan: {what} on {result.devices} x {result.profile}, N={s.seq_len:,}, B={s.batch} "
              f"H={s.heads} D={s.head_dim}, {s.dtype}, {s.mode}" + (", causal" if s.causal else ""))
     table = Table(title=title, show_header=True)
     table.add_column("item")
@@ -224,21 +231,28 @@ def plan_table(result, solved: str | None, advice: str) -> Table:
     for name, value in result.memory.items.items():
         table.add_row(name, _size(value))
     table.add_section()
-    table.add_row("[bold]peak memory[/]", f"[bold]{_size(result.memory.total)}[/] of {_size(result.capacity_bytes)}")
+    peak = f"[bold]{_size(result.memory.total)}[/] of {_size(result.capacity_bytes)}"
+    phase = getattr(result.memory, "phase", None)
+    table.add_row("[bold]peak memory[/]" + (f" (during: {phase})" if phase else ""), peak)
     t = result.time
     if t is not None:
         table.add_section()
         table.add_row("FLOPs (SPEC convention)", f"{t.flops:.3e}")
-        table.add_row("compute time", f"{t.compute_s * 1e3:,.1f} ms")
-        table.add_row(f"communication ({t.link}, {t.messages} messages)", f"{_size(t.comm_bytes)}, {t.comm_s * 1e3:,.2f} ms")
-        table.add_row("communication hidden under compute", ("yes" if t.comm_hidden else "no") + f" ({t.note})")
-        table.add_row("[bold]time per call[/]", f"[bold]{t.total_s * 1e3:,.1f} ms[/]")
+        table.add_row("compute time", f"{t.compute_s * 1e3:,.1f} ms" + (f" ({t.note})" if target != "attention" else ""))
+        if target == "attention":
+            table.add_row(f"communication ({t.link}, {t.messages} messages)", f"{_size(t.comm_bytes)}, {t.comm_s * 1e3:,.2f} ms")
+            table.add_row("communication hidden under compute", ("yes" if t.comm_hidden else "no") + f" ({t.note})")
+        label = {"attention": "time per call", "layer": "time per block call", "model": "time per training step"}[target]
+        if target == "model" and s.mode == "fwd":
+            label = "time per forward"
+        table.add_row(f"[bold]{label}[/]", f"[bold]{t.total_s * 1e3:,.1f} ms[/]")
     table.add_section()
     verdict = "[green]feasible[/]" if result.feasible else "[red]infeasible[/]"
     table.add_row("verdict", f"{verdict}: {result.reason}")
     if solved:
         table.add_row("solver", solved)
-    table.add_row("ring chunk advice", advice)
+    if target == "attention":
+        table.add_row("ring chunk advice", advice)
     return table
 
 
@@ -252,10 +266,14 @@ def check_table(frame, profile: str, stats: dict) -> Table:
              f"time error median {tmed:.1f}% max {tworst:.1f}%" if med is not None and tmed is not None
              else f"dattn plan --check against {profile}")
     table = Table(title=title)
-    for col in ("impl", "N", "mode", "p", "measured mem", "predicted mem", "mem err", "measured ms", "predicted ms", "time err"):
-        table.add_column(col, justify="left" if col in ("impl", "mode") else "right", overflow="fold")
+    layered = "target" in frame and any(t != "attention" for t in frame["target"])
+    columns = ("impl",) + ("target",) * layered + ("N", "mode", "p", "measured mem", "predicted mem", "mem err",
+                                                    "measured ms", "predicted ms", "time err")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("impl", "target", "mode") else "right", overflow="fold")
     for r in frame.to_dict(orient="records"):
-        table.add_row(r["impl"], str(r["seq_len"]), r["mode"], str(r["world_size"]), _size(r["measured_mem_bytes"]),
+        table.add_row(r["impl"], *([r["target"]] if layered else []), str(r["seq_len"]), r["mode"], str(r["world_size"]),
+                      _size(r["measured_mem_bytes"]),
                       _size(r["predicted_mem_bytes"]), pct(r["mem_error_pct"]),
                       f"{r['measured_ms']:,.1f}" if r["measured_ms"] else "-",
                       f"{r['predicted_ms']:,.1f}" if r["predicted_ms"] else "-", pct(r["time_error_pct"]))

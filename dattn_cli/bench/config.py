@@ -139,6 +139,8 @@ class BenchConfig(BaseModel):
                 self.head_dim = self.embed_dim // self.heads
             if self.head_dim % 2:
                 raise ValueError(f"head dim {self.head_dim} must be even (rotary embeddings): change --embed-dim or --heads")
+            if self.target == "model":
+                self.causal = True  # a LongNetLM is a causal language model whatever --causal says
         elif self.checkpointing or self.amp:
             raise ValueError("--checkpointing and --amp apply to --target layer or model")
         for density in self.densities or [None]:

@@ -103,6 +103,31 @@ class _Phase:
         return sum(self.items.values())
 
 
+def layer_shape(target: str, impl: str, fields: dict, *, embed_dim: int | None, layers: int, vocab_size: int,
+                checkpointing: bool, amp: str | None) -> LayerShape:
+    """A LayerShape from command-line values, each bad one refused in a sentence naming the option."""
+    from ..kernels import REGISTRY
+
+    if target not in ("layer", "model"):
+        raise ValueError(f"--target {target!r}: use attention, layer or model")
+    if impl not in REGISTRY or REGISTRY[impl].kind != "multihead":
+        names = ", ".join(n for n, i in REGISTRY.items() if i.kind == "multihead")
+        raise ValueError(f"--target {target} builds layers around a multihead attention; {impl} is not one: use {names}")
+    if amp not in (None, *AMP_DTYPES):
+        raise ValueError(f"--amp {amp!r}: use bf16 or fp16")
+    for name, value in (("--layers", layers), ("--vocab-size", vocab_size)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    width = embed_dim or fields["heads"] * fields["head_dim"]
+    if width % fields["heads"] or (width // fields["heads"]) % 2:
+        raise ValueError(f"--embed-dim {width} must split into --heads {fields['heads']} heads of even size (rotary embeddings)")
+    if fields.get("world_size", 1) > 1:
+        raise ValueError(f"--target {target} is planned on one device: drop --devices")
+    causal = True if target == "model" else fields["causal"]  # a LongNetLM is causal
+    return LayerShape(**{**fields, "causal": causal}, impl=impl, target=target, embed_dim=width, layers=layers,
+                      vocab_size=vocab_size, checkpointing=checkpointing, amp=amp)
+
+
 def block_parameters(width: int, mlp_ratio: float, subln: bool = False) -> int:
     hidden = int(width * mlp_ratio)
     params = 4 * width * width + 4 * width + 2 * width * hidden + hidden + width + 4 * width  # attn, mlp, two LNs

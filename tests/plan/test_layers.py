@@ -1,0 +1,160 @@
+"""The layer/model memory model against what torch allocates, its phases, and plan --target layer|model."""
+
+import json
+
+import pytest
+import torch
+
+from dattn_cli.bench.config import BenchConfig
+from dattn_cli.bench.estimate import layer_shape as bench_layer_shape
+from dattn_cli.bench.rows import BenchRow
+from dattn_cli.bench.worker import _build_layer
+from dattn_cli.kernels import reset_global_memory_pool
+from dattn_cli.measure import LiveTensorBytes
+from dattn_cli.plan import check, model
+from dattn_cli.plan.layers import LayerShape, block_parameters, layer_memory, layer_shape
+from dattn_cli.plan.profiles import load_profile
+from tests.cli.test_verify_env import run_cli
+
+IMPL = "ImprovedMultiheadDilatedAttention"
+
+
+def live_peak(cfg: BenchConfig, n: int) -> int:
+    """Peak live tensor bytes of two bench steps, module, optimizer state and inputs included."""
+    reset_global_memory_pool()
+    torch.manual_seed(0)
+    out = None
+    with LiveTensorBytes() as tracker:
+        make_inputs, run, _ = _build_layer(IMPL, cfg, n)
+        for _ in range(2):
+            inputs = make_inputs()
+            if cfg.mode == "fwd":
+                with torch.no_grad():
+                    run(*inputs)
+            else:
+                out = run(*inputs)
+                if out is not None:
+                    out.backward(torch.ones_like(out))
+            inputs = out = None
+    return tracker.peak
+
+
+CASES = [
+    dict(target="layer"),
+    dict(target="layer", amp="bf16"),
+    dict(target="layer", checkpointing=True),
+    dict(target="layer", mode="fwd"),
+    dict(target="model", layers=2, vocab_size=2048),
+    dict(target="model", layers=2, vocab_size=2048, amp="bf16", checkpointing=True),
+    dict(target="model", layers=3, vocab_size=256, checkpointing=True),  # peaks in a recomputed block
+    dict(target="model", layers=2, vocab_size=2048, mode="fwd"),
+]
+
+
+@pytest.mark.parametrize("options", CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_tensor_items_match_live_tensor_bytes(options):
+    n = 1024
+    cfg = BenchConfig(impls=[IMPL], seq_lens=[n], heads=2, head_dim=64, causal=True, segment_lengths=[256, 512],
+                      dilation_rates=[1, 2], max_memory=2**34, **{"mode": "fwdbwd", **options})
+    predicted = layer_memory(bench_layer_shape(IMPL, cfg, n), 0, "cuda")  # "cuda": tensors only, no CPU extras
+    measured = live_peak(cfg, n)
+    assert abs(predicted.total - measured) <= 0.10 * measured, (predicted.phase, predicted.total, measured)
+
+
+def shape(**overrides) -> LayerShape:
+    fields = dict(impl=IMPL, seq_len=8192, heads=4, embed_dim=256, segment_lengths=[2048, 4096], dilation_rates=[1, 2],
+                  mode="fwdbwd", target="model", layers=4, vocab_size=50304)
+    return LayerShape(**{**fields, **overrides})
+
+
+def test_the_loss_dominates_a_long_sequence_with_a_large_vocabulary():
+    memory = layer_memory(shape(), 0, "cuda")
+    assert memory.phase == "loss backward (logits)"
+    assert memory.items["log-softmax, its gradient, the logits' gradient (fp32)"] == 12 * 8192 * 50304
+    assert memory.total == sum(memory.items.values())
+
+
+def test_checkpointing_and_autocast_shrink_what_is_saved():
+    plain = layer_memory(shape(target="layer", vocab_size=256), 0, "cuda")
+    assert plain.items["saved for backward (this block)"] > 0
+    deep = dict(layers=8, vocab_size=256)
+    full, checkpointed = (layer_memory(shape(**deep, checkpointing=c), 0, "cuda") for c in (False, True))
+    assert checkpointed.total < 0.5 * full.total
+    assert checkpointed.items["checkpointed block inputs"] == 8 * 8192 * 256 * 4
+    half = layer_memory(shape(**deep, amp="bf16"), 0, "cuda")
+    assert half.total < full.total
+
+
+def test_parameters_match_the_module():
+    from dattn_cli.kernels.longnet import DilatedTransformerBlock
+
+    block = DilatedTransformerBlock(96, 4, segment_lengths=[64], dilation_rates=[1], mlp_ratio=2.0)
+    assert sum(p.numel() for p in block.parameters()) == block_parameters(96, 2.0)
+
+
+def test_plan_solves_longest_trainable_sequence_and_checkpointing_extends_it():
+    profile = load_profile("h100-sxm-80gb")
+    base = shape(embed_dim=768, heads=12, layers=12, segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
+    lengths = {}
+    for ckpt in (False, True):
+        n, result = model.max_seq(base.model_copy(update={"checkpointing": ckpt}), profile)
+        assert result is not None and result.fits and isinstance(result.shape, LayerShape)
+        assert not model.plan(base.model_copy(update={"checkpointing": ckpt, "seq_len": n + 4096}), profile).fits
+        lengths[ckpt] = n
+    assert lengths[True] > lengths[False]
+
+
+def test_layer_shape_refuses_what_cannot_be_built():
+    fields = dict(seq_len=1024, batch=1, heads=4, head_dim=64, segment_lengths=[256], dilation_rates=[1],
+                  semantics="longnet", causal=False, dtype="float32", mode="fwdbwd", world_size=1)
+    options = dict(embed_dim=None, layers=2, vocab_size=100, checkpointing=False, amp=None)
+    with pytest.raises(ValueError, match="multihead"):
+        layer_shape("layer", "ImprovedDilatedAttention", fields, **options)
+    with pytest.raises(ValueError, match="even size"):
+        layer_shape("layer", IMPL, fields, **{**options, "embed_dim": 12})
+    with pytest.raises(ValueError, match="one device"):
+        layer_shape("model", IMPL, {**fields, "world_size": 2}, **options)
+    assert layer_shape("model", IMPL, fields, **options).causal  # a language model is causal
+
+
+def layer_row(**overrides) -> BenchRow:
+    fields = dict(impl=IMPL, semantics="longnet", dtype="float32", device="cpu", batch=1, heads=4, head_dim=64,
+                  seq_len=4096, segments=[1024, 2048], dilations=[1, 2], causal=True, mode="fwdbwd", status="ok",
+                  target="layer", embed_dim=256, layers=1, time_ms=400.0, peak_mem_bytes=200 * 2**20)
+    return BenchRow(**{**fields, **overrides})
+
+
+def test_check_and_calibrate_read_layer_rows():
+    rows = [layer_row(), layer_row(target="model", layers=2, vocab_size=1000, amp="bf16", time_ms=900.0)]
+    frame = check.check_rows(rows, load_profile("cpu-host"))
+    assert list(frame["target"]) == ["layer", "model x2 (bf16)"]
+    assert all(v is not None for v in frame["mem_error_pct"])
+    calibrated = check.calibrate(rows, load_profile("cpu-host"), "rows")
+    assert {"matmul:float32/fwdbwd", "matmul:bfloat16/fwdbwd"} <= set(calibrated.efficiency.per_impl)
+    again = check.check_rows(rows[:1], calibrated)
+    assert abs(again["time_error_pct"][0]) < 1e-6  # one row fitted: predicted time equals measured
+
+
+def test_plan_cli_target_model(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    code, stdout, err = run_cli(["plan", "--target", "model", "--embed-dim", "768", "--heads", "12", "--layers", "12",
+                                 "--seq-len", "32k", "--profile", "h100-sxm-80gb", "--checkpointing", "--amp", "bf16",
+                                 "--json", str(out)], capsys)
+    assert code == 0, err
+    assert "LongNetLM 12 x DilatedTransformerBlock" in stdout and "time per training step" in stdout
+    data = json.loads(out.read_text())
+    assert data["shape"]["target"] == "model" and data["memory"]["phase"]
+    code, stdout, _ = run_cli(["plan", "--target", "layer", "--seq-len", "16k", "--max-seq", "--memory", "1GiB"], capsys)
+    assert code == 0 and "largest N that fits" in stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "layer", "--impl", "ImprovedDilatedAttention"], "multihead"),
+    (["--target", "model", "--min-devices"], "--min-devices applies to --target attention"),
+    (["--target", "layer", "--amp", "fp8"], "--amp"),
+    (["--amp", "bf16"], "apply to --target layer or model"),
+    (["--target", "layer", "--devices", "2"], "one device"),
+])
+def test_plan_cli_target_errors_are_one_line(args, message, capsys):
+    code, _, err = run_cli(["plan", *args], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
