@@ -50,8 +50,10 @@ AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 #   GELU, matmuls), autocast's, the first non-reentrant checkpoint, a model's embedding/loss/AdamW code
 CPU_RUNTIME_MIB = {"block": 19, "autocast": 15, "checkpointing": 45, "model": 24}
 # * scratch inside CPU kernels (LayerNorm and GELU backward, oneDNN matmuls), invisible to torch as
-#   tensors, and allocator slack: a fraction of the live tensor bytes at the peak
+#   tensors, and allocator slack: a fraction of the activation bytes at the peak (weights, gradients and
+#   optimizer state excluded: no kernel works on them at the peak)
 CPU_SCRATCH_FRACTION = 0.19
+STATE_ITEMS = ("weights", "AdamW moments", "parameter gradients", "optimizer temporary", "tokens")
 
 
 class LayerShape(Shape):
@@ -190,7 +192,8 @@ def layer_memory(s: LayerShape, framework_bytes: int = 0, device_type: str = "cp
     phases = _training_phases(s, common, attention) if train else _forward_phases(s, common, attention)
     peak = max(phases, key=lambda ph: ph.total)
     if device_type == "cpu":
-        peak.add("CPU kernel scratch and allocator slack", CPU_SCRATCH_FRACTION * peak.total)
+        activations = peak.total - sum(peak.items.get(k, 0) for k in STATE_ITEMS)
+        peak.add("CPU kernel scratch and allocator slack", CPU_SCRATCH_FRACTION * activations)
         options = ["block"] + ["autocast"] * bool(s.amp) + ["checkpointing"] * (s.checkpointing and train) + ["model"] * model
         peak.add("CPU runtime (" + ", ".join(options) + ")", sum(CPU_RUNTIME_MIB[o] for o in options) * 2**20)
     if framework_bytes:
