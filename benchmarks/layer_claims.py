@@ -64,14 +64,17 @@ def block_part(seq_lens: list[int], out: Path, command: list[str]) -> None:
 
 
 def model_part(cap: int, out: Path, command: list[str]) -> None:
-    common = dict(impls=[IMPL], until_oom=True, start=1024, mode="fwdbwd", target="model", segment_lengths=SEGMENTS,
+    common = dict(impls=[IMPL], until_oom=True, mode="fwdbwd", target="model", segment_lengths=SEGMENTS,
                   dilation_rates=DILATIONS, warmup=1, repeat=1, max_memory=cap, max_seconds=900.0, **MODEL)
+    cpu = load_profile("cpu-host").model_copy(update={"memory_gib": cap / 2**30})
     for options in OPTIONS.values():
-        run_sweep(BenchConfig(**common, **options), out=out, resume=True, command=command,
+        # a training step of this model takes 10-30 s here: start the search at the planner's answer,
+        # rounded down to 1K, instead of doubling up from 1K
+        start = max(1024, planner.max_seq(model_shape(seq_len=1024, **options), cpu)[0] // 1024 * 1024)
+        run_sweep(BenchConfig(**common, start=start, **options), out=out, resume=True, command=command,
                   on_row=lambda r: print(f"  model {label(r)} N={r.seq_len}: {r.status} "
                                          f"{(r.peak_mem_bytes or 0) / 2**20:.0f} MiB {r.time_ms} ms", flush=True))
     rows = [r for r in read_rows(out) if r.target == "model"]
-    cpu = load_profile("cpu-host").model_copy(update={"memory_gib": cap / 2**30})
     print(f"\n~125M LongNetLM training step on CPU under a {cap / 2**30:.1f} GiB cap: longest trainable N")
     for name, options in OPTIONS.items():
         mine = [r for r in rows if (r.checkpointing, r.amp) == (options.get("checkpointing", False), options.get("amp"))]
