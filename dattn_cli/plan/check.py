@@ -97,11 +97,13 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
         if row.target == "attention" or not row.time_ms:
             continue
         shape = shape_of(row)
-        attention_s = estimate_time(attention_shape(shape), profile).compute_s * shape.layers
+        recompute = shape.checkpointing and shape.mode == "fwdbwd"  # as in layers.estimate_layer_time
+        attention_s = estimate_time(attention_shape(shape), profile).compute_s * shape.layers * (4.5 / 3.5 if recompute else 1)
         linear_s = row.time_ms / 1e3 - attention_s
         peak = profile.peak_flops(shape.compute_dtype)
         if linear_s > 0 and peak:
-            per_dtype.setdefault(f"{matmul_key(shape)}/{row.mode}", []).append(layer_flops(shape)[1] / linear_s / peak)
+            executed = layer_flops(shape)[1] * (4 / 3 if recompute else 1)
+            per_dtype.setdefault(f"{matmul_key(shape)}/{row.mode}", []).append(executed / linear_s / peak)
     if not per_impl and not per_dtype:
         raise ValueError(f"{source}: no single-device ok rows with a time to calibrate from")
     return _with_efficiency(profile, {k: min(1.0, statistics.median(v)) for k, v in per_dtype.items()}, source)

@@ -31,7 +31,8 @@ steps (model). A layer bench accumulates parameter gradients over its calls, so 
 
 Time: the attention's FLOPs at the attention efficiency (plan/model.py) plus the linear layers' FLOPs,
 2·T·(4E² + 2EF) per block (and 2·T·E·V for the head), x3 with backward, at the profile's fitted
-`matmul/<mode>` efficiency (falls back to the attention prior).
+`matmul:<dtype>/<mode>` efficiency (falls back to the attention prior); checkpointing adds the recomputed
+forward (x4/3 linear, x4.5/3.5 attention) to the time, not to the FLOPs.
 """
 
 from __future__ import annotations
@@ -305,7 +306,11 @@ def estimate_layer_time(s: LayerShape, profile):
     _, linear_flops = layer_flops(s)
     peak = profile.peak_flops(s.compute_dtype)
     linear_s = linear_flops / (peak * profile.efficiency.compute_for(matmul_key(s), s.mode))
-    compute = attention.compute_s * s.layers + linear_s
+    attention_s = attention.compute_s * s.layers
+    if s.checkpointing and s.mode == "fwdbwd":  # the recomputed forward: +1 of 3 (linear), +1 of 3.5 (attention)
+        linear_s *= 4 / 3
+        attention_s *= 4.5 / 3.5
+    compute = attention_s + linear_s
     return TimeBreakdown(flops=attention.flops * s.layers + linear_flops, compute_s=compute, comm_bytes=0, messages=0,
                          comm_s=0.0, overlappable_s=0.0, comm_hidden=True, total_s=compute, link="none",
-                         note=f"attention {attention.compute_s * s.layers * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms")
+                         note=f"attention {attention_s * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms")
