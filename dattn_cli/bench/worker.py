@@ -53,16 +53,16 @@ def attended_pairs_for(impl: str, cfg: BenchConfig, n: int) -> int:
 
 
 def flops_for(impl: str, cfg: BenchConfig, n: int) -> float:
-    """Attention: 4·D·P (fwd+bwd 3.5x). Layers add their matmuls: 2·(tokens)·(in·out) per linear layer
-    (q/k/v/out projections and the MLP; the LM head for a model), fwd+bwd 3x."""
+    """Attention: 4·D·P (fwd+bwd 3.5x). Layers add their matmuls (plan.layers.linear_flops: 2·(tokens)·(in·out)
+    per linear layer, q/k/v/out projections and the MLP; the LM head for a model; fwd+bwd 3x)."""
     fwd = 4.0 * cfg.head_dim * attended_pairs_for(impl, cfg, n)
     total = fwd * (3.5 if cfg.mode == "fwdbwd" else 1.0)
     if cfg.target != "attention":
-        e, hidden, tokens = cfg.width, int(cfg.width * cfg.mlp_ratio), cfg.batch * n
-        linear = 2.0 * tokens * (4 * e * e + 2 * e * hidden)
-        layers = cfg.layers if cfg.target == "model" else 1
-        head = 2.0 * tokens * e * cfg.vocab_size if cfg.target == "model" else 0.0
-        total = layers * (total + linear * (3.0 if cfg.mode == "fwdbwd" else 1.0)) + head * (3.0 if cfg.mode == "fwdbwd" else 1.0)
+        from ..plan.layers import linear_flops
+        from .estimate import layer_shape
+
+        shape = layer_shape(impl, cfg, n)
+        total = shape.layers * total + linear_flops(shape)
     return total
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..bench.rows import BenchRow, read_rows
-from .layers import LayerShape, attention_shape, layer_flops, matmul_key
+from .layers import LayerShape, attention_shape, linear_flops, matmul_key, recompute_factors
 from .memory import Shape
 from .model import estimate_time, flops_per_device, plan
 from .profiles import HardwareProfile
@@ -97,12 +97,12 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
         if row.target == "attention" or not row.time_ms:
             continue
         shape = shape_of(row)
-        recompute = shape.checkpointing and shape.mode == "fwdbwd"  # as in layers.estimate_layer_time
-        attention_s = estimate_time(attention_shape(shape), profile).compute_s * shape.layers * (4.5 / 3.5 if recompute else 1)
+        attention_factor, linear_factor = recompute_factors(shape)
+        attention_s = estimate_time(attention_shape(shape), profile).compute_s * shape.layers * attention_factor
         linear_s = row.time_ms / 1e3 - attention_s
         peak = profile.peak_flops(shape.compute_dtype)
         if linear_s > 0 and peak:
-            executed = layer_flops(shape)[1] * (4 / 3 if recompute else 1)
+            executed = linear_flops(shape) * linear_factor
             per_dtype.setdefault(f"{matmul_key(shape)}/{row.mode}", []).append(executed / linear_s / peak)
     if not per_impl and not per_dtype:
         raise ValueError(f"{source}: no single-device ok rows with a time to calibrate from")

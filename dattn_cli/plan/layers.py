@@ -144,15 +144,9 @@ def model_parameters(s: LayerShape) -> int:
     return blocks + (s.vocab_size * s.embed_dim + 2 * s.embed_dim if s.target == "model" else 0)
 
 
-def _attention_items(s: LayerShape, mode: str, device_type: str) -> dict[str, int]:
-    core = Shape(impl=s.impl, seq_len=s.seq_len, batch=s.batch, heads=s.heads, head_dim=s.head_dim,
-                 segment_lengths=s.segment_lengths, dilation_rates=s.dilation_rates, semantics=s.semantics,
-                 causal=s.causal, dtype=s.compute_dtype, mode=mode)
-    return estimate_memory(core, 0, device_type).items
-
-
-def block_saved_bytes(s: LayerShape, device_type: str = "cpu") -> dict[str, int]:
-    """What one block keeps for its backward, itemised (module docstring)."""
+def block_saved_bytes(s: LayerShape, attention: dict[str, int]) -> dict[str, int]:
+    """What one block keeps for its backward, itemised (module docstring); `attention`: the items of
+    plan/memory.py's model of the block's attention call."""
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.embed_dim, s.hidden
     items = {
@@ -163,7 +157,7 @@ def block_saved_bytes(s: LayerShape, device_type: str = "cpu") -> dict[str, int]
     }
     if c != p:
         items["autocast weight copies"] = (4 * width * width + 2 * width * hidden) * c
-    items["attention accumulator"] = _attention_items(s, "fwd", device_type).get("fp32 accumulator", 0)
+    items["attention accumulator"] = attention.get("fp32 accumulator", 0)
     return items
 
 
@@ -174,7 +168,7 @@ def layer_memory(s: LayerShape, framework_bytes: int = 0, device_type: str = "cp
     residual = tokens * width * p
     params = model_parameters(s)
     train = s.mode == "fwdbwd"
-    attention = _attention_items(s, s.mode, device_type)
+    attention = estimate_memory(attention_shape(s), 0, device_type).items
     pool = attention.get("gather buffers (memory pool)", 0)
     model = s.target == "model"
 
@@ -223,7 +217,7 @@ def _training_phases(s: LayerShape, common: dict[str, int], attention: dict[str,
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.embed_dim, s.hidden
     residual = tokens * width * p
-    saved = sum(block_saved_bytes(s).values())
+    saved = sum(block_saved_bytes(s, attention).values())
     model = s.target == "model"
     params = model_parameters(s)
     upstream = residual + (tokens * width * c if c != p else 0)
@@ -274,16 +268,22 @@ def _training_phases(s: LayerShape, common: dict[str, int], attention: dict[str,
     return phases
 
 
-def layer_flops(s: LayerShape) -> tuple[float, float]:
-    """(attention FLOPs, linear-layer FLOPs) of one bench point, SPEC convention for the attention."""
-    from .model import flops_per_device
-
-    attention = flops_per_device(attention_shape(s)) * s.layers
+def linear_flops(s: LayerShape) -> float:
+    """FLOPs of the linear layers of one bench point: 2·T·(4E² + 2EF) per block, 2·T·E·V for a model's
+    head, x3 with backward (the recomputed forward of checkpointing not counted: useful work only)."""
     tokens, width = s.batch * s.seq_len, s.embed_dim
     linear = 2.0 * tokens * (4 * width * width + 2 * width * s.hidden) * s.layers
     if s.target == "model":
         linear += 2.0 * tokens * width * s.vocab_size
-    return attention, linear * (3.0 if s.mode == "fwdbwd" else 1.0)
+    return linear * (3.0 if s.mode == "fwdbwd" else 1.0)
+
+
+def recompute_factors(s: LayerShape) -> tuple[float, float]:
+    """(attention, linear) work executed per unit of useful work: checkpointing runs each block's forward
+    again, +1 of 3.5 for the attention (fwd+bwd = 3.5 x fwd) and +1 of 3 for the linear layers."""
+    if s.checkpointing and s.mode == "fwdbwd":
+        return 4.5 / 3.5, 4 / 3
+    return 1.0, 1.0
 
 
 def matmul_key(s: LayerShape) -> str:
@@ -303,14 +303,12 @@ def estimate_layer_time(s: LayerShape, profile):
     from .model import TimeBreakdown, estimate_time
 
     attention = estimate_time(attention_shape(s), profile)
-    _, linear_flops = layer_flops(s)
-    peak = profile.peak_flops(s.compute_dtype)
-    linear_s = linear_flops / (peak * profile.efficiency.compute_for(matmul_key(s), s.mode))
-    attention_s = attention.compute_s * s.layers
-    if s.checkpointing and s.mode == "fwdbwd":  # the recomputed forward: +1 of 3 (linear), +1 of 3.5 (attention)
-        linear_s *= 4 / 3
-        attention_s *= 4.5 / 3.5
+    attention_factor, linear_factor = recompute_factors(s)
+    useful_linear = linear_flops(s)
+    attention_s = attention.compute_s * s.layers * attention_factor
+    linear_s = useful_linear * linear_factor / (profile.peak_flops(s.compute_dtype)
+                                                * profile.efficiency.compute_for(matmul_key(s), s.mode))
     compute = attention_s + linear_s
-    return TimeBreakdown(flops=attention.flops * s.layers + linear_flops, compute_s=compute, comm_bytes=0, messages=0,
+    return TimeBreakdown(flops=attention.flops * s.layers + useful_linear, compute_s=compute, comm_bytes=0, messages=0,
                          comm_s=0.0, overlappable_s=0.0, comm_hidden=True, total_s=compute, link="none",
                          note=f"attention {attention_s * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms")
