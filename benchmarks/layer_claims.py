@@ -10,9 +10,12 @@
    breakdown at N = 1M (what the "125M model on 1M tokens on 80 GB" claim would need).
 
     python benchmarks/layer_claims.py [--seq-lens 2k,4k,8k,16k] [--cap 4GiB] [--skip-block] [--skip-model]
+    python benchmarks/layer_claims.py --device cuda [--profile h100-sxm-80gb] [--options ckpt+bf16,plain]
 
 Every point is an ordinary `dattn bench` point (one isolated worker each); rows go to
-benchmarks/layer_cpu.jsonl and benchmarks/model_until_oom_cpu.jsonl (resumed if present).
+benchmarks/layer_<device>.jsonl and benchmarks/model_until_oom_<device>.jsonl (resumed if present).
+On CUDA the block runs at 32K and 128K with LongNet segments up to 32K, the model search has no cap
+(the GPU's own memory is the limit) and starts at half the planner's answer for --profile.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from dattn_cli.plan.profiles import load_profile
 
 IMPL = "ImprovedMultiheadDilatedAttention"
 SEGMENTS, DILATIONS = [2048, 4096, 8192], [1, 2, 4]
+GPU_SEGMENTS, GPU_DILATIONS = [2048, 4096, 8192, 16384, 32768], [1, 2, 4, 8, 16]
 DENSE = dict(segment_lengths=[1 << 20], dilation_rates=[1])  # one segment longer than any N: dense causal
 OPTIONS = {"plain": {}, "checkpointing": {"checkpointing": True}, "amp bf16": {"amp": "bf16"},
            "checkpointing + amp bf16": {"checkpointing": True, "amp": "bf16"}}
+SHORT = {"plain": "plain", "ckpt": "checkpointing", "bf16": "amp bf16", "ckpt+bf16": "checkpointing + amp bf16"}
 MODEL = dict(heads=12, head_dim=64, layers=12, vocab_size=50304)
 
 
@@ -42,17 +47,20 @@ def label(row) -> str:
     return f"{attention}, {' + '.join(options) or 'plain'}"
 
 
-def block_part(seq_lens: list[int], out: Path, command: list[str]) -> None:
+def block_part(seq_lens: list[int], out: Path, command: list[str], device: str, profile_name: str) -> None:
+    cuda = device.startswith("cuda")
     common = dict(impls=[IMPL], seq_lens=seq_lens, mode="fwdbwd", heads=12, head_dim=64, causal=True, target="layer",
-                  warmup=1, repeat=3, max_memory=16 * 2**30, max_seconds=900.0)
-    configs = [BenchConfig(segment_lengths=SEGMENTS, dilation_rates=DILATIONS, **common, **o) for o in OPTIONS.values()]
+                  warmup=2 if cuda else 1, repeat=10 if cuda else 3, max_memory=16 * 2**30, max_seconds=900.0, device=device)
+    segments = dict(segment_lengths=GPU_SEGMENTS, dilation_rates=GPU_DILATIONS) if cuda else \
+        dict(segment_lengths=SEGMENTS, dilation_rates=DILATIONS)
+    configs = [BenchConfig(**segments, **common, **o) for o in OPTIONS.values()]
     configs.append(BenchConfig(**DENSE, **common))
     for cfg in configs:
         run_sweep(cfg, out=out, resume=True, command=command,
                   on_row=lambda r: print(f"  block {label(r)} N={r.seq_len}: {r.status} {r.time_ms} ms", flush=True))
     rows = [r for r in read_rows(out) if r.status == "ok" and r.target == "layer"]
-    profile = load_profile("cpu-host")
-    print("\nblock E=768 H=12, fwd+bwd, causal, CPU; ratios against the plain dilated block at the same N")
+    profile = load_profile(profile_name)
+    print(f"\nblock E=768 H=12, fwd+bwd, causal, {device}; ratios against the plain dilated block at the same N")
     for n in seq_lens:
         at = {label(r): r for r in rows if r.seq_len == n}
         base = at.get("dilated, plain")
@@ -63,25 +71,35 @@ def block_part(seq_lens: list[int], out: Path, command: list[str]) -> None:
                   f" (plan {predicted / 2**20:7.1f} MiB){ratio}")
 
 
-def model_part(cap: int, out: Path, command: list[str]) -> None:
-    common = dict(impls=[IMPL], until_oom=True, mode="fwdbwd", target="model", segment_lengths=SEGMENTS,
-                  dilation_rates=DILATIONS, warmup=1, repeat=1, max_memory=cap, max_seconds=900.0, **MODEL)
-    cpu = load_profile("cpu-host").model_copy(update={"memory_gib": cap / 2**30})
-    for options in OPTIONS.values():
-        # a training step of this model takes 10-30 s here: start the search at the planner's answer,
-        # rounded down to 1K, instead of doubling up from 1K
-        start = max(1024, planner.max_seq(model_shape(seq_len=1024, **options), cpu)[0] // 1024 * 1024)
+def model_part(cap: int, out: Path, command: list[str], device: str, profile_name: str, chosen: list[str]) -> None:
+    cuda = device.startswith("cuda")
+    segments = dict(segment_lengths=GPU_SEGMENTS, dilation_rates=GPU_DILATIONS) if cuda else \
+        dict(segment_lengths=SEGMENTS, dilation_rates=DILATIONS)
+    common = dict(impls=[IMPL], until_oom=True, mode="fwdbwd", target="model", **segments, device=device,
+                  warmup=1, repeat=3 if cuda else 1, max_memory=cap, max_seconds=900.0, **MODEL)
+    profile = load_profile(profile_name)
+    if not cuda:
+        profile = profile.model_copy(update={"memory_gib": cap / 2**30})
+    for name in chosen:
+        options = OPTIONS[name]
+        # a CPU training step of this model takes 10-30 s: start the search at the planner's answer, rounded
+        # down to 1K, instead of doubling up from 1K. On a GPU start at half of it, so that the search has
+        # an ok point below the limit even where the plan is optimistic.
+        planned = planner.max_seq(model_shape(seq_len=1024, **segments, **options), profile)[0]
+        start = max(1024, int(planned * (0.5 if cuda else 1.0)) // 1024 * 1024)
         run_sweep(BenchConfig(**common, start=start, **options), out=out, resume=True, command=command,
                   on_row=lambda r: print(f"  model {label(r)} N={r.seq_len}: {r.status} "
                                          f"{(r.peak_mem_bytes or 0) / 2**20:.0f} MiB {r.time_ms} ms", flush=True))
     rows = [r for r in read_rows(out) if r.target == "model"]
-    print(f"\n~125M LongNetLM training step on CPU under a {cap / 2**30:.1f} GiB cap: longest trainable N")
-    for name, options in OPTIONS.items():
+    where = f"on {profile.name}" if cuda else f"on CPU under a {cap / 2**30:.1f} GiB cap"
+    print(f"\n~125M LongNetLM training step {where}: longest trainable N")
+    for name in chosen:
+        options = OPTIONS[name]
         mine = [r for r in rows if (r.checkpointing, r.amp) == (options.get("checkpointing", False), options.get("amp"))]
         ok = [r.seq_len for r in mine if r.status == "ok"]
         failed = [r.seq_len for r in mine if r.status == "oom"]
-        shape = model_shape(seq_len=1024, **options)
-        n_plan, _ = planner.max_seq(shape, cpu)
+        shape = model_shape(seq_len=1024, **segments, **options)
+        n_plan, _ = planner.max_seq(shape, profile)
         print(f"  {name:<26} measured: ok at {max(ok, default=0):,}, oom at {min(failed, default=0):,}; "
               f"plan --max-seq: {n_plan:,}")
 
@@ -108,18 +126,31 @@ def gpu_part() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seq-lens", default="2k,4k,8k,16k")
-    parser.add_argument("--cap", default="4GiB", help="memory cap of the model's --until-oom search")
-    parser.add_argument("--block-out", type=Path, default=Path("benchmarks/layer_cpu.jsonl"))
-    parser.add_argument("--model-out", type=Path, default=Path("benchmarks/model_until_oom_cpu.jsonl"))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--profile", default=None, help="planner profile to compare with (default cpu-host / h100-sxm-80gb)")
+    parser.add_argument("--seq-lens", default=None, help="block lengths (default 2k,4k,8k,16k on CPU, 32k,128k on CUDA)")
+    parser.add_argument("--cap", default="4GiB", help="memory cap of the model's --until-oom search (CPU only)")
+    parser.add_argument("--options", default="plain,ckpt,bf16,ckpt+bf16", help=f"model searches to run, of {', '.join(SHORT)}")
+    parser.add_argument("--block-out", type=Path, default=None)
+    parser.add_argument("--model-out", type=Path, default=None)
     parser.add_argument("--skip-block", action="store_true")
     parser.add_argument("--skip-model", action="store_true")
     args = parser.parse_args()
-    command = ["python", "benchmarks/layer_claims.py", "--seq-lens", args.seq_lens, "--cap", args.cap]
+    cuda = args.device.startswith("cuda")
+    device_tag = "cuda" if cuda else "cpu"
+    profile = args.profile or ("h100-sxm-80gb" if cuda else "cpu-host")
+    seq_lens = args.seq_lens or ("32k,128k" if cuda else "2k,4k,8k,16k")
+    chosen = [SHORT.get(o.strip()) for o in args.options.split(",")]
+    if None in chosen:
+        parser.error(f"--options: use a comma list of {', '.join(SHORT)}")
+    command = ["python", "benchmarks/layer_claims.py", "--device", args.device, "--profile", profile,
+               "--seq-lens", seq_lens, "--cap", args.cap, "--options", args.options]
     if not args.skip_block:
-        block_part(parse_seq_lens(args.seq_lens), args.block_out, command)
+        block_part(parse_seq_lens(seq_lens), args.block_out or Path(f"benchmarks/layer_{device_tag}.jsonl"), command,
+                   args.device, profile)
     if not args.skip_model:
-        model_part(parse_size(args.cap, "--cap"), args.model_out, command)
+        model_part(parse_size(args.cap, "--cap"), args.model_out or Path(f"benchmarks/model_until_oom_{device_tag}.jsonl"),
+                   command, args.device, profile, chosen)
     gpu_part()
 
 

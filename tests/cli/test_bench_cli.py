@@ -23,7 +23,8 @@ def test_bench_table_csv_json_out(tmp_path, capsys):
     assert "ImprovedDilatedAttention" in stdout and "TFLOP/s" in stdout and "max 512" in stdout
     assert "impl,semantics,dtype" in stdout.replace("record,", "")  # the CSV header
     rows = read_rows(out)
-    assert len(rows) == 4 and all(r.status == "ok" for r in rows)
+    failed = [(r.impl, r.seq_len, r.status, r.reason, r.error) for r in rows if r.status != "ok"]
+    assert len(rows) == 4 and not failed, (failed, stdout, err)
     payload = json.loads(js.read_text())
     assert payload["environment"]["record"] == "environment" and len(payload["rows"]) == 4
 
