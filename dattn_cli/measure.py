@@ -7,8 +7,9 @@ import os
 import resource
 from typing import Sequence
 
-M_MMAP_THRESHOLD = -3  # glibc mallopt parameter (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters (malloc.h)
 RETURN_THRESHOLD = 64 * 1024
+STEADY_MMAP_THRESHOLD = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -37,13 +38,26 @@ def return_freed_memory() -> bool:
     By default glibc keeps freed heap memory for reuse and raises its mmap threshold as large blocks are
     freed, so a process's RSS depends on the order of earlier allocations. After malloc_trim and a fixed
     64 KiB mmap threshold every tensor-sized allocation is its own mapping, unmapped when freed, and RSS
-    follows the memory actually in use (the CPU analogue of the CUDA allocator's allocated bytes).
+    follows the memory actually in use (the CPU analogue of the CUDA allocator's allocated bytes). Call it
+    before the work allocates: large chunks already freed into the heap are reused, and stay resident.
     False where the C library is not glibc.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc_trim(0)
         return bool(libc.mallopt(M_MMAP_THRESHOLD, RETURN_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
+
+
+def reuse_freed_memory() -> bool:
+    """Undo return_freed_memory for timing: glibc keeps freed chunks for reuse again, with the mmap and trim
+    thresholds at the values its dynamic adjustment settles on once large blocks have been freed (32 MiB,
+    64 MiB), so timed calls do not pay page faults for every tensor. False where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mapped = libc.mallopt(M_MMAP_THRESHOLD, STEADY_MMAP_THRESHOLD)
+        return bool(mapped and libc.mallopt(M_TRIM_THRESHOLD, 2 * STEADY_MMAP_THRESHOLD))
     except (OSError, AttributeError):
         return False
 

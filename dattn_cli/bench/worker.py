@@ -6,11 +6,15 @@ worker caps its own address space (RLIMIT_AS) so an allocation beyond --max-memo
 (status=oom) long before the kernel's OOM killer would act; the parent also watches the worker's RSS
 and its time budget, and kills it if either is exceeded.
 
-CPU peak memory: after the timed calls, glibc is told to return freed memory to the OS
-(measure.return_freed_memory), the peak RSS is reset and one more call runs; its peak RSS minus the
-worker's RSS right after start-up is everything the point holds at its peak (inputs, weights, caches
-included), independent of what glibc would otherwise keep from earlier calls. GPU:
-torch.cuda.max_memory_allocated after a reset, plus NVML's device-used figure.
+CPU peak memory: the worker tells glibc, before it builds anything, to give every allocation over
+64 KiB its own mapping and return it on free (measure.return_freed_memory); after the warm-up the peak
+RSS is reset and one more call runs. Its peak RSS minus the worker's RSS right after start-up is
+everything the point holds at its peak (inputs, weights, caches included), free of what glibc would
+otherwise keep from earlier calls. Set only after other calls, the setting comes too late: large chunks
+already freed into the heap are reused, never returned, and their history added 5-25% of noise. The
+timed calls come last, under glibc's steady-state setting (measure.reuse_freed_memory): a mapping per
+allocation costs page faults on every call (bf16 autocast blocks ran 30-45% slower under it).
+GPU: torch.cuda.max_memory_allocated after a reset, plus NVML's device-used figure.
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ import time
 import traceback
 from typing import Any, Callable
 
-from ..measure import peak_rss_bytes, quantile, reset_peak_rss, return_freed_memory, rss_bytes, vm_bytes
+from ..measure import (peak_rss_bytes, quantile, reset_peak_rss, return_freed_memory, reuse_freed_memory, rss_bytes,
+                       vm_bytes)
 from .config import BenchConfig
 from .rows import BenchRow
 
-CPU_MEM_METHOD = ("peak RSS of one extra call, freed memory returned to the OS (glibc mmap threshold 64 KiB), "
-                  "above the isolated worker's RSS after start-up, inputs included")
+CPU_MEM_METHOD = ("peak RSS of one call after the warm-up, freed memory returned to the OS (glibc mmap threshold "
+                  "64 KiB from worker start-up), above the isolated worker's RSS after start-up, inputs included")
 CPU_MEM_METHOD_FALLBACK = "peak RSS (ru_maxrss) of the isolated worker above its RSS after start-up, inputs included"
 GPU_MEM_METHOD = "torch.cuda.max_memory_allocated after reset_peak_memory_stats (allocator view)"
 RLIMIT_SLACK = 512 * 2**20
@@ -202,6 +207,7 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
         import torch.distributed as dist
 
         world = dist.get_world_size(group)
+    returns_memory = not cuda and return_freed_memory()  # before the first allocation: see the module docstring
     torch.manual_seed(cfg.seed)
     make_inputs, run, module = _build(impl, cfg, n, n // world)
 
@@ -233,7 +239,8 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
     first = step()
     for _ in range(cfg.warmup - 1):
         step()
-    projected = time.perf_counter() - began + first * cfg.repeat
+    untimed = 0 if cuda else 2  # CPU: the memory call and the heap-settling call below
+    projected = time.perf_counter() - began + first * (cfg.repeat + untimed)
     if group is not None:  # every rank must take the same branch, or the others wait in a barrier
         worst = torch.tensor([projected], dtype=torch.float64)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
@@ -241,6 +248,15 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
     if projected > cfg.max_seconds:
         return {"status": "skipped", "reason": f"time: one call took {first:.2f} s, so {cfg.repeat} repeats would "
                 f"exceed --max-seconds {cfg.max_seconds:g}"}
+    memory: dict[str, Any] = {}
+    if not cuda:
+        exact = returns_memory and return_freed_memory() and reset_peak_rss()
+        if exact:
+            step()
+        memory = dict(peak_mem_bytes=max(0, peak_rss_bytes() - start_rss),
+                      mem_method=CPU_MEM_METHOD if exact else CPU_MEM_METHOD_FALLBACK)
+        if returns_memory and reuse_freed_memory():
+            step()  # untimed: the heap grows to its steady state under the timing setting
     calls_before = module.comm_stats() if hasattr(module, "comm_stats") else None
     times = sorted(step() for _ in range(cfg.repeat))
     median = statistics.median(times)
@@ -259,14 +275,9 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
             moved = sum(after[f"{phase}_bytes_{way}"] - calls_before[f"{phase}_bytes_{way}"] for phase in ("forward", "backward"))
             result[f"comm_bytes_{way}"] = moved // len(times)
     if cuda:
-        result.update(peak_mem_bytes=torch.cuda.max_memory_allocated(), mem_method=GPU_MEM_METHOD,
+        memory = dict(peak_mem_bytes=torch.cuda.max_memory_allocated(), mem_method=GPU_MEM_METHOD,
                       nvml_used_bytes=_nvml_used(torch.cuda.current_device()))
-    else:
-        exact = return_freed_memory() and reset_peak_rss()
-        if exact:
-            step()
-        result.update(peak_mem_bytes=max(0, peak_rss_bytes() - start_rss),
-                      mem_method=CPU_MEM_METHOD if exact else CPU_MEM_METHOD_FALLBACK)
+    result.update(memory)
     return result
 
 
