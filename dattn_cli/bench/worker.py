@@ -4,7 +4,9 @@ The parent forks workers from a forkserver that has torch imported but has run n
 starts in milliseconds, and an OOM or crash in it becomes a row instead of ending the sweep. On CPU the
 worker caps its own address space (RLIMIT_AS) so an allocation beyond --max-memory fails inside torch
 (status=oom) long before the kernel's OOM killer would act; the parent also watches the worker's RSS
-and its time budget, and kills it if either is exceeded.
+and its time budget, and kills it if either is exceeded. Once the memory call has fitted, the timed
+calls may use up to twice --max-memory (cap_address_space, and the parent's RSS watch): under glibc's
+usual thresholds its heap keeps freed chunks, which the measured peak rightly leaves out.
 
 CPU peak memory: the worker tells glibc, before it builds anything, to give every allocation over
 64 KiB its own mapping and return it on free (measure.return_freed_memory); after the warm-up the peak
@@ -37,6 +39,7 @@ CPU_MEM_METHOD = ("peak RSS of one call after the warm-up, freed memory returned
 CPU_MEM_METHOD_FALLBACK = "peak RSS (ru_maxrss) of the isolated worker above its RSS after start-up, inputs included"
 GPU_MEM_METHOD = "torch.cuda.max_memory_allocated after reset_peak_memory_stats (allocator view)"
 RLIMIT_SLACK = 512 * 2**20
+TIMING_HEADROOM = 2  # x --max-memory for the timed calls on CPU (see the module docstring)
 _CONTEXT: Any = None
 
 
@@ -256,6 +259,8 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
         memory = dict(peak_mem_bytes=max(0, peak_rss_bytes() - start_rss),
                       mem_method=CPU_MEM_METHOD if exact else CPU_MEM_METHOD_FALLBACK)
         if returns_memory and reuse_freed_memory():
+            if _BASE_VM is not None:  # capped by the worker (not when measure_point runs in a caller's process)
+                cap_address_space(cfg, TIMING_HEADROOM)
             step()  # untimed: the heap grows to its steady state under the timing setting
     calls_before = module.comm_stats() if hasattr(module, "comm_stats") else None
     times = sorted(step() for _ in range(cfg.repeat))
@@ -281,6 +286,19 @@ def measure_point(cfg: BenchConfig, impl: str, n: int, start_rss: int | None = N
     return result
 
 
+_BASE_VM: int | None = None
+
+
+def cap_address_space(cfg: BenchConfig, headroom: float = 1.0) -> None:
+    """Cap this worker's address space at its size when first called plus headroom x --max-memory (+ slack)."""
+    global _BASE_VM
+    if _BASE_VM is None:
+        _BASE_VM = vm_bytes()
+    limit = int(_BASE_VM + headroom * cfg.max_memory + RLIMIT_SLACK)
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
 def _nvml_used(index: int) -> int | None:
     try:
         import pynvml
@@ -298,8 +316,7 @@ def _child(conn, cfg_data: dict, impl: str, n: int) -> None:
     start_rss = rss_bytes()
     cfg = BenchConfig.model_validate(cfg_data)
     if not cfg.device.startswith("cuda"):
-        limit = vm_bytes() + cfg.max_memory + RLIMIT_SLACK
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        cap_address_space(cfg)
     try:
         result = measure_point(cfg, impl, n, start_rss)
     except BaseException as exc:  # every failure becomes a row; the sweep goes on
@@ -352,7 +369,7 @@ def run_isolated(cfg: BenchConfig, impl: str, n: int, child: Callable = _child) 
             except (OSError, IndexError):
                 continue
             base_rss = rss if base_rss is None else min(base_rss, rss)
-            if not cfg.device.startswith("cuda") and rss - base_rss > cfg.max_memory + RLIMIT_SLACK:
+            if not cfg.device.startswith("cuda") and rss - base_rss > TIMING_HEADROOM * cfg.max_memory + RLIMIT_SLACK:
                 proc.kill()
                 result = {"status": "oom", "reason": "out of memory",
                           "error": f"worker RSS grew {(rss - base_rss) / 2**30:.2f} GiB, over --max-memory; killed"}
@@ -385,8 +402,7 @@ def measure_rank(rank: int, world: int, cfg_data: dict, impl: str, n: int) -> di
         torch.cuda.set_device(rank % torch.cuda.device_count())
         cfg = cfg.model_copy(update={"device": f"cuda:{torch.cuda.current_device()}"})
     else:
-        limit = vm_bytes() + cfg.max_memory + RLIMIT_SLACK
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        cap_address_space(cfg)
     return measure_point(cfg, impl, n, rss_bytes(), group=dist.group.WORLD)
 
 

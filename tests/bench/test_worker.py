@@ -71,3 +71,28 @@ def test_memory_cap_is_enforced_inside_torch():
 def test_memory_watchdog_kills_what_rlimit_does_not_stop():
     row = run_isolated(cfg(max_memory=128 * 2**20), "ImprovedDilatedAttention", 512, child=helpers.hog_child)
     assert row["status"] == "oom" and "over --max-memory" in row["error"]
+
+
+CAP_CHILD = """
+import resource
+from dattn_cli.bench import BenchConfig
+from dattn_cli.bench.worker import RLIMIT_SLACK, cap_address_space
+from dattn_cli.measure import vm_bytes
+cfg = BenchConfig(impls=["sdpa"], seq_lens=[512], max_memory=2**30)
+base = vm_bytes()
+cap_address_space(cfg)
+first = resource.getrlimit(resource.RLIMIT_AS)[0]
+cap_address_space(cfg, 2)
+second = resource.getrlimit(resource.RLIMIT_AS)[0]
+print(first - base - RLIMIT_SLACK, second - first)
+"""
+
+
+def test_timed_calls_get_twice_the_cap_once_the_memory_call_fitted():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CAP_CHILD], capture_output=True, text=True, check=True)
+    first, raised = map(int, done.stdout.split())
+    assert abs(first - 2**30) < 2**20  # the cap (+ slack) over the worker's address space when first capped
+    assert raised == 2**30  # the timed calls: one more --max-memory, from the same base
