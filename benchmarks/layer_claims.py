@@ -9,7 +9,7 @@
 3. the planner on a GPU profile: the longest N of that model per option on an 80 GB H100, and the
    breakdown at N = 1M (what the "125M model on 1M tokens on 80 GB" claim would need).
 
-    python benchmarks/layer_claims.py [--seq-lens 2k,4k,8k,16k] [--cap 4GiB] [--skip-block] [--skip-model]
+    python benchmarks/layer_claims.py [--seq-lens 2k,4k,8k,16k] [--cap 3GiB] [--skip-block] [--skip-model]
     python benchmarks/layer_claims.py --device cuda [--profile h100-sxm-80gb] [--options ckpt+bf16,plain]
 
 Every point is an ordinary `dattn bench` point (one isolated worker each); rows go to
@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--profile", default=None, help="planner profile to compare with (default cpu-host / h100-sxm-80gb)")
     parser.add_argument("--seq-lens", default=None, help="block lengths (default 2k,4k,8k,16k on CPU, 32k,128k on CUDA)")
-    parser.add_argument("--cap", default="4GiB", help="memory cap of the model's --until-oom search (CPU only)")
+    parser.add_argument("--cap", default="3GiB", help="memory cap of the model's --until-oom search (CPU only)")
     parser.add_argument("--options", default="plain,ckpt,bf16,ckpt+bf16", help=f"model searches to run, of {', '.join(SHORT)}")
     parser.add_argument("--block-out", type=Path, default=None)
     parser.add_argument("--model-out", type=Path, default=None)
