@@ -372,7 +372,8 @@ def run_isolated(cfg: BenchConfig, impl: str, n: int, child: Callable = _child) 
             if not cfg.device.startswith("cuda") and rss - base_rss > TIMING_HEADROOM * cfg.max_memory + RLIMIT_SLACK:
                 proc.kill()
                 result = {"status": "oom", "reason": "out of memory",
-                          "error": f"worker RSS grew {(rss - base_rss) / 2**30:.2f} GiB, over --max-memory; killed"}
+                          "error": f"worker RSS grew {(rss - base_rss) / 2**30:.2f} GiB, over {TIMING_HEADROOM}x "
+                          "--max-memory; killed"}
             elif time.monotonic() > deadline:
                 proc.kill()
                 result = {"status": "skipped", "reason": f"time: point ran past --max-seconds {cfg.max_seconds:g}; killed"}

@@ -70,7 +70,7 @@ def test_memory_cap_is_enforced_inside_torch():
 
 def test_memory_watchdog_kills_what_rlimit_does_not_stop():
     row = run_isolated(cfg(max_memory=128 * 2**20), "ImprovedDilatedAttention", 512, child=helpers.hog_child)
-    assert row["status"] == "oom" and "over --max-memory" in row["error"]
+    assert row["status"] == "oom" and "x --max-memory; killed" in row["error"]
 
 
 CAP_CHILD = """
