@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..bench.rows import BenchRow, read_rows
-from .layers import LayerShape, attention_shape, linear_flops, matmul_key, recompute_factors
+from .layers import LayerShape, attention_part, linear_flops, matmul_key, recompute_factors
 from .memory import Shape
-from .model import estimate_time, flops_per_device, plan
+from .model import flops_per_device, plan
 from .profiles import HardwareProfile
 
 
@@ -97,12 +97,11 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
         if row.target == "attention" or not row.time_ms:
             continue
         shape = shape_of(row)
-        attention_factor, linear_factor = recompute_factors(shape)
-        attention_s = estimate_time(attention_shape(shape), profile).compute_s * shape.layers * attention_factor
+        _, attention_s = attention_part(shape, profile)
         linear_s = row.time_ms / 1e3 - attention_s
         peak = profile.peak_flops(shape.compute_dtype)
         if linear_s > 0 and peak:
-            executed = linear_flops(shape) * linear_factor
+            executed = linear_flops(shape) * recompute_factors(shape)[1]
             per_dtype.setdefault(f"{matmul_key(shape)}/{row.mode}", []).append(executed / linear_s / peak)
     if not per_impl and not per_dtype:
         raise ValueError(f"{source}: no single-device ok rows with a time to calibrate from")

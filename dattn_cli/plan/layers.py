@@ -291,18 +291,25 @@ def attention_shape(s: LayerShape) -> Shape:
     return Shape(**{**fields, "dtype": s.compute_dtype, "world_size": 1, "strategy": "single"})
 
 
+def attention_part(s: LayerShape, profile) -> tuple[float, float]:
+    """(useful FLOPs, seconds) of all the blocks' attention calls at the attention efficiency, the
+    checkpoint recompute included in the seconds."""
+    from .model import estimate_time
+
+    attention = estimate_time(attention_shape(s), profile)
+    return attention.flops * s.layers, attention.compute_s * s.layers * recompute_factors(s)[0]
+
+
 def estimate_layer_time(s: LayerShape, profile):
     """Compute time of one bench point: the attention calls at the attention efficiency, the linear layers
     at the matmul efficiency (no communication: layer and model targets run on one device)."""
-    from .model import TimeBreakdown, estimate_time
+    from .model import TimeBreakdown
 
-    attention = estimate_time(attention_shape(s), profile)
-    attention_factor, linear_factor = recompute_factors(s)
+    attention_flops, attention_s = attention_part(s, profile)
     useful_linear = linear_flops(s)
-    attention_s = attention.compute_s * s.layers * attention_factor
-    linear_s = useful_linear * linear_factor / (profile.peak_flops(s.compute_dtype)
-                                                * profile.efficiency.compute_for(matmul_key(s), s.mode))
+    linear_s = useful_linear * recompute_factors(s)[1] / (profile.peak_flops(s.compute_dtype)
+                                                          * profile.efficiency.compute_for(matmul_key(s), s.mode))
     compute = attention_s + linear_s
-    return TimeBreakdown(flops=attention.flops * s.layers + useful_linear, compute_s=compute, comm_bytes=0, messages=0,
+    return TimeBreakdown(flops=attention_flops + useful_linear, compute_s=compute, comm_bytes=0, messages=0,
                          comm_s=0.0, overlappable_s=0.0, comm_hidden=True, total_s=compute, link="none",
                          note=f"attention {attention_s * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms")
