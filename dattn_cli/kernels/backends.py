@@ -166,10 +166,10 @@ class FlashBackend:
                  "alibi_slopes": None, "deterministic": False, "rng_state": None}
 
     def forward(self, q, k, v, key_pad, call: BlockCall):
+        if key_pad is not None:  # refused before the import, so the message is the same with or without flash-attn
+            raise NotImplementedError("the flash backend takes no key_padding_mask; use backend='sdpa' or 'math'")
         from flash_attn import flash_attn_func
 
-        if key_pad is not None:
-            raise NotImplementedError("the flash backend takes no key_padding_mask; use backend='sdpa' or 'math'")
         out, lse, _ = flash_attn_func(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=0.0, softmax_scale=call.scale,
             causal=call.causal, return_attn_probs=True,

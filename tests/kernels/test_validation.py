@@ -66,3 +66,11 @@ def test_no_process_wide_torch_settings_touched():
     m = ImprovedMultiheadDilatedAttention(16, 2, segment_lengths=[8], dilation_rates=[1])
     m(*(torch.randn(1, 8, 16),) * 3)[0].sum().backward()
     assert flags() == before
+
+
+def test_flash_backend_refuses_a_key_padding_mask():
+    from dattn_cli.kernels.backends import BlockCall, FlashBackend
+
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(NotImplementedError, match="flash backend takes no key_padding_mask; use backend='sdpa'"):
+        FlashBackend().forward(q, q, q, torch.zeros(1, 8, dtype=torch.bool), BlockCall(causal=False, scale=0.25))
