@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
-from .envinfo import collect_environment
+from .runtime.envinfo import collect_environment
 from .render import env_table, stderr_console, verify_summary, verify_table, verify_warnings
 
 app = typer.Typer(

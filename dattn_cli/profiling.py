@@ -25,9 +25,9 @@ from pydantic import BaseModel
 from torch import nn
 
 from . import __version__
-from .envinfo import cpu_name
-from .kernels.block_patterns import block_sparse_options
-from .measure import quantile, rss_bytes
+from .runtime.envinfo import cpu_name
+from .kernels.block_sparse.patterns import block_sparse_options
+from .runtime.measure import quantile, rss_bytes
 from .kernels import (
     REGISTRY,
     get_global_memory_pool,

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .bench import Regression, SweepResult
-from .envinfo import EnvironmentInfo
+from .runtime.envinfo import EnvironmentInfo
 from .profiling import ProfileReport
 from .verify import VerifyReport
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from dattn_cli.kernels import RingMultiheadDilatedAttention
-from dattn_cli.kernels.sequence_parallel import comm_volume
+from dattn_cli.kernels.distributed.sequence_parallel import comm_volume
 
 
 def main() -> None:

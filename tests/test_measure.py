@@ -8,7 +8,7 @@ import pytest
 
 CHILD = """
 import torch
-from dattn_cli.measure import peak_rss_bytes, reset_peak_rss, return_freed_memory, rss_bytes
+from dattn_cli.runtime.measure import peak_rss_bytes, reset_peak_rss, return_freed_memory, rss_bytes
 
 assert return_freed_memory()
 tensors = [torch.ones(2 * 2**20) for _ in range(8)]  # 64 MiB, touched, then freed

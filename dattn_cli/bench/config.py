@@ -157,14 +157,14 @@ class BenchConfig(BaseModel):
 
     def block_options(self, density: float | None = None) -> dict:
         """Constructor keywords of a block-sparse module for this configuration (without the executor)."""
-        from ..kernels.block_patterns import block_sparse_options
+        from ..kernels.block_sparse.patterns import block_sparse_options
 
         return block_sparse_options(self.pattern, self.segment_lengths, self.dilation_rates, self.semantics,
                                     block_size=self.block_size, window=self.window, global_blocks=self.global_blocks,
                                     levels=self.levels, density=density)
 
     def block_pattern(self, density: float | None = None):
-        from ..kernels.block_patterns import BlockPattern
+        from ..kernels.block_sparse.patterns import BlockPattern
 
         options = self.block_options(density)
         try:
@@ -183,7 +183,7 @@ class BenchConfig(BaseModel):
     def pattern_fields(self, impl: str, seq_len: int | None = None) -> dict:
         """Row fields of the block pattern (None for other implementations); densities need seq_len."""
         from ..kernels import REGISTRY
-        from ..kernels.block_patterns import attended_pairs
+        from ..kernels.block_sparse.patterns import attended_pairs
 
         if impl not in REGISTRY or not REGISTRY[impl].block_sparse:
             return {"pattern": None}

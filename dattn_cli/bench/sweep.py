@@ -35,7 +35,7 @@ class SweepResult(BaseModel):
 
 
 def environment_record(cfg: BenchConfig, command: list[str] | None) -> dict:
-    from ..envinfo import collect_environment
+    from ..runtime.envinfo import collect_environment
 
     env = collect_environment().model_dump()
     return {"record": "environment", **env, "seed": cfg.seed, "command": command or ["dattn", *sys.argv[1:]],

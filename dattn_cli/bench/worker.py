@@ -29,7 +29,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from ..measure import (peak_rss_bytes, quantile, reset_peak_rss, return_freed_memory, reuse_freed_memory, rss_bytes,
+from ..runtime.measure import (peak_rss_bytes, quantile, reset_peak_rss, return_freed_memory, reuse_freed_memory, rss_bytes,
                        vm_bytes)
 from .config import BenchConfig
 from .rows import BenchRow
@@ -81,7 +81,7 @@ def _build_layer(impl: str, cfg: BenchConfig, n: int):
 
     import torch
 
-    from ..kernels.longnet import DilatedTransformerBlock, LongNetLM
+    from ..models.longnet import DilatedTransformerBlock, LongNetLM
 
     dtype, device = getattr(torch, cfg.dtype), torch.device(cfg.device)
     grad = cfg.mode == "fwdbwd"
@@ -409,7 +409,7 @@ def measure_rank(rank: int, world: int, cfg_data: dict, impl: str, n: int) -> di
 
 def run_distributed_point(cfg: BenchConfig, impl: str, n: int) -> dict:
     """Measure one point on cfg.nproc ranks; a failing, OOM or stuck rank becomes a row naming the rank."""
-    from ..distributed import DistributedError, run_distributed
+    from ..runtime.launch import DistributedError, run_distributed
     from ..verify.distributed import shard_problem
     from ..verify.cases import VerifyCase
 

@@ -1,11 +1,11 @@
 """Dilated attention implementations, the dense reference, pattern cache and memory pool."""
 
-from .allgather import DistributedImprovedDilatedAttention
-from .block_patterns import PATTERNS, BlockPattern
-from .block_sparse import BlockSparseRingDilatedAttention
+from .distributed.allgather import DistributedImprovedDilatedAttention
+from .block_sparse.patterns import PATTERNS, BlockPattern
+from .block_sparse.attention import BlockSparseRingDilatedAttention
 from .cache import PatternCache, get_global_pattern_cache, reset_global_pattern_cache
 from .dilated import DilatedAttention, ImprovedDilatedAttention
-from .head_parallel import HeadParallelDilatedAttention
+from .distributed.head_parallel import HeadParallelDilatedAttention
 from .merge import merge_partial_, merge_partials
 from .multihead import (
     BlockSparseRingMultiheadDilatedAttention,
@@ -15,7 +15,7 @@ from .multihead import (
 )
 from .pool import MemoryPool, get_global_memory_pool, reset_global_memory_pool
 from .reference import block_sparse_reference, dilated_attention_reference
-from .ring import RingDilatedAttention
+from .distributed.ring import RingDilatedAttention
 from .registry import (
     REGISTRY,
     Implementation,

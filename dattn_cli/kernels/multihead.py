@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dilated import DilatedAttention, ImprovedDilatedAttention
-from .block_sparse import BlockSparseRingDilatedAttention
-from .ring import RingDilatedAttention
+from .block_sparse.attention import BlockSparseRingDilatedAttention
+from .distributed.ring import RingDilatedAttention
 from .rotary import apply_rotary
 
 

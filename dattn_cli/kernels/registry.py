@@ -12,16 +12,16 @@ import torch
 from torch import nn
 
 from .dilated import DilatedAttention, ImprovedDilatedAttention
-from .allgather import DistributedImprovedDilatedAttention
-from .block_sparse import BlockSparseRingDilatedAttention
-from .head_parallel import HeadParallelDilatedAttention
+from .distributed.allgather import DistributedImprovedDilatedAttention
+from .block_sparse.attention import BlockSparseRingDilatedAttention
+from .distributed.head_parallel import HeadParallelDilatedAttention
 from .multihead import (
     BlockSparseRingMultiheadDilatedAttention,
     ImprovedMultiheadDilatedAttention,
     MultiheadDilatedAttention,
     RingMultiheadDilatedAttention,
 )
-from .ring import RingDilatedAttention
+from .distributed.ring import RingDilatedAttention
 
 
 @dataclass(frozen=True)

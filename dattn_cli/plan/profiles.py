@@ -1,4 +1,4 @@
-"""Hardware profiles: what a device can do, each figure with its source (SPEC §4, profiles/*.yaml).
+"""Hardware profiles: what a device can do, each figure with its source (dattn_cli/profiles/*.yaml).
 
 Units are part of the field names (GiB, GB/s, TFLOP/s, microseconds) so a file cannot be read in the
 wrong unit. Files are read with yaml.safe_load: nothing in a profile is ever evaluated as code.
@@ -6,13 +6,14 @@ wrong unit. Files are read with yaml.safe_load: nothing in a profile is ever eva
 
 from __future__ import annotations
 
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"
 DTYPES = ("float64", "float32", "tf32", "bfloat16", "float16", "float8")
 
 
@@ -130,9 +131,12 @@ def parse_profile(text: str, source: str) -> HardwareProfile:
         raise ProfileError(f"{source}: {_first_error(exc)}") from None
 
 
-def shipped_profiles() -> dict[str, Path]:
-    """Shipped profile files by name (the file stem, e.g. h100-sxm-80gb)."""
-    return {p.stem: p for p in sorted(PROFILE_DIR.glob("*.yaml"))}
+def shipped_profiles() -> dict[str, Traversable]:
+    """Shipped profile files by name (the file stem, e.g. h100-sxm-80gb): package data of dattn_cli.profiles,
+    read through importlib.resources so a wheel install finds them as an editable one does."""
+    folder = resources.files("dattn_cli") / "profiles"
+    found = [f for f in folder.iterdir() if f.name.endswith(".yaml")]
+    return {f.name.removesuffix(".yaml"): f for f in sorted(found, key=lambda f: f.name)}
 
 
 def load_profile(name_or_path: str | Path) -> HardwareProfile:
@@ -142,7 +146,7 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
     path = shipped.get(key) or shipped.get(key.lower())
     if path is None:
         path = Path(name_or_path)
-        if not path.exists():
+        if not path.is_file():
             raise ProfileError(f"--profile {key!r}: no such shipped profile or file; use one of "
                                f"{', '.join(shipped)} or a path to a YAML file")
     try:

@@ -47,7 +47,7 @@ VERIFY_BLOCK_SIZE = 8  # small blocks, so the quick cases hold several, a ragged
 def block_options(case: VerifyCase, pattern: str, semantics: str = "longnet") -> dict:
     """Pattern options of the block-sparse implementations for `case`: a one-block window, one global
     block, two hierarchical levels; the case's segments (and semantics) for the patterns that use them."""
-    from ..kernels.block_patterns import USES_WINDOW, block_sparse_options
+    from ..kernels.block_sparse.patterns import USES_WINDOW, block_sparse_options
 
     window = {"window": 1, "global_blocks": 1, "levels": 2} if pattern in USES_WINDOW else {}
     return block_sparse_options(pattern, case.segment_lengths, case.dilation_rates, semantics,

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..kernels import REGISTRY
-from ..kernels.sequence_parallel import SequenceParallelBase, shard_plan
+from ..kernels.distributed.sequence_parallel import SequenceParallelBase, shard_plan
 from .build import build_core, build_multihead
 from .cases import VERIFY_BLOCK_SIZE, VerifyCase
 

@@ -17,7 +17,7 @@ from torch import nn
 from ..kernels.backends import available_backends
 from ..kernels.pattern import uncovered_fraction
 from ..kernels.registry import REGISTRY, Implementation
-from ..kernels.block_patterns import PATTERNS
+from ..kernels.block_sparse.patterns import PATTERNS
 from .build import build_core, build_multihead
 from .cases import VerifyCase, case_matrix
 
@@ -221,7 +221,7 @@ def _check_one(impl, runner, case, sem, is_causal, backend, uncovered, pattern, 
 
 def _verify_distributed(name, world, cases, semantics, causal, backends, dtype, seed, timeout_s, skipped, patterns) -> list[CaseResult]:
     """One process group per (implementation, world size) runs every shardable case."""
-    from ..distributed import run_distributed
+    from ..runtime.launch import run_distributed
     from .distributed import case_inputs, combine, multihead_inputs, rank_outputs, run_multihead
     from .distributed import shard_problem
 

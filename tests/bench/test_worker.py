@@ -77,7 +77,7 @@ CAP_CHILD = """
 import resource
 from dattn_cli.bench import BenchConfig
 from dattn_cli.bench.worker import RLIMIT_SLACK, cap_address_space
-from dattn_cli.measure import vm_bytes
+from dattn_cli.runtime.measure import vm_bytes
 cfg = BenchConfig(impls=["sdpa"], seq_lens=[512], max_memory=2**30)
 base = vm_bytes()
 cap_address_space(cfg)

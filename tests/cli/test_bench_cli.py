@@ -102,7 +102,7 @@ def test_sigkill_then_resume_gives_the_same_rows_none_twice(tmp_path):
 
 
 def test_bench_nproc_measures_ranks_and_counts_bytes(tmp_path, capsys):
-    from dattn_cli.kernels.sequence_parallel import comm_volume
+    from dattn_cli.kernels.distributed.sequence_parallel import comm_volume
 
     out = tmp_path / "d.jsonl"
     code, stdout, err = run_cli(["bench", "--impl", "RingDilatedAttention", "--impl", "DistributedImprovedDilatedAttention",

@@ -5,7 +5,7 @@ equal `comm_volume`."""
 import pytest
 import torch
 
-from dattn_cli.distributed import run_distributed
+from dattn_cli.runtime.launch import run_distributed
 from dattn_cli.kernels import BlockSparseRingDilatedAttention, block_sparse_reference
 from tests.conftest import rel_err
 from tests.distributed import workers
@@ -50,7 +50,7 @@ def test_local_window_moves_one_neighbour_block_each_way():
 
 
 def test_shard_not_a_multiple_of_the_block_size_is_refused():
-    from dattn_cli.distributed import DistributedError
+    from dattn_cli.runtime.launch import DistributedError
 
     with pytest.raises(DistributedError, match="not a multiple of block_size=8"):
         run_distributed(workers.block_sparse_bad_shard, 2, timeout_s=60)

@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from dattn_cli.distributed import DistributedError, run_distributed
+from dattn_cli.runtime.launch import DistributedError, run_distributed
 from dattn_cli.kernels import dilated_attention_reference
 from tests.conftest import rel_err
 from tests.distributed import workers

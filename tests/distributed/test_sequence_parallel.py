@@ -4,9 +4,9 @@ each rank moves equal the closed-form volume of docs/communication.md."""
 import pytest
 import torch
 
-from dattn_cli.distributed import DistributedError, run_distributed
+from dattn_cli.runtime.launch import DistributedError, run_distributed
 from dattn_cli.kernels import dilated_attention_reference
-from dattn_cli.kernels.sequence_parallel import comm_volume, shard_plan
+from dattn_cli.kernels.distributed.sequence_parallel import comm_volume, shard_plan
 from tests.conftest import rel_err
 from tests.distributed import workers
 

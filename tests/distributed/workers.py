@@ -115,7 +115,8 @@ def ring_event_order(rank: int, world: int):
     """The order in which the ring posts transfers and computes blocks, on a 3-rank segment."""
     import torch.distributed as dist
 
-    from dattn_cli.kernels import RingDilatedAttention, ring
+    from dattn_cli.kernels import RingDilatedAttention
+    from dattn_cli.kernels.distributed import ring
 
     events = []
     post, attend = dist.batch_isend_irecv, ring.attend_member

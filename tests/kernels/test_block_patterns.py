@@ -4,7 +4,7 @@ the longnet cover is exactly the block cover of the dilated pattern."""
 import pytest
 import torch
 
-from dattn_cli.kernels.block_patterns import PATTERNS, BlockPattern, attended_pairs
+from dattn_cli.kernels.block_sparse.patterns import PATTERNS, BlockPattern, attended_pairs
 from dattn_cli.kernels.reference import pair_counts
 
 

@@ -13,8 +13,8 @@ from dattn_cli.kernels import (
     block_sparse_reference,
     get_global_pattern_cache,
 )
-from dattn_cli.kernels.block_patterns import PATTERNS
-from dattn_cli.kernels.block_sparse import flex_block_mask, flex_compiles_on, flex_forward, plan_rank
+from dattn_cli.kernels.block_sparse.patterns import PATTERNS
+from dattn_cli.kernels.block_sparse.attention import flex_block_mask, flex_compiles_on, flex_forward, plan_rank
 from tests.conftest import rel_err
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from dattn_cli.kernels.longnet import LongNetLM
+from dattn_cli.models.longnet import LongNetLM
 from tests.conftest import rel_err
 
 VOCAB, N = 11, 40  # N = 40 is not a multiple of 16: the ragged tail segment is exercised too

@@ -25,7 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from dattn_cli.kernels.longnet import LongNetLM
+from dattn_cli.models.longnet import LongNetLM
 
 N, STRIDE, LOCAL = 1024, 32, 64
 NUM_KEYS, NUM_FILLER = 16, 16

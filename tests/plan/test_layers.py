@@ -10,7 +10,7 @@ from dattn_cli.bench.estimate import layer_shape as bench_layer_shape
 from dattn_cli.bench.rows import BenchRow
 from dattn_cli.bench.worker import _build_layer
 from dattn_cli.kernels import reset_global_memory_pool
-from dattn_cli.measure import LiveTensorBytes
+from dattn_cli.runtime.measure import LiveTensorBytes
 from dattn_cli.plan import check, model
 from dattn_cli.plan.layers import LayerShape, block_parameters, layer_memory, layer_shape
 from dattn_cli.plan.profiles import load_profile
@@ -86,7 +86,7 @@ def test_checkpointing_and_autocast_shrink_what_is_saved():
 
 
 def test_parameters_match_the_module():
-    from dattn_cli.kernels.longnet import DilatedTransformerBlock
+    from dattn_cli.models.longnet import DilatedTransformerBlock
 
     block = DilatedTransformerBlock(96, 4, segment_lengths=[64], dilation_rates=[1], mlp_ratio=2.0)
     assert sum(p.numel() for p in block.parameters()) == block_parameters(96, 2.0)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from dattn_cli.kernels import REGISTRY, reset_global_memory_pool
-from dattn_cli.measure import LiveTensorBytes
+from dattn_cli.runtime.measure import LiveTensorBytes
 from dattn_cli.plan.memory import Shape, estimate_memory
 
 CONFIGS = [([512, 1024, 2048], [1, 2, 4], 2048), ([512, 2048], [1, 2], 2048), ([256, 1024], [2, 4], 1024)]

@@ -37,7 +37,7 @@ def test_max_seq_is_the_boundary():
 
 
 def test_ring_time_counts_comm_from_the_closed_form():
-    from dattn_cli.kernels.sequence_parallel import comm_volume
+    from dattn_cli.kernels.distributed.sequence_parallel import comm_volume
 
     shape = Shape(impl="RingDilatedAttention", seq_len=65536, segment_lengths=[2048, 8192, 32768],
                   dilation_rates=[1, 2, 8], mode="fwd", world_size=4)

@@ -31,14 +31,14 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .backends import BACKENDS
-from .block_patterns import USES_SEGMENTS, BlockPattern, attended_pairs
-from .comm import CommStats, check_consistent, group_rank_size
-from .dilated import AttentionCore
-from .engine import BlockAttention, ViewAccess, block_attention
-from .merge import merge_partial_
-from .reference import block_sparse_reference
-from .validation import check_key_padding_mask, check_qkv
+from ..backends import BACKENDS
+from .patterns import USES_SEGMENTS, BlockPattern, attended_pairs
+from ..distributed.comm import CommStats, check_consistent, group_rank_size
+from ..dilated import AttentionCore
+from ..engine import BlockAttention, ViewAccess, block_attention
+from ..merge import merge_partial_
+from ..reference import block_sparse_reference
+from ..validation import check_key_padding_mask, check_qkv
 
 TAG_KV, TAG_HOME = 21, 22
 EXECUTORS = ("auto", "flex", "gather")

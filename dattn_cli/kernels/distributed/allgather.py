@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .engine import BlockAttention
+from ..engine import BlockAttention
 from .sequence_parallel import (
     SequenceParallelBase,
     SpanningPair,

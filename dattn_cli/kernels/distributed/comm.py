@@ -83,7 +83,7 @@ class DistributedAttention(nn.Module):
         **attention_kwargs,
     ):
         super().__init__()
-        from .dilated import ImprovedDilatedAttention
+        from ..dilated import ImprovedDilatedAttention
 
         self.attention = ImprovedDilatedAttention(segment_lengths, dilation_rates, **attention_kwargs)
         self.process_group = process_group

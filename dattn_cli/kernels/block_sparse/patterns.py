@@ -26,8 +26,8 @@ from typing import Sequence
 
 import torch
 
-from .reference import pair_offsets
-from .pattern import validate_pattern
+from ..reference import pair_offsets
+from ..pattern import validate_pattern
 
 PATTERNS = ("local", "dilated", "global_local", "hierarchical", "longnet")
 USES_SEGMENTS = ("dilated", "longnet")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .validation import check_key_padding_mask, check_qkv
+from ..validation import check_key_padding_mask, check_qkv
 from .comm import CommStats, DistributedAttention, check_consistent, group_rank_size
 
 

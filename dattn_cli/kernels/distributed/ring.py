@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from .engine import BlockAttention
+from ..engine import BlockAttention
 from .sequence_parallel import (
     SequenceParallelBase,
     SpanningPair,

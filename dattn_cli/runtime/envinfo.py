@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
-from . import __version__
+from .. import __version__
 
 
 class Device(BaseModel):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .registry import REGISTRY, create_multihead_dilated_attention
+from ..kernels.registry import REGISTRY, create_multihead_dilated_attention
 
 NORMS = ("pre", "subln")
 

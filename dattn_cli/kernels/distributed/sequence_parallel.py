@@ -21,11 +21,11 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .backends import BACKENDS
+from ..backends import BACKENDS
 from .comm import DistributedAttention, check_consistent, group_rank_size
-from .engine import BlockAttention, ViewAccess, block_attention
-from .pattern import Block, head_sets, pair_blocks, validate_pattern
-from .validation import check_key_padding_mask, check_qkv
+from ..engine import BlockAttention, ViewAccess, block_attention
+from ..pattern import Block, head_sets, pair_blocks, validate_pattern
+from ..validation import check_key_padding_mask, check_qkv
 
 
 @dataclass(frozen=True)
