@@ -1,0 +1,65 @@
+"""What one profile run is: a Problem plus its measurement settings, and the checks only profile makes.
+
+The Problem has already refused what it can (implementation, sizes, dtype, mode, pattern options);
+here: the settings' ranges, where the trace goes, and whether the problem runs in this process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, field_validator
+
+from ..workload.problem import Problem
+
+
+class ProfileSettings(BaseModel):
+    """One profile run: the problem, and how many calls are warmed up and timed from which seed."""
+
+    problem: Problem
+    iterations: int = 20
+    warmup: int = 2
+    seed: int = 0
+
+    @field_validator("iterations")
+    @classmethod
+    def _some_iterations(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"--iterations must be >= 1, got {value}: pass --iterations 1 or more")
+        return value
+
+    @field_validator("warmup")
+    @classmethod
+    def _no_negative_warmup(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(f"--warmup must be >= 0, got {value}: pass --warmup 0 for no warm-up calls")
+        return value
+
+
+def check_problem(problem: Problem) -> torch.device:
+    """The device the problem runs on in this process; ValueError where profile cannot run it."""
+    if problem.target != "attention":
+        raise ValueError(f"--target {problem.target}: profile runs the attention call alone; use --target attention")
+    if problem.world_size > 1:
+        raise ValueError(f"--world-size {problem.world_size}: profile runs in one process; use --world-size 1")
+    try:
+        device = torch.device(problem.device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {problem.device!r} is not a torch device: use --device cpu or cuda") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {problem.device!r} is not supported: use --device cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {problem.device!r} but CUDA is not available here: use --device cpu")
+    if reason := problem.spec.unavailable(device.type):
+        raise ValueError(f"--impl {problem.impl} on --device {device.type}: {reason}")
+    return device
+
+
+def check_trace(trace: str | Path | None) -> Path | None:
+    if trace is None:
+        return None
+    path = Path(trace)
+    if not path.parent.is_dir():
+        raise ValueError(f"--trace {str(trace)!r}: directory {str(path.parent)!r} does not exist; create it first")
+    return path
