@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from .rows import BenchRow
+from ..workload.records import BenchRow
 
 
 def fit_exponent(xs: list[float], ys: list[float]) -> float | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from .rows import BenchRow
+from ..workload.records import BenchRow
 
 
 class Regression(BaseModel):

@@ -8,10 +8,13 @@ from typing import Callable
 
 from pydantic import BaseModel
 
-from .config import BenchConfig
-from .estimate import estimate_peak_bytes
-from .rows import BenchRow, append_jsonl, point_key, read_rows
+from ..workload.problem import Problem
+from ..workload.records import BenchRow, append_jsonl, pattern_fields, point_key, read_rows, row_fields
+from .config import Sweep
 from .worker import make_row, run_distributed_point, run_isolated
+
+Runner = Callable[[Sweep, Problem], dict]
+Predict = Callable[[Problem], "int | None"]
 
 FAILED = ("oom", "error", "skipped")
 BISECT_TOLERANCE = 0.05
@@ -34,7 +37,7 @@ class SweepResult(BaseModel):
     summaries: list[ImplSummary]
 
 
-def environment_record(cfg: BenchConfig, command: list[str] | None) -> dict:
+def environment_record(cfg: Sweep, command: list[str] | None) -> dict:
     from ..runtime.envinfo import collect_environment
 
     env = collect_environment().model_dump()
@@ -43,33 +46,23 @@ def environment_record(cfg: BenchConfig, command: list[str] | None) -> dict:
 
 
 class _Sweeper:
-    def __init__(self, cfg: BenchConfig, out: Path | None, resume: bool, on_row, runner):
-        self.cfg, self.out, self.on_row, self.runner = cfg, out, on_row, runner
+    def __init__(self, sweep: Sweep, out: Path | None, resume: bool, on_row, runner: Runner, predict: Predict | None):
+        self.sweep, self.out, self.on_row, self.runner, self.predict = sweep, out, on_row, runner, predict
+        self.line: Problem | None = None  # the problem of the line being measured (impl, density)
         self.rows: list[BenchRow] = []
         self.done: dict[tuple, BenchRow] = {}
         if out is not None and resume:
             self.done = {r.key(): r for r in read_rows(out)}
 
-    def point(self, impl: str, n: int, blocked: str | None = None) -> BenchRow:
-        key = point_key({"impl": impl, "seq_len": n, **self.cfg.point_key(), **self.cfg.pattern_fields(impl)})
+    def point(self, n: int, blocked: str | None = None) -> BenchRow:
+        problem = self.line.with_(seq_len=n)
+        key = point_key(row_fields(problem))
         if key in self.done:  # measured by an earlier, interrupted run
             row = self.done[key]
             self.rows.append(row)
             return row
-        predicted = estimate_peak_bytes(impl, self.cfg, n)
-        cpu = not self.cfg.device.startswith("cuda")
-        if blocked:
-            result = {"status": "skipped", "reason": blocked}
-        elif cpu and predicted is not None and predicted > PREDICTION_MARGIN * self.cfg.max_memory:
-            result = {"status": "skipped", "reason": f"memory: predicted {predicted / 2**30:.2f} GiB, more than "
-                      f"{PREDICTION_MARGIN:g} x --max-memory {self.cfg.max_memory / 2**30:.2f} GiB"}
-        else:
-            result = self.runner(self.cfg, impl, n)
-            measured = result.get("peak_mem_bytes")
-            if cpu and result.get("status") == "ok" and measured and measured > self.cfg.max_memory:
-                result = {**result, "status": "oom", "reason": f"measured peak {measured / 2**30:.2f} GiB above "
-                          f"--max-memory {self.cfg.max_memory / 2**30:.2f} GiB"}
-        row = make_row(self.cfg, impl, n, result, predicted)
+        predicted = self.predict(problem) if self.predict else None
+        row = make_row(problem, self._result(problem, predicted, blocked), predicted)
         if self.out is not None:
             append_jsonl(self.out, row.model_dump())
         self.rows.append(row)
@@ -78,21 +71,37 @@ class _Sweeper:
             self.on_row(row)
         return row
 
-    def fixed(self, impl: str) -> ImplSummary:
+    def _result(self, problem: Problem, predicted: int | None, blocked: str | None) -> dict:
+        cap = self.sweep.max_memory
+        cpu = not self.sweep.cuda
+        if blocked:
+            return {"status": "skipped", "reason": blocked}
+        if cpu and predicted is not None and predicted > PREDICTION_MARGIN * cap:
+            return {"status": "skipped", "reason": f"memory: predicted {predicted / 2**30:.2f} GiB, more than "
+                    f"{PREDICTION_MARGIN:g} x --max-memory {cap / 2**30:.2f} GiB"}
+        result = self.runner(self.sweep, problem)
+        measured = result.get("peak_mem_bytes")
+        if cpu and result.get("status") == "ok" and measured and measured > cap:
+            result = {**result, "status": "oom", "reason": f"measured peak {measured / 2**30:.2f} GiB above "
+                      f"--max-memory {cap / 2**30:.2f} GiB"}
+        return result
+
+    def fixed(self) -> ImplSummary:
         best, limit = None, None
-        for n in self.cfg.seq_lens:
-            row = self.point(impl, n, blocked=f"after {limit}" if limit else None)
+        for n in self.sweep.seq_lens:
+            row = self.point(n, blocked=f"after {limit}" if limit else None)
             if row.status == "ok":
                 best = n if best is None else max(best, n)
             elif limit is None:
                 limit = f"{row.status} at N={n}"
-        return ImplSummary(impl=impl, max_ok_seq_len=best, limit=limit)
+        return ImplSummary(impl=self.line.impl, max_ok_seq_len=best, limit=limit)
 
-    def until_oom(self, impl: str) -> ImplSummary:
+    def until_oom(self) -> ImplSummary:
+        impl = self.line.impl
         ok, fail, fail_row = None, None, None
-        n = self.cfg.start
+        n = self.sweep.start
         for _ in range(MAX_DOUBLINGS):
-            row = self.point(impl, n)
+            row = self.point(n)
             if row.status == "ok":
                 ok, n = n, n * 2
             else:
@@ -104,7 +113,7 @@ class _Sweeper:
             return ImplSummary(impl=impl, max_ok_seq_len=ok, limit=f"error at N={fail}: {fail_row.error}")
         while ok is not None and fail - ok > BISECT_TOLERANCE * fail:
             mid = _round_mid(ok, fail)
-            row = self.point(impl, mid)
+            row = self.point(mid)
             if row.status == "ok":
                 ok = mid
             else:
@@ -122,29 +131,31 @@ def _round_mid(lo: int, hi: int) -> int:
 
 
 def run_sweep(
-    cfg: BenchConfig,
+    sweep: Sweep,
     *,
     out: Path | None = None,
     resume: bool = False,
     command: list[str] | None = None,
     on_row: Callable[[BenchRow], None] | None = None,
-    runner: Callable[[BenchConfig, str, int], dict] = run_isolated,
+    runner: Runner | None = None,
+    predict: Predict | None = None,
 ) -> SweepResult:
-    """Measure every implementation over the configured lengths; rows go to `out` as they come."""
+    """Measure every implementation over the configured lengths; rows go to `out` as they come.
+    `predict(problem)`: predicted peak bytes for the row (the planner's, passed in by the caller); points
+    predicted above 1.25 x --max-memory are skipped unrun on CPU."""
     if out is not None:
         out = Path(out)
         if out.exists() and not resume and read_rows(out):
             raise ValueError(f"--out {out} already holds rows: pass --resume to continue it, or choose a new file")
         out.parent.mkdir(parents=True, exist_ok=True)
-        append_jsonl(out, environment_record(cfg, command))
-    if cfg.nproc > 1 and runner is run_isolated:
-        runner = run_distributed_point
-    sweeper = _Sweeper(cfg, out, resume, on_row, runner)
+        append_jsonl(out, environment_record(sweep, command))
+    if runner is None:
+        runner = run_distributed_point if sweep.world_size > 1 else run_isolated
+    sweeper = _Sweeper(sweep, out, resume, on_row, runner, predict)
     summaries = []
-    for impl in cfg.impls:
-        for _, variant in cfg.variants(impl):  # block-sparse: one line per target density
-            sweeper.cfg = variant
-            summary = sweeper.until_oom(impl) if cfg.until_oom else sweeper.fixed(impl)
-            summaries.append(summary.model_copy(update=variant.pattern_fields(impl)))
-    sweeper.cfg = cfg
+    for impl in sweep.impls:
+        for line in sweep.variants(impl):  # block-sparse: one line per target density
+            sweeper.line = line
+            summary = sweeper.until_oom() if sweep.until_oom else sweeper.fixed()
+            summaries.append(summary.model_copy(update=pattern_fields(line, densities=False)))
     return SweepResult(rows=sweeper.rows, summaries=summaries)

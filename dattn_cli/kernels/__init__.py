@@ -1,4 +1,8 @@
-"""Dilated attention implementations, the dense reference, pattern cache and memory pool."""
+"""Attention implementations and baselines, their registry, the dense reference, pattern cache and memory pool.
+
+Layout: single-device kernels here (pattern, engine, backends, merge, dilated, multihead, reference),
+sequence/head-parallel forms in kernels/distributed/, block-sparse patterns and executors in
+kernels/block_sparse/; every one of them is described by one ImplSpec in registry.py."""
 
 from .distributed.allgather import DistributedImprovedDilatedAttention
 from .block_sparse.patterns import PATTERNS, BlockPattern
@@ -18,7 +22,7 @@ from .reference import block_sparse_reference, dilated_attention_reference
 from .distributed.ring import RingDilatedAttention
 from .registry import (
     REGISTRY,
-    Implementation,
+    ImplSpec,
     create_dilated_attention,
     create_multihead_dilated_attention,
     get_implementation,
@@ -49,7 +53,7 @@ __all__ = [
     "get_global_memory_pool",
     "reset_global_memory_pool",
     "REGISTRY",
-    "Implementation",
+    "ImplSpec",
     "register",
     "get_implementation",
     "create_dilated_attention",

@@ -1,125 +1,217 @@
-"""The one registry of implementations, and the factories that read it.
+"""The one registry of implementations and baselines, and the factories that read it.
 
-Adding an implementation = one module + one `register(...)` line here.
+Every command (verify, bench, profile, plan, impls) learns what an implementation is from its ImplSpec
+and from nothing else: how it splits work over ranks (strategy), where it runs, how to shard a problem
+for it, which pairs it computes (the FLOP hook), which memory model the planner uses for it, and how
+to construct it. Adding an implementation = its module + one `register(ImplSpec(...))` call.
+
+The hooks take the problem duck-typed (workload.Problem: batch, seq_len, heads, segment_lengths, ...)
+so that this module depends on kernels only.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 from torch import nn
 
+from .baselines import FlashAttention, MathAttention, ReferenceAttention, SDPAAttention
+from .block_sparse.attention import BlockSparseRingDilatedAttention
 from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .distributed.allgather import DistributedImprovedDilatedAttention
-from .block_sparse.attention import BlockSparseRingDilatedAttention
 from .distributed.head_parallel import HeadParallelDilatedAttention
+from .distributed.ring import RingDilatedAttention
+from .distributed.sequence_parallel import shard_plan
 from .multihead import (
     BlockSparseRingMultiheadDilatedAttention,
     ImprovedMultiheadDilatedAttention,
     MultiheadDilatedAttention,
     RingMultiheadDilatedAttention,
 )
-from .distributed.ring import RingDilatedAttention
+from .pattern import attended_pairs, build_blocks
+
+Strategy = Literal["single", "ring", "allgather", "head_parallel", "block_sparse", "dense", "reference"]
+# Which of plan/memory.py's models counts its bytes: kept rows as strided views with pooled gathers
+# ("strided"), gathered by index one block at a time ("index_gather"), a fused dense kernel ("dense"),
+# N x N scores ("dense_scores"), the float64 reference ("reference"); None: the planner has no model.
+MemoryModel = Literal["strided", "index_gather", "dense", "dense_scores", "reference"]
+DILATED_BACKENDS = ("math", "sdpa", "flash")
+
+
+# --- counting hooks: the (query, key) pairs an implementation computes, P of the FLOP convention -----
+def dense_pairs(w: Any) -> int:
+    n = w.seq_len
+    return w.batch * w.heads * (n * (n + 1) // 2 if w.causal else n * n)
+
+
+def dilated_pairs(w: Any) -> int:
+    blocks = build_blocks(w.seq_len, w.heads, w.segment_lengths, w.dilation_rates, w.semantics)
+    return attended_pairs(w.batch, blocks, w.causal)
+
+
+def block_sparse_pairs(w: Any) -> int:
+    from .block_sparse.patterns import attended_pairs as table_pairs
+
+    pattern = w.block_pattern()
+    return table_pairs(pattern.table(w.seq_len, w.heads), w.seq_len, pattern.block_size, w.causal) * w.batch * w.heads
+
+
+# --- shard rules: why a problem cannot be split over `world` contiguous sequence shards, or None ---
+def even_shards(w: Any, world: int) -> str | None:
+    if w.seq_len % world:
+        return f"N={w.seq_len} is not divisible by {world} ranks"
+    return None
+
+
+def segment_aligned_shards(w: Any, world: int) -> str | None:
+    if problem := even_shards(w, world):
+        return problem
+    if world > 1:
+        try:
+            shard_plan(w.seq_len, world, 0, w.heads, w.segment_lengths, w.dilation_rates, "longnet", "sharding")
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+def head_shards(w: Any, world: int) -> str | None:
+    if problem := even_shards(w, world):
+        return problem
+    if w.heads % world:
+        return f"{w.heads} heads are not divisible by {world} ranks"
+    return None
+
+
+def block_aligned_shards(w: Any, world: int) -> str | None:
+    if problem := even_shards(w, world):
+        return problem
+    if world > 1 and (w.seq_len // world) % w.block_size:
+        return f"N/p = {w.seq_len // world} is not a multiple of the block size {w.block_size}"
+    return None
 
 
 @dataclass(frozen=True)
-class Implementation:
+class ImplSpec:
+    """What every command needs to know about one implementation or baseline."""
+
     name: str
-    cls: type[nn.Module]
+    cls: type[nn.Module]  # constructed by workload/build.py: core (segments, rates, ...), multihead (E, H, ...)
     kind: Literal["core", "multihead"]
+    strategy: Strategy
     summary: str
-    distributed: bool = False  # runs sharded over a process group (verify/bench run it in spawned groups)
+    pairs: Callable[[Any], int] = dilated_pairs  # P, the pairs it computes (workload/counts.py)
+    memory_model: MemoryModel | None = "strided"
+    distributed: bool = False  # runs sharded over a process group of any size
+    single_device: bool = True  # runs as a plain module on one process
+    shard_rule: Callable[[Any, int], str | None] = even_shards
     block_sparse: bool = False  # takes pattern options (pattern, block_size, window, density, ...)
-    single_device: bool | None = None  # also a plain single-device module; default: not distributed
+    baseline: bool = False  # a dense reference point for sweeps, not a dilated implementation
+    preferred: bool = False  # what `auto` picks among the candidates of its kind
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    backends: tuple[str, ...] = DILATED_BACKENDS  # attention backends it can run its blocks on
+    requires: tuple[str, ...] = ()  # importable modules it needs
+    install_hint: str = ""
 
-    def __post_init__(self):
-        if self.single_device is None:
-            object.__setattr__(self, "single_device", not self.distributed)
+    def where(self) -> str:
+        ranks = "1 process or p ranks" if self.distributed and self.single_device else (
+            "p ranks" if self.distributed else "1 process")
+        return f"{', '.join(self.devices)}; {ranks}"
 
-
-REGISTRY: dict[str, Implementation] = {}
-
-
-def register(impl: Implementation) -> Implementation:
-    REGISTRY[impl.name] = impl
-    return impl
-
-
-register(Implementation("DilatedAttention", DilatedAttention, "core", "gather by index, backend per block, exact LSE merge"))
-register(Implementation("ImprovedDilatedAttention", ImprovedDilatedAttention, "core", "strided views, pattern cache, memory pool"))
-register(Implementation("MultiheadDilatedAttention", MultiheadDilatedAttention, "multihead", "projections around DilatedAttention"))
-register(
-    Implementation(
-        "ImprovedMultiheadDilatedAttention", ImprovedMultiheadDilatedAttention, "multihead",
-        "projections around ImprovedDilatedAttention",
-    )
-)
-register(
-    Implementation(
-        "RingDilatedAttention", RingDilatedAttention, "core",
-        "contiguous shards; sparsified K/V rotated around each segment's ranks", distributed=True,
-    )
-)
-register(
-    Implementation(
-        "RingMultiheadDilatedAttention", RingMultiheadDilatedAttention, "multihead",
-        "projections around RingDilatedAttention", distributed=True,
-    )
-)
-register(
-    Implementation(
-        "DistributedImprovedDilatedAttention", DistributedImprovedDilatedAttention, "core",
-        "contiguous shards; sparsified K/V all-gathered within each segment's ranks (LongNet)", distributed=True,
-    )
-)
-register(
-    Implementation(
-        "HeadParallelDilatedAttention", HeadParallelDilatedAttention, "core",
-        "all-to-all sequence shards -> head shards, dilated attention on H/p heads, all-to-all back", distributed=True,
-    )
-)
+    def unavailable(self, device: str = "cpu") -> str | None:
+        """Why it cannot run on `device` here, with the fix; None when it can."""
+        device_type = device.split(":")[0]
+        if device_type not in self.devices:
+            return f"runs on {' or '.join(self.devices)} only, not {device_type}"
+        missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
+        if missing:
+            return f"needs {', '.join(missing)}: {self.install_hint or 'install it'}"
+        if device_type == "cuda" and not torch.cuda.is_available():
+            return "no CUDA device here"
+        return None
 
 
-register(
-    Implementation(
-        "BlockSparseRingDilatedAttention", BlockSparseRingDilatedAttention, "core",
-        "block patterns (local, dilated, global_local, hierarchical, longnet) on FlexAttention or gathered key blocks; "
-        "ring form sends only used key blocks", distributed=True, single_device=True, block_sparse=True,
-    )
-)
-register(
-    Implementation(
-        "BlockSparseRingMultiheadDilatedAttention", BlockSparseRingMultiheadDilatedAttention, "multihead",
-        "projections around BlockSparseRingDilatedAttention", distributed=True, single_device=True, block_sparse=True,
-    )
-)
+REGISTRY: dict[str, ImplSpec] = {}
 
 
-def get_implementation(name: str) -> Implementation:
+def register(spec: ImplSpec) -> ImplSpec:
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    REGISTRY.pop(name, None)
+
+
+_SEQUENCE_PARALLEL = dict(distributed=True, single_device=False, shard_rule=segment_aligned_shards)
+_BLOCK_SPARSE = dict(strategy="block_sparse", pairs=block_sparse_pairs, memory_model=None, distributed=True,
+                     block_sparse=True, shard_rule=block_aligned_shards)
+_BASELINE = dict(kind="core", baseline=True, backends=())
+
+register(ImplSpec("DilatedAttention", DilatedAttention, "core", "single", "gather by index, backend per block, exact LSE merge",
+                  memory_model="index_gather"))
+register(ImplSpec("ImprovedDilatedAttention", ImprovedDilatedAttention, "core", "single",
+                  "strided views, pattern cache, memory pool", preferred=True))
+register(ImplSpec("MultiheadDilatedAttention", MultiheadDilatedAttention, "multihead", "single",
+                  "projections around DilatedAttention", memory_model="index_gather"))
+register(ImplSpec("ImprovedMultiheadDilatedAttention", ImprovedMultiheadDilatedAttention, "multihead", "single",
+                  "projections around ImprovedDilatedAttention", preferred=True))
+register(ImplSpec("RingDilatedAttention", RingDilatedAttention, "core", "ring",
+                  "contiguous shards; sparsified K/V rotated around each segment's ranks", preferred=True, **_SEQUENCE_PARALLEL))
+register(ImplSpec("RingMultiheadDilatedAttention", RingMultiheadDilatedAttention, "multihead", "ring",
+                  "projections around RingDilatedAttention", preferred=True, **_SEQUENCE_PARALLEL))
+register(ImplSpec("DistributedImprovedDilatedAttention", DistributedImprovedDilatedAttention, "core", "allgather",
+                  "contiguous shards; sparsified K/V all-gathered within each segment's ranks (LongNet)",
+                  **_SEQUENCE_PARALLEL))
+register(ImplSpec("HeadParallelDilatedAttention", HeadParallelDilatedAttention, "core", "head_parallel",
+                  "all-to-all sequence shards -> head shards, dilated attention on H/p heads, all-to-all back",
+                  distributed=True, single_device=False, shard_rule=head_shards))
+register(ImplSpec("BlockSparseRingDilatedAttention", BlockSparseRingDilatedAttention, "core",
+                  summary="block patterns (local, dilated, global_local, hierarchical, longnet) on FlexAttention or "
+                  "gathered key blocks; ring form sends only used key blocks", **_BLOCK_SPARSE))
+register(ImplSpec("BlockSparseRingMultiheadDilatedAttention", BlockSparseRingMultiheadDilatedAttention, "multihead",
+                  summary="projections around BlockSparseRingDilatedAttention", **_BLOCK_SPARSE))
+register(ImplSpec("sdpa", SDPAAttention, strategy="dense", summary="torch scaled_dot_product_attention, all pairs",
+                  pairs=dense_pairs, memory_model="dense", **_BASELINE))
+register(ImplSpec("math", MathAttention, strategy="dense", summary="N x N scores, softmax, weighted sum",
+                  pairs=dense_pairs, memory_model="dense_scores", **_BASELINE))
+register(ImplSpec("flash", FlashAttention, strategy="dense", summary="flash-attn flash_attn_func, all pairs",
+                  pairs=dense_pairs, memory_model="dense", devices=("cuda",), requires=("flash_attn",),
+                  install_hint="pip install 'dattn[flash]'", **_BASELINE))
+register(ImplSpec("reference", ReferenceAttention, strategy="reference",
+                  summary="the dense float64 reference of the dilated pattern", pairs=dense_pairs,
+                  memory_model="reference", **_BASELINE))
+
+
+def get_implementation(name: str) -> ImplSpec:
     if name not in REGISTRY:
         raise ValueError(f"unknown implementation {name!r}: use one of {', '.join(REGISTRY)}")
     return REGISTRY[name]
 
 
-def _choose(kind: str, wanted: Literal["core", "multihead"]) -> tuple[Implementation, str]:
+def names(predicate: Callable[[ImplSpec], bool] = lambda spec: True) -> list[str]:
+    return [name for name, spec in REGISTRY.items() if predicate(spec)]
+
+
+def _choose(kind: str, wanted: Literal["core", "multihead"]) -> tuple[ImplSpec, str]:
     if kind != "auto":
         impl = get_implementation(kind)
-        if impl.kind != wanted:
-            raise ValueError(f"kind={kind!r} is a {impl.kind} implementation; pick a {wanted} one: "
-                             + ", ".join(n for n, i in REGISTRY.items() if i.kind == wanted))
+        if impl.kind != wanted or impl.baseline:
+            raise ValueError(f"kind={kind!r} is a {'baseline' if impl.baseline else impl.kind} implementation; pick a "
+                             f"{wanted} one: " + ", ".join(names(lambda s: s.kind == wanted and not s.baseline)))
         return impl, f"chosen: {impl.name} (requested)"
     dist = torch.distributed.is_available() and torch.distributed.is_initialized()
     world = torch.distributed.get_world_size() if dist else 1
-    candidates = [i for i in REGISTRY.values() if i.kind == wanted and (i.distributed if world > 1 else i.single_device)]
+    own_kind = [i for i in REGISTRY.values() if i.kind == wanted and not i.baseline]
+    candidates = [i for i in own_kind if (i.distributed if world > 1 else i.single_device)]
     if not candidates:
-        candidates = [i for i in REGISTRY.values() if i.kind == wanted and i.single_device]
+        candidates = [i for i in own_kind if i.single_device]
         why = f"world size {world} but no distributed {wanted} implementation is registered, so single-device"
     else:
         why = f"world size {world}"
-    preferred = [i for i in candidates if i.name.startswith(("Improved", "Ring"))] or candidates
-    impl = preferred[0]
+    impl = next((i for i in candidates if i.preferred), candidates[0])
     return impl, f"auto chose {impl.name} ({why}; {impl.summary})"
 
 

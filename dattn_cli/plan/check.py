@@ -7,23 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..bench.rows import BenchRow, read_rows
-from .layers import LayerShape, attention_part, linear_flops, matmul_key, recompute_factors
-from .memory import Shape
-from .model import flops_per_device, plan
+from ..workload.counts import flops_per_device, linear_flops
+from ..workload.records import BenchRow, read_rows, row_problem
+from .layers import attention_part, matmul_key, recompute_factors
 from .profiles import HardwareProfile
-
-
-def shape_of(row: BenchRow) -> Shape:
-    """The planner's shape of a bench row: a LayerShape for --target layer|model rows."""
-    fields = dict(impl=row.impl, seq_len=row.seq_len, batch=row.batch, heads=row.heads, head_dim=row.head_dim,
-                  segment_lengths=row.segments, dilation_rates=row.dilations, semantics=row.semantics,
-                  causal=row.causal, dtype=row.dtype, mode=row.mode, world_size=row.world_size)
-    if row.target == "attention":
-        return Shape(**fields)
-    return LayerShape(**fields, target=row.target, embed_dim=row.embed_dim or row.heads * row.head_dim,
-                      layers=row.layers or 1, vocab_size=row.vocab_size or 50304, checkpointing=row.checkpointing,
-                      amp=row.amp)
+from .solve import plan
 
 
 def ok_rows(path: Path | str) -> list[BenchRow]:
@@ -38,7 +26,7 @@ def check_rows(rows: list[BenchRow], profile: HardwareProfile) -> pd.DataFrame:
     """One line per ok row: predicted and measured peak memory and time, errors in percent."""
     records = []
     for row in rows:
-        p = plan(shape_of(row), profile, row.world_size)
+        p = plan(row_problem(row), profile, row.world_size)
         predicted_time = p.time.total_s * 1e3 if p.time else None
         measured_mem = row.peak_mem_bytes
         records.append({
@@ -84,7 +72,7 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
     for row in rows:
         if row.world_size != 1 or not row.time_ms or row.target != "attention":
             continue
-        shape = shape_of(row)
+        shape = row_problem(row)
         peak = profile.peak_flops(shape.dtype)
         if not peak:
             continue
@@ -96,7 +84,7 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
     for row in rows:
         if row.target == "attention" or not row.time_ms:
             continue
-        shape = shape_of(row)
+        shape = row_problem(row)
         _, attention_s = attention_part(shape, profile)
         linear_s = row.time_ms / 1e3 - attention_s
         peak = profile.peak_flops(shape.compute_dtype)

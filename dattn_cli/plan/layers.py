@@ -29,21 +29,20 @@ The peak is the largest of these phases (the breakdown printed is the peak phase
 AdamW's moments exist from the first step on; gradients are freed by zero_grad(set_to_none=True) between
 steps (model). A layer bench accumulates parameter gradients over its calls, so they are always there.
 
-Time: the attention's FLOPs at the attention efficiency (plan/model.py) plus the linear layers' FLOPs,
-2·T·(4E² + 2EF) per block (and 2·T·E·V for the head), x3 with backward, at the profile's fitted
+Time: the attention's FLOPs at the attention efficiency (plan/time.py) plus the linear layers' FLOPs,
+2·T·(4E² + 2EF) per block (and 2·T·E·V for the head), x3 with backward (workload/counts.py), at the profile's fitted
 `matmul:<dtype>/<mode>` efficiency (falls back to the attention prior); checkpointing adds the recomputed
 forward (x4/3 linear, x4.5/3.5 attention) to the time, not to the FLOPs.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from ..workload.counts import linear_flops
+from ..workload.problem import ELEMENT_BYTES, Problem
+from .memory import MemoryBreakdown, estimate_memory
+from .profiles import HardwareProfile
+from .time import TimeBreakdown, estimate_time
 
-from pydantic import model_validator
-
-from .memory import ELEMENT_BYTES, MemoryBreakdown, Shape, estimate_memory
-
-AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 # CPU host only (a CUDA bench reports the caching allocator's figure, which sees neither): first-call
 # runtime costs beyond the profile's framework figures, MiB: the block's kernels (LayerNorm, GELU,
 # matmuls), autocast's, the first non-reentrant checkpoint, a model's embedding/loss/AdamW code. Fitted
@@ -51,36 +50,6 @@ AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 # rows (E=256, N=1K..16K, every option). A term for kernel scratch in proportion to the activations,
 # fitted alongside, came out at 1.4% of them: the model has none.
 CPU_RUNTIME_MIB = {"block": 15, "autocast": 23, "checkpointing": 38, "model": 28}
-
-
-class LayerShape(Shape):
-    """Shape of a block or a LongNetLM (impl: the registered multihead implementation in each block)."""
-
-    target: Literal["layer", "model"] = "layer"
-    embed_dim: int
-    layers: int = 1
-    vocab_size: int = 50304
-    mlp_ratio: float = 4.0
-    checkpointing: bool = False
-    amp: Literal["bf16", "fp16"] | None = None
-    causal: bool = True
-
-    @model_validator(mode="after")
-    def _derived(self) -> "LayerShape":
-        if self.embed_dim % self.heads:
-            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by heads {self.heads}: pick a multiple of it")
-        self.head_dim = self.embed_dim // self.heads
-        if self.target == "layer":
-            self.layers = 1
-        return self
-
-    @property
-    def compute_dtype(self) -> str:
-        return AMP_DTYPES[self.amp] if self.amp else self.dtype
-
-    @property
-    def hidden(self) -> int:
-        return int(self.embed_dim * self.mlp_ratio)
 
 
 class LayerMemory(MemoryBreakdown):
@@ -102,31 +71,6 @@ class _Phase:
         return sum(self.items.values())
 
 
-def layer_shape(target: str, impl: str, fields: dict, *, embed_dim: int | None, layers: int, vocab_size: int,
-                checkpointing: bool, amp: str | None) -> LayerShape:
-    """A LayerShape from command-line values, each bad one refused in a sentence naming the option."""
-    from ..kernels import REGISTRY
-
-    if target not in ("layer", "model"):
-        raise ValueError(f"--target {target!r}: use attention, layer or model")
-    if impl not in REGISTRY or REGISTRY[impl].kind != "multihead":
-        names = ", ".join(n for n, i in REGISTRY.items() if i.kind == "multihead")
-        raise ValueError(f"--target {target} builds layers around a multihead attention; {impl} is not one: use {names}")
-    if amp not in (None, *AMP_DTYPES):
-        raise ValueError(f"--amp {amp!r}: use bf16 or fp16")
-    for name, value in (("--layers", layers), ("--vocab-size", vocab_size)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    width = embed_dim or fields["heads"] * fields["head_dim"]
-    if width % fields["heads"] or (width // fields["heads"]) % 2:
-        raise ValueError(f"--embed-dim {width} must split into --heads {fields['heads']} heads of even size (rotary embeddings)")
-    if fields.get("world_size", 1) > 1:
-        raise ValueError(f"--target {target} is planned on one device: drop --devices")
-    causal = True if target == "model" else fields["causal"]  # a LongNetLM is causal
-    return LayerShape(**{**fields, "causal": causal}, impl=impl, target=target, embed_dim=width, layers=layers,
-                      vocab_size=vocab_size, checkpointing=checkpointing, amp=amp)
-
-
 def block_parameters(width: int, mlp_ratio: float, subln: bool = False) -> int:
     hidden = int(width * mlp_ratio)
     params = 4 * width * width + 4 * width + 2 * width * hidden + hidden + width + 4 * width  # attn, mlp, two LNs
@@ -135,16 +79,16 @@ def block_parameters(width: int, mlp_ratio: float, subln: bool = False) -> int:
     return params
 
 
-def model_parameters(s: LayerShape) -> int:
-    blocks = s.layers * block_parameters(s.embed_dim, s.mlp_ratio)
-    return blocks + (s.vocab_size * s.embed_dim + 2 * s.embed_dim if s.target == "model" else 0)
+def model_parameters(s: Problem) -> int:
+    blocks = s.layers * block_parameters(s.width, s.mlp_ratio)
+    return blocks + (s.vocab_size * s.width + 2 * s.width if s.target == "model" else 0)
 
 
-def block_saved_bytes(s: LayerShape, attention: dict[str, int]) -> dict[str, int]:
+def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
     """What one block keeps for its backward, itemised (module docstring); `attention`: the items of
     plan/memory.py's model of the block's attention call."""
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
-    tokens, width, hidden = s.batch * s.seq_len, s.embed_dim, s.hidden
+    tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
     items = {
         "LayerNorm inputs": 2 * tokens * width * p,
         "linear inputs, q/k/v, rotated q/k": 8 * tokens * width * c,
@@ -157,14 +101,14 @@ def block_saved_bytes(s: LayerShape, attention: dict[str, int]) -> dict[str, int
     return items
 
 
-def layer_memory(s: LayerShape, framework_bytes: int = 0, device_type: str = "cpu") -> LayerMemory:
+def layer_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cpu") -> LayerMemory:
     """Peak bytes of one bench point of --target layer|model, itemised for the phase that peaks."""
     p = ELEMENT_BYTES[s.dtype]
-    tokens, width = s.batch * s.seq_len, s.embed_dim
+    tokens, width = s.batch * s.seq_len, s.width
     residual = tokens * width * p
     params = model_parameters(s)
     train = s.mode == "fwdbwd"
-    attention = estimate_memory(attention_shape(s), 0, device_type).items
+    attention = estimate_memory(s.attention_problem(), 0, device_type).items
     pool = attention.get("gather buffers (memory pool)", 0)
     model = s.target == "model"
 
@@ -190,9 +134,9 @@ def layer_memory(s: LayerShape, framework_bytes: int = 0, device_type: str = "cp
     return LayerMemory(items=peak.items, total=peak.total, phase=peak.name)
 
 
-def _forward_phases(s: LayerShape, common: dict[str, int], attention: dict[str, int]) -> list[_Phase]:
+def _forward_phases(s: Problem, common: dict[str, int], attention: dict[str, int]) -> list[_Phase]:
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
-    tokens, width, hidden = s.batch * s.seq_len, s.embed_dim, s.hidden
+    tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
     core = sum(v for k, v in attention.items() if k not in ("inputs q, k, v", "output", "gather buffers (memory pool)",
                                                               "kernel workspace"))
     # one block at a time: the residual, then the larger of the attention half (LN output, packed q/k/v,
@@ -207,9 +151,9 @@ def _forward_phases(s: LayerShape, common: dict[str, int], attention: dict[str, 
     return phases
 
 
-def _training_phases(s: LayerShape, common: dict[str, int], attention: dict[str, int]) -> list[_Phase]:
+def _training_phases(s: Problem, common: dict[str, int], attention: dict[str, int]) -> list[_Phase]:
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
-    tokens, width, hidden = s.batch * s.seq_len, s.embed_dim, s.hidden
+    tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
     residual = tokens * width * p
     saved = sum(block_saved_bytes(s, attention).values())
     model = s.target == "model"
@@ -262,17 +206,7 @@ def _training_phases(s: LayerShape, common: dict[str, int], attention: dict[str,
     return phases
 
 
-def linear_flops(s: LayerShape) -> float:
-    """FLOPs of the linear layers of one bench point: 2·T·(4E² + 2EF) per block, 2·T·E·V for a model's
-    head, x3 with backward (the recomputed forward of checkpointing not counted: useful work only)."""
-    tokens, width = s.batch * s.seq_len, s.embed_dim
-    linear = 2.0 * tokens * (4 * width * width + 2 * width * s.hidden) * s.layers
-    if s.target == "model":
-        linear += 2.0 * tokens * width * s.vocab_size
-    return linear * (3.0 if s.mode == "fwdbwd" else 1.0)
-
-
-def recompute_factors(s: LayerShape) -> tuple[float, float]:
+def recompute_factors(s: Problem) -> tuple[float, float]:
     """(attention, linear) work executed per unit of useful work: checkpointing runs each block's forward
     again, +1 of 3.5 for the attention (fwd+bwd = 3.5 x fwd) and +1 of 3 for the linear layers."""
     if s.checkpointing and s.mode == "fwdbwd":
@@ -280,31 +214,21 @@ def recompute_factors(s: LayerShape) -> tuple[float, float]:
     return 1.0, 1.0
 
 
-def matmul_key(s: LayerShape) -> str:
+def matmul_key(s: Problem) -> str:
     """The profile's per_impl key of the linear layers' efficiency (fitted by `plan --calibrate`)."""
     return f"matmul:{s.compute_dtype}"
 
 
-def attention_shape(s: LayerShape) -> Shape:
-    """One block's attention call, in the compute dtype."""
-    fields = {k: getattr(s, k) for k in Shape.model_fields}
-    return Shape(**{**fields, "dtype": s.compute_dtype, "world_size": 1, "strategy": "single"})
-
-
-def attention_part(s: LayerShape, profile) -> tuple[float, float]:
+def attention_part(s: Problem, profile: HardwareProfile) -> tuple[float, float]:
     """(useful FLOPs, seconds) of all the blocks' attention calls at the attention efficiency, the
     checkpoint recompute included in the seconds."""
-    from .model import estimate_time
-
-    attention = estimate_time(attention_shape(s), profile)
+    attention = estimate_time(s.attention_problem(), profile)
     return attention.flops * s.layers, attention.compute_s * s.layers * recompute_factors(s)[0]
 
 
-def estimate_layer_time(s: LayerShape, profile):
+def estimate_layer_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
     """Compute time of one bench point: the attention calls at the attention efficiency, the linear layers
     at the matmul efficiency (no communication: layer and model targets run on one device)."""
-    from .model import TimeBreakdown
-
     attention_flops, attention_s = attention_part(s, profile)
     useful_linear = linear_flops(s)
     linear_s = useful_linear * recompute_factors(s)[1] / (profile.peak_flops(s.compute_dtype)

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel
 
 from ..kernels.pattern import Block, build_blocks, pair_blocks
-
-ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
-DENSE = ("sdpa", "flash", "math")
+from ..workload.counts import spanning_pairs
+from ..workload.problem import ELEMENT_BYTES, Problem
+from .profiles import HardwareProfile
 
 # Kernel workspace and allocator slack, in units of the largest block's q-sized tensor (b·h·m·D
 # elements): memory the process holds beyond the live tensors (fused-kernel scratch invisible to torch's
@@ -46,37 +46,9 @@ WORKSPACE = {
 }
 
 
-class Shape(BaseModel):
-    """What the memory and time models need to know about one attention call."""
-
-    impl: str
-    seq_len: int
-    batch: int = 1
-    heads: int = 8
-    head_dim: int = 64
-    segment_lengths: list[int] = [2048, 4096, 8192]
-    dilation_rates: list[int] = [1, 2, 4]
-    semantics: str = "longnet"
-    causal: bool = False
-    dtype: str = "float32"
-    mode: str = "fwd"  # fwd | fwdbwd
-    world_size: int = 1
-    strategy: str = "single"  # single | ring | allgather | head_parallel (derived from impl when world > 1)
-
-
 class MemoryBreakdown(BaseModel):
     items: dict[str, int]
     total: int
-
-
-STRATEGY_OF = {
-    "RingDilatedAttention": "ring", "RingMultiheadDilatedAttention": "ring",
-    "DistributedImprovedDilatedAttention": "allgather", "HeadParallelDilatedAttention": "head_parallel",
-}
-
-
-def strategy_for(impl: str, world: int) -> str:
-    return STRATEGY_OF.get(impl, "single") if world > 1 else "single"
 
 
 @dataclass
@@ -87,7 +59,7 @@ class _Tally:
         self.items[name] = self.items.get(name, 0) + int(nbytes)
 
 
-def _local_blocks(s: Shape, length: int, heads: int, first_head: int) -> list[Block]:
+def _local_blocks(s: Problem, length: int, heads: int, first_head: int) -> list[Block]:
     """The blocks one device computes locally (its shard, or its head shard of the whole sequence)."""
     if s.strategy in ("ring", "allgather"):
         blocks: list[Block] = []
@@ -112,7 +84,7 @@ def _covers_all(block: Block, length: int, heads: int) -> bool:
             and block.head_step == 1 and block.num_heads == heads)
 
 
-def estimate_memory(s: Shape, framework_bytes: int = 0, device_type: str = "cpu") -> MemoryBreakdown:
+def estimate_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cpu") -> MemoryBreakdown:
     """Peak bytes on one device for one call of `s` (fwd, or fwd+bwd), itemised."""
     e = ELEMENT_BYTES[s.dtype]
     fwdbwd = s.mode == "fwdbwd"
@@ -122,16 +94,21 @@ def estimate_memory(s: Shape, framework_bytes: int = 0, device_type: str = "cpu"
     x_shard = s.batch * length * s.heads * s.head_dim * e  # one (B, L, H, D) tensor
     t.add("inputs q, k, v", 3 * x_shard)
     t.add("output", x_shard)
-    if s.impl in DENSE:
+    model = s.spec.memory_model
+    if model is None:
+        raise ValueError(f"the planner has no memory model for {s.impl} ({s.spec.strategy}): plan another --impl")
+    if model == "reference":
+        return _finish(t, framework_bytes, reference_items(s))
+    if model in ("dense", "dense_scores"):
         block_elems = s.batch * s.heads * s.seq_len * s.head_dim
-        if s.impl == "math":  # N x N scores: fp32 scores, softmax, (and their grads in backward)
+        if model == "dense_scores":  # N x N scores: fp32 scores, softmax, (and their grads in backward)
             scores = s.batch * s.heads * s.seq_len * s.seq_len * 4
             t.add("scores (N x N)", scores * (3 if fwdbwd else 2))
         else:
             t.add("lse", s.batch * s.heads * s.seq_len * 4)
         if fwdbwd:
             t.add("gradients (upstream, dq, dk, dv)", 4 * x_shard)
-        if s.impl != "math":
+        if model != "dense_scores":
             t.add("kernel workspace", WORKSPACE[("dense", device_type, s.mode)] * block_elems * e)
         return _finish(t, framework_bytes)
 
@@ -146,7 +123,7 @@ def estimate_memory(s: Shape, framework_bytes: int = 0, device_type: str = "cpu"
     if e != acc_e:
         t.add("fp32 accumulator", s.batch * work_len * heads * s.head_dim * acc_e)
     gather_shapes: dict[tuple, int] = {}
-    improved = not s.impl.startswith(("DilatedAttention", "MultiheadDilatedAttention"))
+    improved = model == "strided"
     largest, largest_free = 0, 0
     for b in blocks:
         elems = _block_elems(s.batch, b, s.head_dim)
@@ -174,12 +151,10 @@ def estimate_memory(s: Shape, framework_bytes: int = 0, device_type: str = "cpu"
     return _finish(t, framework_bytes)
 
 
-def _sequence_parallel_buffers(s: Shape, length: int, fwdbwd: bool, e: int) -> int:
+def _sequence_parallel_buffers(s: Problem, length: int, fwdbwd: bool, e: int) -> int:
     """Packed sparsified K/V, S = 2·B·H_i·D·e·⌈L/r⌉ per device and pair: the ring holds its own rows, the
     buffer being computed on and the one being received (and a dK/dV share in backward); the all-gather
     holds all g members' rows (kept for backward) and, in backward, the g dK/dV shares."""
-    from .model import spanning_pairs
-
     total = 0
     for g, r, heads in spanning_pairs(s):
         size = 2 * s.batch * heads * s.head_dim * e * -(-length // r)
@@ -190,7 +165,23 @@ def _sequence_parallel_buffers(s: Shape, length: int, fwdbwd: bool, e: int) -> i
     return total
 
 
-def _finish(t: _Tally, framework_bytes: int) -> MemoryBreakdown:
+def reference_items(s: Problem) -> dict[str, int]:
+    """The float64 reference: float64 copies of q, k, v, out (and their gradients), plus its bounded block
+    of scores (64 MiB, three of them with backward)."""
+    x64 = s.batch * s.seq_len * s.heads * s.head_dim * 8
+    fwdbwd = s.mode == "fwdbwd"
+    return {"float64 copies": (16 if fwdbwd else 8) * x64, "score blocks": 64 * 2**20 * (3 if fwdbwd else 1)}
+
+
+def framework_bytes(profile: HardwareProfile, mode: str) -> int:
+    """The runtime's fixed cost from the profile (CUDA context, allocator reserve; CPU thread pools)."""
+    extra = profile.backward_overhead_gib if mode == "fwdbwd" else 0.0
+    return int((profile.framework_overhead_gib + extra) * 2**30)
+
+
+def _finish(t: _Tally, framework_bytes: int, replace: dict[str, int] | None = None) -> MemoryBreakdown:
+    if replace is not None:
+        t.items = dict(replace)
     if framework_bytes:
         t.add("framework", framework_bytes)
     return MemoryBreakdown(items=t.items, total=sum(t.items.values()))

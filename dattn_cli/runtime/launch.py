@@ -1,4 +1,10 @@
-"""Run a function on p ranks of a torch.distributed process group on this machine.
+"""The one launcher: runs work in processes it starts and watches, so a crash, an OOM or a hang becomes
+a result, never a hang or a lost sweep.
+
+* run_isolated: one worker process per measured point (target(conn, *args) sends one result dict); the
+  parent kills it past its deadline or when its RSS grows past a limit.
+* run_distributed: a function on p ranks of a torch.distributed process group on this machine.
+
 
 Each rank is a process forked from a forkserver (torch preloaded), joins the group over TCP on a free
 loopback port (so two runs never collide), runs `fn(rank, world_size, *args)` and sends back its
@@ -34,7 +40,7 @@ def _context():
     global _CONTEXT
     if _CONTEXT is None:
         _CONTEXT = mp.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["torch", "dattn_cli.kernels"])
+        _CONTEXT.set_forkserver_preload(["torch", "dattn_cli.kernels", "dattn_cli.workload.build"])
     return _CONTEXT
 
 
@@ -145,3 +151,54 @@ def run_distributed(
         for pipe in pipes:
             pipe.close()
     return [results[r] for r in range(world_size)]
+
+
+def run_isolated(target: Callable[..., None], args: tuple, *, deadline_s: float, deadline_text: str = "its deadline",
+                 rss_limit: int | None = None, rss_limit_text: str = "") -> dict:
+    """target(conn, *args) in a fresh worker; its dict, or a failure dict (status oom / error / skipped)."""
+    ctx = _context()
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target, args=(sender, *args), daemon=True)
+    proc.start()
+    sender.close()
+    try:
+        return _watch(proc, receiver, time.monotonic() + deadline_s, deadline_text, rss_limit, rss_limit_text)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(10)
+        receiver.close()
+
+
+def _watch(proc, receiver, deadline: float, deadline_text: str, rss_limit: int | None, rss_limit_text: str) -> dict:
+    from .measure import rss_bytes
+
+    base_rss = None
+    while True:
+        if receiver.poll(0.05):
+            try:
+                return receiver.recv()
+            except EOFError:
+                proc.join(5)
+                return worker_died(proc.exitcode)
+        if not proc.is_alive():
+            proc.join()
+            return worker_died(proc.exitcode)
+        try:
+            rss = rss_bytes(proc.pid)
+        except (OSError, IndexError):
+            continue
+        base_rss = rss if base_rss is None else min(base_rss, rss)
+        if rss_limit is not None and rss - base_rss > rss_limit:
+            proc.kill()
+            return {"status": "oom", "reason": "out of memory",
+                    "error": f"worker RSS grew {(rss - base_rss) / 2**30:.2f} GiB, over {rss_limit_text}; killed"}
+        if time.monotonic() > deadline:
+            proc.kill()
+            return {"status": "skipped", "reason": f"time: point ran past {deadline_text}; killed"}
+
+
+def worker_died(exitcode: int | None) -> dict:
+    if exitcode is not None and exitcode < 0 and -exitcode == 9:
+        return {"status": "oom", "reason": "out of memory", "error": "worker killed by SIGKILL (likely the OOM killer)"}
+    return {"status": "error", "reason": "worker crashed", "error": f"worker exited with code {exitcode} and sent no result"}

@@ -1,4 +1,5 @@
-"""Small measurement helpers shared by bench and profile."""
+"""Timers' statistics and memory probes shared by bench and profile: RSS, address space, glibc's handling of
+freed memory, peak RSS, NVML's device-used bytes."""
 
 from __future__ import annotations
 
@@ -138,3 +139,17 @@ class LiveTensorBytes:
     def __exit__(self, *exc):
         self._mode.__exit__(*exc)
         return False
+
+
+def nvml_used_bytes(index: int) -> int | None:
+    """Device memory in use according to NVML (all processes); None where NVML is absent or unusable."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML absent or unusable: the caller's column stays empty
+        return None

@@ -7,31 +7,31 @@ import time
 from dattn_cli.bench import worker
 
 
-def raising_child(conn, cfg_data, impl, n):
-    worker._child(conn, {**cfg_data, "impls": ["no-such-impl"]}, "no-such-impl", n)
+def raising_child(conn, sweep_data, problem_data):
+    worker._child(conn, sweep_data, {**problem_data, "impl": "no-such-impl"})
 
 
-def memory_error_child(conn, cfg_data, impl, n):
+def memory_error_child(conn, sweep_data, problem_data):
     def boom(*a, **k):
         raise MemoryError("simulated allocation failure")
 
     worker.measure_point = boom
-    worker._child(conn, cfg_data, impl, n)
+    worker._child(conn, sweep_data, problem_data)
 
 
-def killed_child(conn, cfg_data, impl, n):
+def killed_child(conn, sweep_data, problem_data):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def crashing_child(conn, cfg_data, impl, n):
+def crashing_child(conn, sweep_data, problem_data):
     os._exit(3)
 
 
-def sleeping_child(conn, cfg_data, impl, n):
+def sleeping_child(conn, sweep_data, problem_data):
     time.sleep(120)
 
 
-def hog_child(conn, cfg_data, impl, n):
+def hog_child(conn, sweep_data, problem_data):
     """Touch memory past the cap without going through torch (the parent's RSS watchdog must act)."""
     import resource
 

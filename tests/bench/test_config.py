@@ -1,30 +1,14 @@
 import pytest
 
-from dattn_cli.bench import BenchConfig, parse_seq_lens, parse_size
-
-
-def test_parse_seq_lens():
-    assert parse_seq_lens("4k,8k,32768") == [4096, 8192, 32768]
-    assert parse_seq_lens("1m") == [2**20]
-    with pytest.raises(ValueError, match="--seq-lens: '4x' is not a length"):
-        parse_seq_lens("4x")
-
-
-def test_parse_size():
-    assert parse_size("2GiB") == 2 * 2**30
-    assert parse_size("512MB") == 512 * 10**6
-    assert parse_size("1.5g") == int(1.5e9)
-    for bad in ("lots", "2 parsecs", "-1GiB"):
-        with pytest.raises(ValueError, match="--max-memory"):
-            parse_size(bad)
+from dattn_cli.bench import Sweep
 
 
 def test_config_validation():
     ok = dict(impls=["sdpa"], seq_lens=[1024], max_memory=2**30)
-    BenchConfig(**ok)
+    Sweep(**ok)
     with pytest.raises(ValueError, match="exactly one of --seq-lens and --until-oom"):
-        BenchConfig(**{**ok, "until_oom": True})
+        Sweep(**{**ok, "until_oom": True})
     with pytest.raises(ValueError, match="--batch must be >= 1"):
-        BenchConfig(**{**ok, "batch": 0})
+        Sweep(**{**ok, "batch": 0})
     with pytest.raises(ValueError, match="one dilation rate per segment length"):
-        BenchConfig(**{**ok, "segment_lengths": [8, 16], "dilation_rates": [1]})
+        Sweep(**{**ok, "segment_lengths": [8, 16], "dilation_rates": [1]})

@@ -3,8 +3,9 @@ sweep, with checkpointing and autocast options, and their configuration checks."
 
 import pytest
 
-from dattn_cli.bench import BenchConfig, run_sweep
-from dattn_cli.bench.worker import measure_point
+from dattn_cli.bench import Sweep, run_sweep
+from dattn_cli.bench.point import measure_point
+from dattn_cli.plan import predicted_peak_bytes
 from dattn_cli.plan.layers import block_parameters
 
 TINY = dict(impls=["ImprovedMultiheadDilatedAttention"], seq_lens=[256], heads=2, embed_dim=32, segment_lengths=[64, 128],
@@ -16,15 +17,15 @@ TINY = dict(impls=["ImprovedMultiheadDilatedAttention"], seq_lens=[256], heads=2
     ("model", {"layers": 2, "vocab_size": 64}), ("model", {"layers": 2, "vocab_size": 64, "checkpointing": True}),
 ])
 def test_layer_and_model_points_are_measured(target, options):
-    cfg = BenchConfig(**TINY, target=target, **options)
-    result = measure_point(cfg, cfg.impls[0], 256)
+    cfg = Sweep(**TINY, target=target, **options)
+    result = measure_point(cfg, cfg.point(cfg.impls[0], 256))
     assert result["status"] == "ok" and result["time_ms"] > 0 and result["params"] > 0
     assert result["flops"] > 0
 
 
 def test_rows_carry_the_layer_fields():
-    cfg = BenchConfig(**TINY, target="model", layers=2, vocab_size=64, checkpointing=True)
-    row = run_sweep(cfg).rows[0]
+    cfg = Sweep(**TINY, target="model", layers=2, vocab_size=64, checkpointing=True)
+    row = run_sweep(cfg, predict=predicted_peak_bytes).rows[0]
     assert row.status == "ok", row.error
     assert (row.target, row.embed_dim, row.layers, row.checkpointing, row.head_dim) == ("model", 32, 2, True, 16)
     # the planner's parameter count (blocks, tied embedding, final LayerNorm) is the module's
@@ -32,9 +33,9 @@ def test_rows_carry_the_layer_fields():
 
 
 def test_layer_around_a_block_sparse_attention():
-    cfg = BenchConfig(**{**TINY, "impls": ["BlockSparseRingMultiheadDilatedAttention"]}, target="layer", pattern="local",
+    cfg = Sweep(**{**TINY, "impls": ["BlockSparseRingMultiheadDilatedAttention"]}, target="layer", pattern="local",
                       block_size=32, window=1)
-    result = measure_point(cfg, cfg.impls[0], 256)
+    result = measure_point(cfg, cfg.point(cfg.impls[0], 256))
     assert result["status"] == "ok", result
 
 
@@ -48,4 +49,4 @@ def test_layer_around_a_block_sparse_attention():
 ])
 def test_bad_layer_options(options, message):
     with pytest.raises(ValueError, match=message):
-        BenchConfig(**{**TINY, **options})
+        Sweep(**{**TINY, **options})

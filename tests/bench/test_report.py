@@ -4,11 +4,12 @@ import math
 
 import pytest
 
-from dattn_cli.bench import BenchConfig, find_regressions, fit_exponent, plot_rows
-from dattn_cli.bench.rows import BenchRow
+from dattn_cli.bench import find_regressions, fit_exponent, plot_rows
+from dattn_cli.workload import Problem
+from dattn_cli.workload.records import BenchRow, row_fields
 
-KEY = BenchConfig(impls=["sdpa"], seq_lens=[1], heads=2, head_dim=16, segment_lengths=[64], dilation_rates=[1],
-                  max_memory=2**30).point_key()
+KEY = {k: v for k, v in row_fields(Problem(impl="sdpa", seq_len=1, heads=2, head_dim=16, segment_lengths=[64],
+                                            dilation_rates=[1])).items() if k not in ("impl", "seq_len")}
 
 
 def row(impl, n, ms, status="ok", mem=None):

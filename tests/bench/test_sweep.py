@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from dattn_cli.bench import BenchConfig, read_rows, run_sweep
-from dattn_cli.bench.rows import BenchRow
+from dattn_cli.bench import Sweep, read_rows, run_sweep
+from dattn_cli.plan import predicted_peak_bytes
+from dattn_cli.workload.records import BenchRow, row_fields
 
 BASE = dict(heads=2, head_dim=16, segment_lengths=[64, 128], dilation_rates=[1, 2], max_memory=2**30)
 
@@ -21,7 +22,8 @@ class Runner:
     def __init__(self, limit=10**9, out=None):
         self.limit, self.out, self.calls = limit, out, []
 
-    def __call__(self, cfg, impl, n):
+    def __call__(self, sweep, problem):
+        impl, n = problem.impl, problem.seq_len
         if self.out is not None:  # every earlier point is durable before the next one starts
             assert len(read_rows(self.out)) == len(self.calls)
         self.calls.append((impl, n))
@@ -30,7 +32,7 @@ class Runner:
 
 def test_fixed_sweep_appends_rows_as_it_goes(tmp_path):
     out = tmp_path / "r.jsonl"
-    cfg = BenchConfig(impls=["ImprovedDilatedAttention", "sdpa"], seq_lens=[256, 512, 1024], **BASE)
+    cfg = Sweep(impls=["ImprovedDilatedAttention", "sdpa"], seq_lens=[256, 512, 1024], **BASE)
     runner = Runner(out=out)
     result = run_sweep(cfg, out=out, runner=runner)
     assert len(runner.calls) == 6 and len(result.rows) == 6
@@ -46,7 +48,7 @@ def test_fixed_sweep_appends_rows_as_it_goes(tmp_path):
 
 
 def test_after_a_failure_longer_lengths_are_skipped_and_next_impl_runs(tmp_path):
-    cfg = BenchConfig(impls=["ImprovedDilatedAttention", "sdpa"], seq_lens=[256, 512, 1024], **BASE)
+    cfg = Sweep(impls=["ImprovedDilatedAttention", "sdpa"], seq_lens=[256, 512, 1024], **BASE)
     runner = Runner(limit=300)
     result = run_sweep(cfg, runner=runner)
     statuses = [(r.impl, r.seq_len, r.status) for r in result.rows]
@@ -57,9 +59,9 @@ def test_after_a_failure_longer_lengths_are_skipped_and_next_impl_runs(tmp_path)
 
 
 def test_predicted_memory_above_cap_is_skipped_without_running():
-    cfg = BenchConfig(impls=["math"], seq_lens=[65536], **{**BASE, "max_memory": 2**30})
+    cfg = Sweep(impls=["math"], seq_lens=[65536], **{**BASE, "max_memory": 2**30})
     runner = Runner()
-    result = run_sweep(cfg, runner=runner)
+    result = run_sweep(cfg, runner=runner, predict=predicted_peak_bytes)
     assert runner.calls == []
     row = result.rows[0]
     assert row.status == "skipped" and row.reason.startswith("memory: predicted") and row.predicted_mem_bytes > 2**30
@@ -67,13 +69,13 @@ def test_predicted_memory_above_cap_is_skipped_without_running():
 
 def test_resume_measures_nothing_twice(tmp_path):
     out = tmp_path / "r.jsonl"
-    cfg = BenchConfig(impls=["ImprovedDilatedAttention"], seq_lens=[256, 512, 1024, 2048], **BASE)
+    cfg = Sweep(impls=["ImprovedDilatedAttention"], seq_lens=[256, 512, 1024, 2048], **BASE)
 
     class Interrupted(Runner):
-        def __call__(self, cfg, impl, n):
+        def __call__(self, sweep, problem):
             if len(self.calls) == 2:
                 raise KeyboardInterrupt
-            return super().__call__(cfg, impl, n)
+            return super().__call__(sweep, problem)
 
     with pytest.raises(KeyboardInterrupt):
         run_sweep(cfg, out=out, runner=Interrupted())
@@ -91,14 +93,15 @@ def test_resume_measures_nothing_twice(tmp_path):
 
 def test_torn_last_line_is_ignored(tmp_path):
     out = tmp_path / "r.jsonl"
-    row = BenchRow(impl="sdpa", seq_len=1, status="ok", **BenchConfig(impls=["sdpa"], seq_lens=[1], **BASE).point_key())
+    sweep = Sweep(impls=["sdpa"], seq_lens=[1], **BASE)
+    row = BenchRow(status="ok", **row_fields(sweep.point("sdpa", 1)))
     out.write_text(row.model_dump_json() + "\n" + '{"record": "point", "impl": "sd')
     assert len(read_rows(out)) == 1
 
 
 @pytest.mark.parametrize("limit", [10_000, 5_000, 70_000])
 def test_until_oom_doubles_then_bisects_to_5_percent(limit):
-    cfg = BenchConfig(impls=["ImprovedDilatedAttention"], until_oom=True, start=1024, **BASE)
+    cfg = Sweep(impls=["ImprovedDilatedAttention"], until_oom=True, start=1024, **BASE)
     runner = Runner(limit=limit)
     result = run_sweep(cfg, runner=runner)
     best = result.summaries[0].max_ok_seq_len
@@ -109,9 +112,10 @@ def test_until_oom_doubles_then_bisects_to_5_percent(limit):
 
 
 def test_until_oom_stops_at_an_error_without_bisecting():
-    cfg = BenchConfig(impls=["sdpa"], until_oom=True, start=1024, **BASE)
+    cfg = Sweep(impls=["sdpa"], until_oom=True, start=1024, **BASE)
 
-    def runner(cfg, impl, n):
+    def runner(sweep, problem):
+        n = problem.seq_len
         return ok_result(n) if n < 4096 else {"status": "error", "reason": "exception in worker", "error": "boom"}
 
     result = run_sweep(cfg, runner=runner)

@@ -2,8 +2,10 @@
 
 import pytest
 
-from dattn_cli.bench import BenchConfig
-from dattn_cli.bench.worker import CPU_MEM_METHOD, flops_for, run_isolated
+from dattn_cli.bench import Sweep
+from dattn_cli.bench.point import CPU_MEM_METHOD
+from dattn_cli.bench.worker import run_isolated
+from dattn_cli.workload.counts import total_flops
 from tests.bench import helpers
 
 SMALL = dict(seq_lens=[512], heads=2, head_dim=16, segment_lengths=[64, 128], dilation_rates=[1, 2], repeat=2,
@@ -11,7 +13,15 @@ SMALL = dict(seq_lens=[512], heads=2, head_dim=16, segment_lengths=[64, 128], di
 
 
 def cfg(**kw):
-    return BenchConfig(**{"impls": ["ImprovedDilatedAttention"], **SMALL, **kw})
+    return Sweep(**{"impls": ["ImprovedDilatedAttention"], **SMALL, **kw})
+
+
+def point(sweep, impl, n):
+    return sweep, sweep.point(impl, n)
+
+
+def flops_for(impl, sweep, n):
+    return total_flops(sweep.point(impl, n))
 
 
 @pytest.mark.parametrize("impl", ["ImprovedDilatedAttention", "DilatedAttention", "ImprovedMultiheadDilatedAttention",
@@ -19,7 +29,7 @@ def cfg(**kw):
 @pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
 def test_real_point_measures_everything(impl, mode):
     c = cfg(mode=mode)
-    row = run_isolated(c, impl, 512)
+    row = run_isolated(*point(c, impl, 512))
     assert row["status"] == "ok", row
     assert row["time_ms"] > 0 and row["time_ms_p10"] <= row["time_ms"] <= row["time_ms_p90"]
     assert row["tokens_per_s"] == pytest.approx(512 / (row["time_ms"] / 1e3))
@@ -41,48 +51,46 @@ def test_flop_convention():
 @pytest.mark.parametrize(
     "child,status,needle",
     [
-        (helpers.raising_child, "error", "ValueError"),
+        (helpers.raising_child, "error", "--impl 'no-such-impl' is unknown"),
         (helpers.memory_error_child, "oom", "MemoryError"),
         (helpers.killed_child, "oom", "SIGKILL"),
         (helpers.crashing_child, "error", "exited with code 3"),
     ],
 )
 def test_failures_become_rows(child, status, needle):
-    row = run_isolated(cfg(), "ImprovedDilatedAttention", 512, child=child)
+    row = run_isolated(*point(cfg(), "ImprovedDilatedAttention", 512), child=child)
     assert row["status"] == status and needle in row["error"]
 
 
 def test_time_budget_kills_a_hung_worker():
-    row = run_isolated(cfg(max_seconds=0.5), "ImprovedDilatedAttention", 512, child=helpers.sleeping_child)
+    row = run_isolated(*point(cfg(max_seconds=0.5), "ImprovedDilatedAttention", 512), child=helpers.sleeping_child)
     assert row["status"] == "skipped" and row["reason"].startswith("time")
 
 
 def test_time_budget_skips_slow_points_after_one_call():
-    row = run_isolated(cfg(max_seconds=0.001, repeat=50), "sdpa", 512)
+    row = run_isolated(*point(cfg(max_seconds=0.001, repeat=50), "sdpa", 512))
     assert row["status"] == "skipped" and row["reason"].startswith("time: one call took")
 
 
 def test_memory_cap_is_enforced_inside_torch():
     # math holds 2 x B*H*N*N*4 bytes = 1 GiB of scores at N=8192, H=2: far over a 256 MiB cap
-    row = run_isolated(cfg(max_memory=256 * 2**20), "math", 8192)
+    row = run_isolated(*point(cfg(max_memory=256 * 2**20), "math", 8192))
     assert row["status"] == "oom" and "alloc" in row["error"].lower()
 
 
 def test_memory_watchdog_kills_what_rlimit_does_not_stop():
-    row = run_isolated(cfg(max_memory=128 * 2**20), "ImprovedDilatedAttention", 512, child=helpers.hog_child)
+    row = run_isolated(*point(cfg(max_memory=128 * 2**20), "ImprovedDilatedAttention", 512), child=helpers.hog_child)
     assert row["status"] == "oom" and "x --max-memory; killed" in row["error"]
 
 
 CAP_CHILD = """
 import resource
-from dattn_cli.bench import BenchConfig
-from dattn_cli.bench.worker import RLIMIT_SLACK, cap_address_space
+from dattn_cli.runtime.limits import RLIMIT_SLACK, cap_address_space
 from dattn_cli.runtime.measure import vm_bytes
-cfg = BenchConfig(impls=["sdpa"], seq_lens=[512], max_memory=2**30)
 base = vm_bytes()
-cap_address_space(cfg)
+cap_address_space(2**30)
 first = resource.getrlimit(resource.RLIMIT_AS)[0]
-cap_address_space(cfg, 2)
+cap_address_space(2**30, 2)
 second = resource.getrlimit(resource.RLIMIT_AS)[0]
 print(first - base - RLIMIT_SLACK, second - first)
 """

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dattn_cli.cli import main
-from dattn_cli.kernels import DilatedAttention, Implementation
+from dattn_cli.kernels import DilatedAttention, ImplSpec
 from dattn_cli.kernels import registry as registry_module
 
 
@@ -41,7 +41,7 @@ def test_verify_quick_passes_and_writes_json(tmp_path, capsys):
 
 
 def test_verify_fails_with_exit_1_on_a_wrong_implementation(monkeypatch, capsys):
-    monkeypatch.setitem(registry_module.REGISTRY, "WrongAttention", Implementation("WrongAttention", WrongAttention, "core", "wrong on purpose"))
+    monkeypatch.setitem(registry_module.REGISTRY, "WrongAttention", ImplSpec("WrongAttention", WrongAttention, "core", "single", "wrong on purpose"))
     code, out, err = run_cli(["verify", "--impl", "WrongAttention", "--impl", "DilatedAttention", "--no-causal"], capsys)
     assert code == 1
     assert "verify FAILED" in out and "WrongAttention" in out
@@ -52,7 +52,7 @@ def test_verify_reports_crashing_implementation_as_failure(monkeypatch, capsys):
         def forward_with_lse(self, *a, **k):
             raise RuntimeError("boom")
 
-    monkeypatch.setitem(registry_module.REGISTRY, "Crashing", Implementation("Crashing", Crashing, "core", "crashes"))
+    monkeypatch.setitem(registry_module.REGISTRY, "Crashing", ImplSpec("Crashing", Crashing, "core", "single", "crashes"))
     code, out, _ = run_cli(["verify", "--impl", "Crashing", "--causal", "--semantics", "longnet"], capsys)
     assert code == 1 and "boom" in out
 
@@ -99,5 +99,5 @@ def test_env_runs_without_gpu(capsys):
 
 
 def test_console_script_entry_point():
-    result = subprocess.run([sys.executable, "-m", "dattn_cli.cli", "env"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "dattn_cli", "env"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "torch" in result.stdout

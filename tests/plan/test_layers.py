@@ -5,34 +5,33 @@ import json
 import pytest
 import torch
 
-from dattn_cli.bench.config import BenchConfig
-from dattn_cli.bench.estimate import layer_shape as bench_layer_shape
-from dattn_cli.bench.rows import BenchRow
-from dattn_cli.bench.worker import _build_layer
 from dattn_cli.kernels import reset_global_memory_pool
+from dattn_cli.plan import check, solve
+from dattn_cli.plan.layers import block_parameters, layer_memory
 from dattn_cli.runtime.measure import LiveTensorBytes
-from dattn_cli.plan import check, model
-from dattn_cli.plan.layers import LayerShape, block_parameters, layer_memory, layer_shape
+from dattn_cli.workload import Problem
+from dattn_cli.workload.build import build_call
+from dattn_cli.workload.records import BenchRow
 from dattn_cli.plan.profiles import load_profile
 from tests.cli.test_verify_env import run_cli
 
 IMPL = "ImprovedMultiheadDilatedAttention"
 
 
-def live_peak(cfg: BenchConfig, n: int) -> int:
+def live_peak(problem: Problem) -> int:
     """Peak live tensor bytes of two bench steps, module, optimizer state and inputs included."""
     reset_global_memory_pool()
     torch.manual_seed(0)
     out = None
     with LiveTensorBytes() as tracker:
-        make_inputs, run, _ = _build_layer(IMPL, cfg, n)
+        call = build_call(problem)
         for _ in range(2):
-            inputs = make_inputs()
-            if cfg.mode == "fwd":
+            inputs = call.make_inputs()
+            if problem.mode == "fwd":
                 with torch.no_grad():
-                    run(*inputs)
+                    call.run(*inputs)
             else:
-                out = run(*inputs)
+                out = call.run(*inputs)
                 if out is not None:
                     out.backward(torch.ones_like(out))
             inputs = out = None
@@ -54,17 +53,17 @@ CASES = [
 @pytest.mark.parametrize("options", CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
 def test_tensor_items_match_live_tensor_bytes(options):
     n = 1024
-    cfg = BenchConfig(impls=[IMPL], seq_lens=[n], heads=2, head_dim=64, causal=True, segment_lengths=[256, 512],
-                      dilation_rates=[1, 2], max_memory=2**34, **{"mode": "fwdbwd", **options})
-    predicted = layer_memory(bench_layer_shape(IMPL, cfg, n), 0, "cuda")  # "cuda": tensors only, no CPU extras
-    measured = live_peak(cfg, n)
+    problem = Problem(impl=IMPL, seq_len=n, heads=2, head_dim=64, causal=True, segment_lengths=[256, 512],
+                      dilation_rates=[1, 2], **{"mode": "fwdbwd", **options})
+    predicted = layer_memory(problem, 0, "cuda")  # "cuda": tensors only, no CPU extras
+    measured = live_peak(problem)
     assert abs(predicted.total - measured) <= 0.10 * measured, (predicted.phase, predicted.total, measured)
 
 
-def shape(**overrides) -> LayerShape:
+def shape(**overrides) -> Problem:
     fields = dict(impl=IMPL, seq_len=8192, heads=4, embed_dim=256, segment_lengths=[2048, 4096], dilation_rates=[1, 2],
                   mode="fwdbwd", target="model", layers=4, vocab_size=50304)
-    return LayerShape(**{**fields, **overrides})
+    return Problem(**{**fields, **overrides})
 
 
 def test_the_loss_dominates_a_long_sequence_with_a_large_vocabulary():
@@ -97,24 +96,23 @@ def test_plan_solves_longest_trainable_sequence_and_checkpointing_extends_it():
     base = shape(embed_dim=768, heads=12, layers=12, segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
     lengths = {}
     for ckpt in (False, True):
-        n, result = model.max_seq(base.model_copy(update={"checkpointing": ckpt}), profile)
-        assert result is not None and result.fits and isinstance(result.shape, LayerShape)
-        assert not model.plan(base.model_copy(update={"checkpointing": ckpt, "seq_len": n + 4096}), profile).fits
+        n, result = solve.max_seq(base.with_(checkpointing=ckpt), profile)
+        assert result is not None and result.fits and result.problem.target == "model"
+        assert not solve.plan(base.with_(checkpointing=ckpt, seq_len=n + 4096), profile).fits
         lengths[ckpt] = n
     assert lengths[True] > lengths[False]
 
 
-def test_layer_shape_refuses_what_cannot_be_built():
-    fields = dict(seq_len=1024, batch=1, heads=4, head_dim=64, segment_lengths=[256], dilation_rates=[1],
-                  semantics="longnet", causal=False, dtype="float32", mode="fwdbwd", world_size=1)
-    options = dict(embed_dim=None, layers=2, vocab_size=100, checkpointing=False, amp=None)
+def test_layer_problems_refuse_what_cannot_be_built():
+    fields = dict(seq_len=1024, heads=4, head_dim=64, segment_lengths=[256], dilation_rates=[1], mode="fwdbwd",
+                  target="layer", layers=2, vocab_size=100)
     with pytest.raises(ValueError, match="multihead"):
-        layer_shape("layer", "ImprovedDilatedAttention", fields, **options)
-    with pytest.raises(ValueError, match="even size"):
-        layer_shape("layer", IMPL, fields, **{**options, "embed_dim": 12})
+        Problem(**{**fields, "impl": "ImprovedDilatedAttention"})
+    with pytest.raises(ValueError, match="must be even"):
+        Problem(**{**fields, "impl": IMPL, "embed_dim": 12})
     with pytest.raises(ValueError, match="one device"):
-        layer_shape("model", IMPL, {**fields, "world_size": 2}, **options)
-    assert layer_shape("model", IMPL, fields, **options).causal  # a language model is causal
+        Problem(**{**fields, "impl": IMPL, "target": "model", "world_size": 2})
+    assert Problem(**{**fields, "impl": IMPL, "target": "model"}).causal  # a language model is causal
 
 
 def layer_row(**overrides) -> BenchRow:
@@ -143,7 +141,7 @@ def test_plan_cli_target_model(tmp_path, capsys):
     assert code == 0, err
     assert "LongNetLM 12 x DilatedTransformerBlock" in stdout and "time per training step" in stdout
     data = json.loads(out.read_text())
-    assert data["shape"]["target"] == "model" and data["memory"]["phase"]
+    assert data["problem"]["target"] == "model" and data["memory"]["phase"]
     code, stdout, _ = run_cli(["plan", "--target", "layer", "--seq-len", "16k", "--max-seq", "--memory", "1GiB"], capsys)
     assert code == 0 and "largest N that fits" in stdout
 

@@ -1,4 +1,8 @@
-"""Report rows: one per measured point, appended to JSONL the moment it exists."""
+"""Record schemas that cross package boundaries: the bench row (written by bench, read by plan --check
+and --calibrate, the regression gate and plots), its JSONL file, and its link to the Problem it measured.
+
+A row is flat (one column per field, as CSV users expect) and names the pattern fields segments and
+dilations; `row_fields` and `row_problem` are the two directions between a row and its Problem."""
 
 from __future__ import annotations
 
@@ -9,10 +13,8 @@ from typing import Iterable, Literal
 
 from pydantic import BaseModel
 
-FLOP_CONVENTION = (
-    "fwd FLOPs = 4*D*P, P = attended (query, key) pairs summed over batch, heads and dilation pairs "
-    "(causal counted exactly); fwd+bwd = 3.5 x fwd"
-)
+from .problem import Problem
+
 KEY_FIELDS = ("impl", "seq_len", "mode", "batch", "heads", "head_dim", "segments", "dilations", "semantics",
               "causal", "dtype", "device", "world_size", "pattern", "target", "embed_dim", "layers", "checkpointing", "amp", "vocab_size")
 
@@ -102,3 +104,45 @@ def rows_frame(rows: Iterable[BenchRow]):
     import pandas as pd
 
     return pd.DataFrame([r.model_dump() for r in rows])
+
+
+def row_fields(p: Problem) -> dict:
+    """The row fields that describe problem `p` (besides the measurement)."""
+    layer = {"target": "attention", "embed_dim": None, "layers": None, "checkpointing": False, "amp": None,
+             "vocab_size": None}
+    if p.target != "attention":
+        model = p.target == "model"
+        layer = {"target": p.target, "embed_dim": p.width, "layers": p.layers, "checkpointing": p.checkpointing,
+                 "amp": p.amp, "vocab_size": p.vocab_size if model else None}
+    return {**layer, "impl": p.impl, "seq_len": p.seq_len, "mode": p.mode, "batch": p.batch, "heads": p.heads,
+            "head_dim": p.head_dim, "segments": list(p.segment_lengths), "dilations": list(p.dilation_rates),
+            "semantics": p.semantics, "causal": p.causal, "dtype": p.dtype, "device": p.device,
+            "world_size": p.world_size, **pattern_fields(p)}
+
+
+def pattern_fields(p: Problem, densities: bool = True) -> dict:
+    """Block-sparse rows: the pattern label (with a forced executor) and, with `densities`, the block and
+    element densities at p's N; None for other implementations."""
+    if not p.spec.block_sparse:
+        return {"pattern": None}
+    from ..kernels.block_sparse.patterns import attended_pairs
+
+    pattern = p.block_pattern()
+    fields: dict = {"pattern": pattern.label() + (f" [{p.executor}]" if p.executor != "auto" else "")}
+    if densities:
+        table = pattern.table(p.seq_len, p.heads)
+        fields.update(block_density=table.float().mean().item(),
+                      element_density=attended_pairs(table, p.seq_len, pattern.block_size, p.causal) / p.seq_len**2)
+    return fields
+
+
+def row_problem(row: BenchRow) -> Problem:
+    """The Problem a (non-block-sparse) row measured: what plan --check predicts for it."""
+    fields = dict(impl=row.impl, seq_len=row.seq_len, batch=row.batch, heads=row.heads, head_dim=row.head_dim,
+                  segment_lengths=row.segments, dilation_rates=row.dilations, semantics=row.semantics,
+                  causal=row.causal, dtype=row.dtype, device=row.device, mode=row.mode, world_size=row.world_size,
+                  target=row.target)
+    if row.target != "attention":
+        fields.update(embed_dim=row.embed_dim or row.heads * row.head_dim, layers=row.layers or 1,
+                      vocab_size=row.vocab_size or 50304, checkpointing=row.checkpointing, amp=row.amp)
+    return Problem(**fields)

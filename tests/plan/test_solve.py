@@ -4,19 +4,20 @@ import json
 
 import pytest
 
-from dattn_cli.plan import model
-from dattn_cli.plan.memory import Shape
+from dattn_cli.plan import solve
+from dattn_cli.plan.time import estimate_time
+from dattn_cli.workload import Problem
 from dattn_cli.plan.profiles import load_profile
 from tests.cli.test_verify_env import run_cli
 
 H100 = load_profile("h100-sxm-80gb")
-RING = Shape(impl="RingDilatedAttention", seq_len=1 << 20, dtype="bfloat16", mode="fwdbwd")
+RING = Problem(impl="RingDilatedAttention", seq_len=1 << 20, dtype="bfloat16", mode="fwdbwd")
 
 
 def test_more_devices_never_lower_max_seq():
     previous = 0
     for devices in (1, 2, 4, 8, 16):
-        n, _ = model.max_seq(RING, H100, devices)
+        n, _ = solve.max_seq(RING, H100, devices)
         assert n >= previous
         previous = n
 
@@ -24,24 +25,24 @@ def test_more_devices_never_lower_max_seq():
 def test_longer_sequences_never_need_fewer_devices():
     previous = 1
     for n in (1 << 22, 1 << 24, 1 << 26, 1 << 27):
-        d, p = model.min_devices(RING.model_copy(update={"seq_len": n}), H100)
+        d, p = solve.min_devices(RING.model_copy(update={"seq_len": n}), H100)
         assert d is not None and d >= previous and p.fits
         previous = d
 
 
 def test_max_seq_is_the_boundary():
-    shape = Shape(impl="ImprovedDilatedAttention", seq_len=1)
+    shape = Problem(impl="ImprovedDilatedAttention", seq_len=1)
     cpu = load_profile("cpu-host")
-    n, p = model.max_seq(shape, cpu)
-    assert p.fits and not model.plan(shape.model_copy(update={"seq_len": n + 2 * 8192}), cpu).fits
+    n, p = solve.max_seq(shape, cpu)
+    assert p.fits and not solve.plan(shape.model_copy(update={"seq_len": n + 2 * 8192}), cpu).fits
 
 
 def test_ring_time_counts_comm_from_the_closed_form():
     from dattn_cli.kernels.distributed.sequence_parallel import comm_volume
 
-    shape = Shape(impl="RingDilatedAttention", seq_len=65536, segment_lengths=[2048, 8192, 32768],
+    shape = Problem(impl="RingDilatedAttention", seq_len=65536, segment_lengths=[2048, 8192, 32768],
                   dilation_rates=[1, 2, 8], mode="fwd", world_size=4)
-    t = model.estimate_time(shape, H100)
+    t = estimate_time(shape, H100)
     expected = max(c["forward_bytes_received"] for c in comm_volume("ring", 65536, 4, 1, 8, 64, 4, [2048, 8192, 32768], [1, 2, 8]))
     assert t.comm_bytes == expected == 2 * (16384 // 8) * 8 * 64 * 4
     link = H100.intra_node
@@ -49,8 +50,8 @@ def test_ring_time_counts_comm_from_the_closed_form():
 
 
 def test_head_parallel_volume_by_hand():
-    shape = Shape(impl="HeadParallelDilatedAttention", seq_len=8192, mode="fwd", world_size=4)
-    t = model.estimate_time(shape, H100)
+    shape = Problem(impl="HeadParallelDilatedAttention", seq_len=8192, mode="fwd", world_size=4)
+    t = estimate_time(shape, H100)
     assert t.comm_bytes == 4 * (1 * 2048 * 8 * 64 * 4) * 3 // 4
 
 

@@ -1,0 +1,142 @@
+"""Measure one point in this process: time, peak memory, FLOP/s and (distributed) bytes moved.
+
+CPU peak memory: the worker tells glibc, before it builds anything, to give every allocation over
+64 KiB its own mapping and return it on free (runtime.measure.return_freed_memory); after the warm-up the
+peak RSS is reset and one more call runs. Its peak RSS minus the worker's RSS right after start-up is
+everything the point holds at its peak (inputs, weights, caches included), free of what glibc would
+otherwise keep from earlier calls. Set only after other calls, the setting comes too late: large chunks
+already freed into the heap are reused, never returned, and their history added 5-25% of noise. The
+timed calls come last, under glibc's steady-state setting (runtime.measure.reuse_freed_memory): a mapping
+per allocation costs page faults on every call (bf16 autocast blocks ran 30-45% slower under it). Once
+the memory call has fitted, the timed calls may use up to twice --max-memory of address space: under
+glibc's usual thresholds its heap keeps freed chunks, which the measured peak rightly leaves out.
+GPU: torch.cuda.max_memory_allocated after a reset, plus NVML's device-used figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+from ..runtime.limits import address_space_capped, cap_address_space
+from ..runtime.measure import (nvml_used_bytes, peak_rss_bytes, quantile, reset_peak_rss, return_freed_memory,
+                               reuse_freed_memory, rss_bytes)
+from ..workload.build import build_call
+from ..workload.counts import total_flops
+from ..workload.problem import Problem
+from .config import Sweep
+
+CPU_MEM_METHOD = ("peak RSS of one call after the warm-up, freed memory returned to the OS (glibc mmap threshold "
+                  "64 KiB from worker start-up), above the isolated worker's RSS after start-up, inputs included")
+CPU_MEM_METHOD_FALLBACK = "peak RSS (ru_maxrss) of the isolated worker above its RSS after start-up, inputs included"
+GPU_MEM_METHOD = "torch.cuda.max_memory_allocated after reset_peak_memory_stats (allocator view)"
+TIMING_HEADROOM = 2  # x --max-memory for the timed calls on CPU (see the module docstring)
+
+
+def _stepper(sweep: Sweep, problem: Problem, group: Any) -> tuple[Callable[[], float], Any]:
+    """One call of the point on fresh inputs, returning its seconds; and the module."""
+    import torch
+
+    world = 1 if group is None else torch.distributed.get_world_size(group)
+    call = build_call(problem, problem.seq_len // world)
+
+    def step() -> float:
+        inputs = call.make_inputs()  # fresh random inputs for every call, outside the timed region
+        if group is not None:
+            torch.distributed.barrier(group)
+        if sweep.cuda:
+            torch.cuda.synchronize()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        t0 = time.perf_counter()
+        if problem.mode == "fwdbwd":
+            out = call.run(*inputs)
+            if out is not None:  # None: the call took a whole training step itself
+                out.backward(torch.ones_like(out))
+        else:
+            with torch.no_grad():
+                call.run(*inputs)
+        if sweep.cuda:
+            end.record()
+            torch.cuda.synchronize()
+            return begin.elapsed_time(end) / 1e3
+        return time.perf_counter() - t0
+    return step, call.module
+
+
+def _too_slow(sweep: Sweep, step: Callable[[], float], group: Any) -> dict | None:
+    """Run the warm-up; a 'skipped' result if the repeats would overrun --max-seconds (ranks agree)."""
+    import torch
+
+    began = time.perf_counter()
+    first = step()
+    for _ in range(sweep.warmup - 1):
+        step()
+    untimed = 0 if sweep.cuda else 2  # CPU: the memory call and the heap-settling call
+    projected = time.perf_counter() - began + first * (sweep.repeat + untimed)
+    if group is not None:  # every rank must take the same branch, or the others wait in a barrier
+        worst = torch.tensor([projected], dtype=torch.float64)
+        torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX, group=group)
+        projected = float(worst.item())
+    if projected > sweep.max_seconds:
+        return {"status": "skipped", "reason": f"time: one call took {first:.2f} s, so {sweep.repeat} repeats would "
+                f"exceed --max-seconds {sweep.max_seconds:g}"}
+    return None
+
+
+def _cpu_memory(sweep: Sweep, step: Callable[[], float], start_rss: int, returns_memory: bool) -> dict:
+    exact = returns_memory and return_freed_memory() and reset_peak_rss()
+    if exact:
+        step()
+    memory = dict(peak_mem_bytes=max(0, peak_rss_bytes() - start_rss),
+                  mem_method=CPU_MEM_METHOD if exact else CPU_MEM_METHOD_FALLBACK)
+    if returns_memory and reuse_freed_memory():
+        if address_space_capped():  # capped by the worker (not when measuring in a caller's process)
+            cap_address_space(sweep.max_memory, TIMING_HEADROOM)
+        step()  # untimed: the heap grows to its steady state under the timing setting
+    return memory
+
+
+def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, group: Any = None) -> dict:
+    """Run one point in this process; returns the row fields it measured. With `group` (a rank of an
+    initialised process group) this process holds its shard of N and every timed call starts after a barrier."""
+    import torch
+
+    start_rss = rss_bytes() if start_rss is None else start_rss
+    returns_memory = not sweep.cuda and return_freed_memory()  # before the first allocation (module docstring)
+    torch.manual_seed(sweep.seed)
+    step, module = _stepper(sweep, problem, group)
+    if sweep.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    skipped = _too_slow(sweep, step, group)
+    if skipped:
+        return skipped
+    memory = {} if sweep.cuda else _cpu_memory(sweep, step, start_rss, returns_memory)
+    calls_before = module.comm_stats() if hasattr(module, "comm_stats") else None
+    times = sorted(step() for _ in range(sweep.repeat))
+    result = _timing_fields(problem, times)
+    if problem.target != "attention":
+        result["params"] = sum(p.numel() for p in module.parameters())
+    if calls_before is not None:
+        result.update(_bytes_moved(calls_before, module.comm_stats(), len(times)))
+    if sweep.cuda:
+        memory = dict(peak_mem_bytes=torch.cuda.max_memory_allocated(), mem_method=GPU_MEM_METHOD,
+                      nvml_used_bytes=nvml_used_bytes(torch.cuda.current_device()))
+    return {**result, **memory}
+
+
+def _timing_fields(problem: Problem, times: list[float]) -> dict:
+    median = statistics.median(times)
+    flops = total_flops(problem)
+    return {"status": "ok", "time_ms": median * 1e3, "repeats": len(times),
+            "time_ms_p10": quantile(times, 0.1) * 1e3, "time_ms_p90": quantile(times, 0.9) * 1e3,
+            "tokens_per_s": problem.batch * problem.seq_len / median, "flops": flops, "tflops": flops / median / 1e12}
+
+
+def _bytes_moved(before: dict, after: dict, calls: int) -> dict:
+    moved = {}
+    for way in ("sent", "received"):
+        total = sum(after[f"{phase}_bytes_{way}"] - before[f"{phase}_bytes_{way}"] for phase in ("forward", "backward"))
+        moved[f"comm_bytes_{way}"] = total // calls
+    return moved

@@ -1,0 +1,173 @@
+"""The planner's answers: memory (plan/memory.py, plan/layers.py) and time (plan/time.py, plan/layers.py)
+for one Problem on a hardware profile, and the solvers built on them (largest N that fits, fewest
+devices for an N, ring chunk advice), plus the prediction a bench row carries.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, SerializeAsAny
+
+from ..workload.counts import FWD_BWD_FACTOR, spanning_pairs
+from ..workload.problem import ELEMENT_BYTES, Problem
+from .layers import estimate_layer_time, layer_memory
+from .memory import MemoryBreakdown, estimate_memory, framework_bytes
+from .profiles import HardwareProfile, load_profile
+from .time import TimeBreakdown, estimate_time
+
+
+class Plan(BaseModel):
+    problem: Problem
+    profile: str
+    devices: int
+    memory: SerializeAsAny[MemoryBreakdown]  # a LayerMemory (with its phase) for layer/model problems
+    capacity_bytes: int
+    fits: bool
+    time: TimeBreakdown | None
+    feasible: bool
+    reason: str
+
+
+def _infeasible(s: Problem, profile: HardwareProfile, devices: int, reason: str,
+                memory: MemoryBreakdown | None = None) -> Plan:
+    return Plan(problem=s, profile=profile.name, devices=devices, memory=memory or MemoryBreakdown(items={}, total=0),
+                capacity_bytes=profile.memory_bytes, fits=False, time=None, feasible=False, reason=reason)
+
+
+def _memory(s: Problem, profile: HardwareProfile, device_type: str) -> MemoryBreakdown:
+    if s.target != "attention":
+        if s.world_size > 1:
+            raise ValueError(f"--target {s.target} is planned on one device; --devices {s.world_size} applies to attention")
+        return layer_memory(s, framework_bytes(profile, s.mode), device_type)
+    if s.world_size > 1 and not s.spec.distributed:
+        raise ValueError(f"{s.impl} runs on one process, not on {s.world_size} devices: plan a distributed --impl")
+    return estimate_memory(s, framework_bytes(profile, s.mode), device_type)
+
+
+def plan(s: Problem, profile: HardwareProfile, devices: int | None = None) -> Plan:
+    """Memory per device and time per call of `s` on `devices` x `profile`, and whether it fits."""
+    devices = devices or s.world_size
+    s = s.model_copy(update={"world_size": devices})
+    device_type = "cpu" if profile.kind == "cpu" else "cuda"
+    try:
+        memory = _memory(s, profile, device_type)
+    except ValueError as exc:
+        return _infeasible(s, profile, devices, str(exc))
+    capacity = profile.memory_bytes
+    fits = memory.total <= capacity
+    try:
+        time = estimate_layer_time(s, profile) if s.target != "attention" else estimate_time(s, profile)
+    except ValueError as exc:
+        return _infeasible(s, profile, devices, str(exc), memory).model_copy(update={"fits": fits})
+    if fits:
+        reason = f"fits: {memory.total / 2**30:.2f} GiB of {capacity / 2**30:.2f} GiB per device"
+    else:
+        reason = f"does not fit: needs {memory.total / 2**30:.2f} GiB per device, has {capacity / 2**30:.2f} GiB"
+    return Plan(problem=s, profile=profile.name, devices=devices, memory=memory, capacity_bytes=capacity, fits=fits,
+                time=time, feasible=fits, reason=reason)
+
+
+def predicted_peak_bytes(s: Problem) -> int | None:
+    """What a bench row of `s` should measure, by the memory model: on CPU, RSS above the worker's start-up,
+    so the CPU host profile's fixed runtime cost is included; on CUDA the caching allocator's view, which
+    does not see the CUDA context, so none is added. None where the planner has no model; 0 for a shape
+    it cannot plan (e.g. unaligned shards), so that the point decides for itself."""
+    if s.spec.memory_model is None:
+        return None
+    cpu = not s.device.startswith("cuda")
+    fixed = framework_bytes(load_profile("cpu-host"), s.mode) if cpu else 0
+    try:
+        if s.target != "attention":
+            return layer_memory(s, fixed, "cpu" if cpu else "cuda").total
+        return estimate_memory(s, fixed, "cpu" if cpu else "cuda").total
+    except ValueError:
+        return None if s.target != "attention" else 0
+
+
+def _granule(s: Problem, devices: int) -> int:
+    """N must be a multiple of this for the plan to be valid (shards aligned with segments)."""
+    step = devices
+    if devices > 1 and s.spec.strategy in ("ring", "allgather"):
+        for w in s.segment_lengths:
+            step = math.lcm(step, w if w % devices == 0 else w * devices)
+    return step
+
+
+def max_seq(s: Problem, profile: HardwareProfile, devices: int = 1) -> tuple[int, Plan | None]:
+    """Largest N (a multiple of the alignment granule) whose plan fits on `devices` devices; (0, None)
+    if none does. Memory grows monotonically with N, so doubling then bisection finds it."""
+    granule = _granule(s, devices)
+
+    def fits(n: int) -> Plan | None:
+        p = plan(s.model_copy(update={"seq_len": n}), profile, devices)
+        return p if p.fits else None
+
+    lo, hi = 0, granule
+    best = None
+    while True:
+        p = fits(hi)
+        if p is None:
+            break
+        lo, best = hi, p
+        hi *= 2
+        if hi > 2**40:
+            break
+    while hi - lo > granule:
+        mid = (lo + hi) // 2 // granule * granule
+        if mid <= lo:
+            break
+        p = fits(mid)
+        if p is not None:
+            lo, best = mid, p
+        else:
+            hi = mid
+    return lo, best
+
+
+def min_devices(s: Problem, profile: HardwareProfile, limit: int = 1 << 20) -> tuple[int | None, Plan | None]:
+    """Fewest devices (powers of two, then refined) on which N fits; (None, None) if none up to `limit`."""
+    d = 1
+    while d <= limit:
+        p = plan(s, profile, d)
+        if p.fits:
+            lo = d // 2
+            for candidate in range(max(1, lo + 1), d + 1):
+                if s.seq_len % candidate:
+                    continue
+                q = plan(s, profile, candidate)
+                if q.fits:
+                    return candidate, q
+            return d, p
+        d *= 2
+    return None, None
+
+
+def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
+    """For ring strategies: the shard (chunk) length at which one ring step's transfer hides under its
+    compute, from per-pair step compute vs step transfer time."""
+    if s.spec.strategy != "ring" or devices < 2:
+        return "no ring: chunk size does not apply"
+    e = ELEMENT_BYTES[s.dtype]
+    link = profile.intra_node if devices <= profile.devices_per_node else profile.inter_node
+    peak = (profile.peak_flops(s.dtype) or 0) * profile.efficiency.compute_for(s.impl, s.mode)
+    if peak <= 0:
+        return "the profile has no rate for this dtype"
+    worst = None
+    spanning = {r for g, r, _ in spanning_pairs(s.model_copy(update={"world_size": devices}))}
+    for w, r in zip(s.segment_lengths, s.dilation_rates):
+        if r not in spanning:
+            continue
+        # one step: (L/r)² pairs per head (4·D flops each, x3.5 with backward) vs 2·(L/r)·H·D·e bytes:
+        # compute grows with L², the transfer with L, so a step hides its transfer once L is large enough
+        per_l2 = 4 * s.head_dim * s.batch * s.heads / r**2 * (FWD_BWD_FACTOR if s.mode == "fwdbwd" else 1) / peak
+        per_l = 2 * s.batch * s.heads * s.head_dim * e / r / (link.bandwidth_gb_s * 1e9 * profile.efficiency.communication)
+        threshold = per_l / per_l2 + (link.latency_us * 1e-6 / per_l2) ** 0.5
+        if worst is None or threshold > worst[0]:
+            worst = (threshold, w, r)
+    if worst is None:
+        return f"every segment fits in a shard of N/p = {s.seq_len // devices:,}: no ring traffic"
+    threshold, w, r = worst
+    verdict = "hidden" if s.seq_len // devices >= threshold else "exposed"
+    return (f"the sparsest spanning pair (w={w}, r={r}) hides its ring transfer once N/p >= {int(threshold):,}; "
+            f"here N/p = {s.seq_len // devices:,}: {verdict}")

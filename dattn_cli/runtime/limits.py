@@ -1,0 +1,39 @@
+"""Limits a measuring process puts on itself, and how a failure is classified.
+
+CPU: the worker caps its own address space (RLIMIT_AS) at its size when first capped plus headroom x the
+memory cap plus a slack, so an allocation beyond the cap fails inside torch (a MemoryError-like
+RuntimeError, status oom) long before the kernel's OOM killer would act.
+"""
+
+from __future__ import annotations
+
+import resource
+
+from .measure import vm_bytes
+
+RLIMIT_SLACK = 512 * 2**20
+_BASE_VM: int | None = None
+OOM_WORDS = ("can't allocate memory", "out of memory", "cannot allocate memory")
+
+
+def cap_address_space(max_memory: int, headroom: float = 1.0) -> None:
+    """Cap this process's address space at its size when first called plus headroom x max_memory (+ slack)."""
+    global _BASE_VM
+    if _BASE_VM is None:
+        _BASE_VM = vm_bytes()
+    limit = int(_BASE_VM + headroom * max_memory + RLIMIT_SLACK)
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
+def address_space_capped() -> bool:
+    """Whether this process capped itself (not so when a measurement runs in a caller's process)."""
+    return _BASE_VM is not None
+
+
+def is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return True
+    return any(word in str(exc).lower() for word in OOM_WORDS)

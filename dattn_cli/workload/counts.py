@@ -1,0 +1,105 @@
+"""The one formula set for FLOPs and communication bytes: bench rows, the planner and the docs use these.
+
+FLOPs (the convention every report states): forward = 4·D·P, with P the (query, key) pairs actually
+computed, summed over batch, heads and dilation pairs, causal counted exactly (each registry entry's
+`pairs` hook); fwd+bwd = 3.5 x forward. Layers add their matmuls: 2·T·(4E² + 2EF) per block and
+2·T·E·V for a model's head, x3 with backward.
+
+Communication (docs/communication.md): per spanning pair (a segment over g > 1 ranks) with
+S = 2·B·H_i·D·e·⌈L/r⌉, the packed kept K/V rows of one rank (L = N/p): ring non-causal (g-1)·S forward,
+3·(g-1)·S fwd+bwd (rotation twice, dK/dV home); causal, the last rank of a group (g-1)·S forward,
+2·(g-1)·S fwd+bwd; all-gather (g-1)·S forward, 2·(g-1)·S fwd+bwd. Head-parallel: two all-to-alls of
+q, k, v, out forward (and of their gradients backward), each moving (p-1)/p of a rank's shard.
+"""
+
+from __future__ import annotations
+
+from .problem import ELEMENT_BYTES, Problem
+
+FWD_BWD_FACTOR = 3.5
+LINEAR_FWD_BWD_FACTOR = 3.0
+FLOP_CONVENTION = (
+    "fwd FLOPs = 4*D*P, P = attended (query, key) pairs summed over batch, heads and dilation pairs "
+    "(causal counted exactly); fwd+bwd = 3.5 x fwd"
+)
+
+
+def attended_pairs(p: Problem) -> int:
+    """P of the whole problem (all ranks) for one attention call."""
+    attention = p.attention_problem() if p.target != "attention" else p
+    return attention.spec.pairs(attention)
+
+
+def attention_flops(p: Problem) -> float:
+    """FLOPs of one attention call over all ranks (fwd, or fwd+bwd)."""
+    return 4.0 * p.head_dim * attended_pairs(p) * (FWD_BWD_FACTOR if p.mode == "fwdbwd" else 1.0)
+
+
+def flops_per_device(p: Problem) -> float:
+    return 4.0 * p.head_dim * (attended_pairs(p) // p.world_size) * (FWD_BWD_FACTOR if p.mode == "fwdbwd" else 1.0)
+
+
+def linear_flops(p: Problem) -> float:
+    """FLOPs of the linear layers of a layer/model problem: 2·T·(4E² + 2EF) per block, 2·T·E·V for a model's
+    head, x3 with backward (the recomputed forward of checkpointing not counted: useful work only)."""
+    if p.target == "attention":
+        return 0.0
+    tokens, width = p.batch * p.seq_len, p.width
+    linear = 2.0 * tokens * (4 * width * width + 2 * width * p.hidden) * p.layers
+    if p.target == "model":
+        linear += 2.0 * tokens * width * p.vocab_size
+    return linear * (LINEAR_FWD_BWD_FACTOR if p.mode == "fwdbwd" else 1.0)
+
+
+def total_flops(p: Problem) -> float:
+    """Useful FLOPs of one measured call: the attention (in every block), plus the linear layers."""
+    return p.layers * attention_flops(p) + linear_flops(p) if p.target != "attention" else attention_flops(p)
+
+
+def spanning_pairs(p: Problem) -> list[tuple[int, int, int]]:
+    """(g, r, heads using the pair) for each pair whose segment spans g > 1 ranks."""
+    shard = p.seq_len // p.world_size
+    pairs = []
+    m = len(p.segment_lengths)
+    for i, (w, r) in enumerate(zip(p.segment_lengths, p.dilation_rates)):
+        span = min(w, p.seq_len)
+        if shard % span == 0:
+            continue
+        if span % shard:
+            raise ValueError(f"segment length {span} neither divides nor is a multiple of N/p = {shard}: "
+                             "use segment lengths that are divisors or multiples of N/p")
+        base, extra = divmod(p.heads, m)
+        heads = p.heads if p.semantics == "longnet" else base + (1 if i < extra else 0)
+        pairs.append((span // shard, r, heads))
+    return pairs
+
+
+def packed_kv_bytes(p: Problem, heads: int, rate: int) -> int:
+    """S: one rank's packed kept K/V rows of one pair, 2·B·H_i·D·e·⌈L/r⌉."""
+    shard = p.seq_len // p.world_size
+    return 2 * p.batch * heads * p.head_dim * ELEMENT_BYTES[p.dtype] * -(-shard // rate)
+
+
+def sequence_parallel_traffic(p: Problem) -> tuple[int, int, float]:
+    """(bytes received by the busiest rank, messages on its critical path, remote share of its compute)
+    for the ring and all-gather strategies; exact when r divides L (kernels' comm_volume)."""
+    fwdbwd = p.mode == "fwdbwd"
+    total, messages, remote = 0, 0, 0.0
+    for g, r, heads in spanning_pairs(p):
+        if p.strategy == "ring":
+            passes = (2 if p.causal else 3) if fwdbwd else 1
+            messages += (g - 1) * (3 if fwdbwd else 1)
+        else:
+            passes = 2 if fwdbwd else 1
+            messages += (g - 1) * passes
+        total += passes * (g - 1) * packed_kv_bytes(p, heads, r)
+        remote += (g - 1) / g
+    return total, messages, min(1.0, remote / max(1, len(p.segment_lengths)))
+
+
+def head_parallel_traffic(p: Problem) -> tuple[int, int]:
+    """(bytes, messages) of one rank's all-to-alls."""
+    world = p.world_size
+    shard = p.batch * (p.seq_len // world) * p.heads * p.head_dim * ELEMENT_BYTES[p.dtype]
+    calls = 2 if p.mode == "fwdbwd" else 1
+    return 4 * shard * (world - 1) // world * calls, 4 * calls * (world - 1)

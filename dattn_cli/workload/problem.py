@@ -1,0 +1,153 @@
+"""The one model of the problem: what attention call (or block, or model step) is verified, measured,
+profiled or planned. verify, bench, profile and plan all describe their work as a Problem; a bench
+sweep and a profile run add their measurement settings to it (bench/sweep_config.py, profile/config.py).
+
+A bad field is refused with one sentence naming the command-line option and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, field_validator, model_validator
+
+from ..kernels.pattern import validate_pattern
+from ..kernels.registry import REGISTRY, ImplSpec, names
+
+ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+Target = Literal["attention", "layer", "model"]
+
+
+class Problem(BaseModel):
+    impl: str = "ImprovedDilatedAttention"
+    batch: int = 1
+    seq_len: int = 8192
+    heads: int = 8
+    head_dim: int = 64
+    segment_lengths: list[int] = [2048, 4096, 8192]
+    dilation_rates: list[int] = [1, 2, 4]
+    semantics: Literal["longnet", "head_groups"] = "longnet"
+    causal: bool = False
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    mode: Literal["fwd", "fwdbwd"] = "fwd"
+    world_size: int = 1  # ranks sharing the sequence
+    backend: str = "auto"  # attention backend of the dilated implementations' blocks
+    # block-sparse implementations only
+    pattern: str = "dilated"
+    block_size: int = 128
+    window: int | None = None
+    density: float | None = None  # target block density (picks the window)
+    global_blocks: int = 1
+    levels: int = 2
+    executor: Literal["auto", "flex", "gather"] = "auto"
+    # what is computed: the attention alone, one DilatedTransformerBlock, or a LongNetLM (fwdbwd: a training
+    # step with AdamW); impl is then the multihead attention inside each block
+    target: Target = "attention"
+    embed_dim: int | None = None  # layer/model width; default heads x head_dim
+    layers: int = 12
+    vocab_size: int = 50304
+    mlp_ratio: float = 4.0
+    checkpointing: bool = False
+    amp: Literal["bf16", "fp16"] | None = None
+
+    @field_validator("impl")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        if value not in REGISTRY:
+            raise ValueError(f"--impl {value!r} is unknown: use one of {', '.join(REGISTRY)} (see 'dattn impls')")
+        return value
+
+    @field_validator("batch", "heads", "head_dim", "seq_len", "world_size", "block_size", "layers", "vocab_size")
+    @classmethod
+    def _positive(cls, value: int, info) -> int:
+        if value <= 0:
+            raise ValueError(f"--{info.field_name.replace('_', '-')} must be >= 1, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Problem":
+        validate_pattern(self.segment_lengths, self.dilation_rates, self.semantics)
+        if self.target == "attention":
+            if self.checkpointing or self.amp:
+                raise ValueError("--checkpointing and --amp apply to --target layer or model")
+        else:
+            self._check_layer_target()
+        if self.world_size > 1 and not self.spec.distributed:
+            raise ValueError(f"--world-size {self.world_size}: {self.impl} runs on one process; use a distributed "
+                             f"implementation ({', '.join(names(lambda s: s.distributed))}) or --world-size 1")
+        if self.spec.block_sparse:
+            self.block_pattern()  # a bad pattern option fails here, naming the option
+        return self
+
+    def _check_layer_target(self) -> None:
+        spec = self.spec
+        if spec.kind != "multihead" or spec.baseline:
+            raise ValueError(f"--target {self.target} builds layers around a multihead attention; {self.impl} is not "
+                             f"one: use {', '.join(names(lambda s: s.kind == 'multihead'))}")
+        if self.world_size > 1:
+            raise ValueError(f"--target {self.target} runs on one device: drop --world-size/--devices")
+        if self.embed_dim is not None:
+            if self.embed_dim % self.heads:
+                raise ValueError(f"--embed-dim {self.embed_dim} is not divisible by --heads {self.heads}")
+            self.head_dim = self.embed_dim // self.heads
+        if self.head_dim % 2:
+            raise ValueError(f"head dim {self.head_dim} must be even (rotary embeddings): change --embed-dim or --heads")
+        self.embed_dim = self.heads * self.head_dim
+        if self.target == "model":
+            self.causal = True  # a LongNetLM is a causal language model
+        else:
+            self.layers = 1
+
+    @property
+    def spec(self) -> ImplSpec:
+        return REGISTRY[self.impl]
+
+    @property
+    def strategy(self) -> str:
+        """How this problem's work is split: ring, allgather or head_parallel over its ranks, else single."""
+        sharded = self.world_size > 1 and self.spec.strategy in ("ring", "allgather", "head_parallel")
+        return self.spec.strategy if sharded else "single"
+
+    @property
+    def width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def compute_dtype(self) -> str:
+        return AMP_DTYPES[self.amp] if self.amp else self.dtype
+
+    @property
+    def hidden(self) -> int:
+        return int(self.width * self.mlp_ratio)
+
+    @property
+    def element_bytes(self) -> int:
+        return ELEMENT_BYTES[self.dtype]
+
+    def with_(self, **changes) -> "Problem":
+        """A validated copy with some fields changed (model_copy does not validate)."""
+        return type(self).model_validate({**self.model_dump(), **changes})
+
+    def block_options(self) -> dict:
+        """Constructor keywords of this problem's block-sparse module (without the executor)."""
+        from ..kernels.block_sparse.patterns import block_sparse_options
+
+        return block_sparse_options(self.pattern, self.segment_lengths, self.dilation_rates, self.semantics,
+                                    block_size=self.block_size, window=self.window, global_blocks=self.global_blocks,
+                                    levels=self.levels, density=self.density)
+
+    def block_pattern(self):
+        from ..kernels.block_sparse.patterns import BlockPattern
+
+        options = self.block_options()
+        try:
+            return BlockPattern(options.pop("pattern"), **options)
+        except ValueError as exc:
+            raise ValueError(f"--pattern/--density/--window/--block-size: {exc}") from None
+
+    def attention_problem(self) -> "Problem":
+        """One block's attention call of a layer/model problem, in the compute dtype, on one device."""
+        return self.model_copy(update={"target": "attention", "dtype": self.compute_dtype, "world_size": 1,
+                                       "amp": None, "checkpointing": False})
