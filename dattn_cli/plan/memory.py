@@ -87,7 +87,6 @@ def _covers_all(block: Block, length: int, heads: int) -> bool:
 def estimate_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cpu") -> MemoryBreakdown:
     """Peak bytes on one device for one call of `s` (fwd, or fwd+bwd), itemised."""
     e = ELEMENT_BYTES[s.dtype]
-    fwdbwd = s.mode == "fwdbwd"
     p = max(1, s.world_size)
     length = s.seq_len // p if s.strategy in ("ring", "allgather", "head_parallel") else s.seq_len
     t = _Tally()
@@ -100,18 +99,32 @@ def estimate_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cp
     if model == "reference":
         return _finish(t, framework_bytes, reference_items(s))
     if model in ("dense", "dense_scores"):
-        block_elems = s.batch * s.heads * s.seq_len * s.head_dim
-        if model == "dense_scores":  # N x N scores: fp32 scores, softmax, (and their grads in backward)
-            scores = s.batch * s.heads * s.seq_len * s.seq_len * 4
-            t.add("scores (N x N)", scores * (3 if fwdbwd else 2))
-        else:
-            t.add("lse", s.batch * s.heads * s.seq_len * 4)
-        if fwdbwd:
-            t.add("gradients (upstream, dq, dk, dv)", 4 * x_shard)
-        if model != "dense_scores":
-            t.add("kernel workspace", WORKSPACE[("dense", device_type, s.mode)] * block_elems * e)
+        _dense_items(t, s, x_shard, device_type)
         return _finish(t, framework_bytes)
+    _dilated_items(t, s, length, x_shard, device_type)
+    return _finish(t, framework_bytes)
 
+
+def _dense_items(t: _Tally, s: Problem, x_shard: int, device_type: str) -> None:
+    """A fused dense kernel (lse and workspace) or the N x N scores of the math form."""
+    fwdbwd = s.mode == "fwdbwd"
+    if s.spec.memory_model == "dense_scores":  # fp32 scores, softmax, (and their grads in backward)
+        scores = s.batch * s.heads * s.seq_len * s.seq_len * 4
+        t.add("scores (N x N)", scores * (3 if fwdbwd else 2))
+    else:
+        t.add("lse", s.batch * s.heads * s.seq_len * 4)
+    if fwdbwd:
+        t.add("gradients (upstream, dq, dk, dv)", 4 * x_shard)
+    if s.spec.memory_model != "dense_scores":
+        block_elems = s.batch * s.heads * s.seq_len * s.head_dim
+        t.add("kernel workspace", WORKSPACE[("dense", device_type, s.mode)] * block_elems * ELEMENT_BYTES[s.dtype])
+
+
+def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type: str) -> None:
+    """The blocked engine: lse, accumulator, kept-row gathers, block results, gradients, comm buffers."""
+    e = ELEMENT_BYTES[s.dtype]
+    fwdbwd = s.mode == "fwdbwd"
+    p = max(1, s.world_size)
     heads, first = s.heads, 0
     work_len = length
     if s.strategy == "head_parallel":
@@ -123,7 +136,7 @@ def estimate_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cp
     if e != acc_e:
         t.add("fp32 accumulator", s.batch * work_len * heads * s.head_dim * acc_e)
     gather_shapes: dict[tuple, int] = {}
-    improved = model == "strided"
+    improved = s.spec.memory_model == "strided"
     largest, largest_free = 0, 0
     for b in blocks:
         elems = _block_elems(s.batch, b, s.head_dim)
@@ -148,7 +161,6 @@ def estimate_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cp
     elif s.strategy in ("ring", "allgather"):
         t.add("comm buffers", _sequence_parallel_buffers(s, length, fwdbwd, e))
     t.add("kernel workspace", WORKSPACE[("dilated", device_type, s.mode)] * largest * e)
-    return _finish(t, framework_bytes)
 
 
 def _sequence_parallel_buffers(s: Problem, length: int, fwdbwd: bool, e: int) -> int:
