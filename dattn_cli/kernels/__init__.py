@@ -26,6 +26,7 @@ from .registry import (
     create_dilated_attention,
     create_multihead_dilated_attention,
     get_implementation,
+    load_plugins,
     register,
 )
 
@@ -59,3 +60,5 @@ __all__ = [
     "create_dilated_attention",
     "create_multihead_dilated_attention",
 ]
+
+load_plugins()  # implementations registered outside dattn (DATTN_PLUGINS, entry points)

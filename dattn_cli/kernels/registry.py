@@ -3,7 +3,9 @@
 Every command (verify, bench, profile, plan, impls) learns what an implementation is from its ImplSpec
 and from nothing else: how it splits work over ranks (strategy), where it runs, how to shard a problem
 for it, which pairs it computes (the FLOP hook), which memory model the planner uses for it, and how
-to construct it. Adding an implementation = its module + one `register(ImplSpec(...))` call.
+to construct it. Adding an implementation = its module + one `register(ImplSpec(...))` call: here for dattn's own, or in
+your module named in DATTN_PLUGINS (or a package's `dattn.implementations` entry point), which every
+dattn process, its measurement workers and ranks included, imports with this registry.
 
 The hooks take the problem duck-typed (workload.Problem: batch, seq_len, heads, segment_lengths, ...)
 so that this module depends on kernels only.
@@ -11,7 +13,10 @@ so that this module depends on kernels only.
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
@@ -229,3 +234,21 @@ def create_multihead_dilated_attention(kind: str = "auto", **cfg: Any) -> nn.Mod
     module = impl.cls(**cfg)
     module.attention.selection_reason = why
     return module
+
+
+PLUGIN_VARIABLE = "DATTN_PLUGINS"
+ENTRY_POINT_GROUP = "dattn.implementations"
+
+
+def load_plugins() -> None:
+    """Import the modules that register implementations from outside dattn: DATTN_PLUGINS (module names,
+    comma-separated; e.g. DATTN_PLUGINS=my_attention) and installed packages' 'dattn.implementations'
+    entry points. Each registers its ImplSpecs on import."""
+    for name in filter(None, (part.strip() for part in os.environ.get(PLUGIN_VARIABLE, "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ImportError(f"{PLUGIN_VARIABLE}: cannot import {name!r} ({exc}); fix the module name or "
+                              "its PYTHONPATH") from None
+    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        entry_point.load()
