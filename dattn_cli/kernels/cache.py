@@ -1,4 +1,4 @@
-"""Bounded, thread-safe LRU cache of planned patterns (SPEC §3).
+"""Bounded, thread-safe LRU cache of planned patterns.
 
 Key: (pair, N, H, semantics, device) — one entry per dilated pair, so patterns that share pairs share
 entries. Value: that pair's blocks and any index tensors planned for them. Size from

@@ -1,4 +1,4 @@
-"""Single-device dilated attention modules (SPEC §3).
+"""Single-device dilated attention modules.
 
 DilatedAttention and ImprovedDilatedAttention compute the same function through the same engine;
 they differ only in how they reach a block's rows and what they keep between calls:
@@ -160,7 +160,7 @@ class _DilatedAttentionBase(AttentionCore):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
         *, key_padding_mask: torch.Tensor | None = None, compute_dtype: torch.dtype = torch.float64,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The dense reference of what this module computes (SPEC §2), differentiable."""
+        """The dense reference of what this module computes (docs/semantics.md), differentiable."""
         return dilated_attention_reference(
             q, k, v, self.segment_lengths, self.dilation_rates, is_causal, self.semantics, self.scale,
             key_padding_mask=key_padding_mask, compute_dtype=compute_dtype,

@@ -5,7 +5,7 @@ Given (out_a, lse_a) over key set A and (out_b, lse_b) over key set B, the atten
     lse = log(exp(lse_a) + exp(lse_b)),   out = exp(lse_a - lse) · out_a + exp(lse_b - lse) · out_b
 
 Every implementation uses it: dilated pairs, ring steps and gathered blocks alike. A key offered by two
-pairs appears in both partial results, which is exactly the count c_h(t, u) of SPEC §2.
+pairs appears in both partial results, which is exactly the count c_h(t, u) of docs/semantics.md.
 Rows with lse = −inf (no key yet) contribute nothing and never produce NaN.
 """
 

@@ -1,4 +1,4 @@
-"""nn.MultiheadAttention-style modules around the dilated attention cores (SPEC §3).
+"""nn.MultiheadAttention-style modules around the dilated attention cores.
 
 One input projection weight (3E, E): self-attention (query is key is value) runs it as one fused
 matmul; otherwise its q/k/v slices project each input separately. Optional MAGNETO sub-LayerNorm before

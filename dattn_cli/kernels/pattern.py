@@ -1,4 +1,4 @@
-"""The dilated pattern of SPEC §2 as a list of blocks of kept rows.
+"""The dilated pattern of docs/semantics.md as a list of blocks of kept rows.
 
 A block is one dense attention problem: for `num_segments` segments of length `seg_len` starting at
 `start`, the rows at in-segment index `offset, offset + rate, ...` of heads
@@ -151,11 +151,11 @@ def coverage_mask(seq_len: int, num_heads: int, blocks: Sequence[Block]) -> torc
 def uncovered_fraction(
     seq_len: int, num_heads: int, segment_lengths: Sequence[int], dilation_rates: Sequence[int], semantics: str
 ) -> float:
-    """Share of (position, head) rows that no pair keeps; those rows output 0 (SPEC §2)."""
+    """Share of (position, head) rows that no pair keeps; those rows output 0 (docs/semantics.md)."""
     blocks = build_blocks(seq_len, num_heads, segment_lengths, dilation_rates, semantics)
     return 1.0 - coverage_mask(seq_len, num_heads, blocks).float().mean().item()
 
 
 def attended_pairs(batch: int, blocks: Sequence[Block], causal: bool) -> int:
-    """P of the SPEC's FLOP convention: (query, key) pairs computed, over batch, heads and pairs."""
+    """P of the FLOP convention (docs/semantics.md): (query, key) pairs computed, over batch, heads and pairs."""
     return sum(b.pairs_attended(batch, causal) for b in blocks)

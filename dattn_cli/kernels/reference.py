@@ -1,4 +1,4 @@
-"""Dense references (SPEC §2), built straight from the definitions: dilated attention, and attention
+"""Dense references (docs/semantics.md), built straight from the definitions: dilated attention, and attention
 restricted by a block table (block-sparse patterns).
 
 For every (query, key, head) it counts c_h(t, u), the pairs under which t attends u, and computes

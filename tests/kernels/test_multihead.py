@@ -1,4 +1,4 @@
-"""Multihead modules: projections, MAGNETO LayerNorm, masks, and the API hygiene rules of SPEC §3."""
+"""Multihead modules: projections, MAGNETO LayerNorm, masks, and their API hygiene."""
 
 import copy
 import inspect

@@ -10,7 +10,7 @@ from tests.conftest import rel_err
 
 
 def brute_force(q, k, v, segs, rates, causal, semantics, scale=None, key_padding_mask=None):
-    """Python loops straight from SPEC §2, float64; no shared code with the reference."""
+    """Python loops straight from docs/semantics.md, float64; no shared code with the reference."""
     B, N, H, D = q.shape
     tau = D**-0.5 if scale is None else scale
     m = len(segs)

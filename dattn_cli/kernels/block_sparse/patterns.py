@@ -11,7 +11,7 @@ query block are dropped, the diagonal block is attended causally), so one table 
 * global_local the first `global_blocks` blocks see and are seen by all, plus a local window
 * hierarchical a local window, plus for level l = 1..levels every 2^l-th block out to distance
                window · 2^(l+1) (coarser and longer with each level)
-* longnet      the exact block cover of the dilated pattern of SPEC §2: a block pair is active when
+* longnet      the exact block cover of the dilated pattern of docs/semantics.md: a block pair is active when
                some head and pair keep a row in both blocks within one segment (an upper bound of
                what dilated attention computes, on whole blocks)
 
