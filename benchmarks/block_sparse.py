@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dattn_cli.bench import BenchConfig, parse_seq_lens, run_sweep
+from dattn_cli.bench import Sweep, run_sweep
 from dattn_cli.bench.plot import fit_density, plot_density
-from dattn_cli.bench.rows import read_rows
+from dattn_cli.plan import predicted_peak_bytes
+from dattn_cli.workload import parse_seq_lens
+from dattn_cli.workload.records import read_rows
 
 IMPL = "BlockSparseRingDilatedAttention"
 DENSITIES = [0.05, 0.10, 0.25]
@@ -38,11 +40,11 @@ def main() -> None:
                   max_memory=16 * 2**30, max_seconds=900.0, pattern="local", block_size=128)
     command = ["python", "benchmarks/block_sparse.py", *(["--no-flex"] if args.no_flex else [])]
     show = lambda r: print(f"  {r.impl} {r.pattern or 'dense'}: {r.status} {r.time_ms} ms", flush=True)  # noqa: E731
-    configs = [BenchConfig(impls=["sdpa", IMPL], densities=DENSITIES, **common)]
+    configs = [Sweep(impls=["sdpa", IMPL], densities=DENSITIES, **common)]
     if not args.no_flex:  # the compile happens in the warm-up call
-        configs.append(BenchConfig(impls=[IMPL], densities=[0.10], executor="flex", **{**common, "warmup": 2}))
+        configs.append(Sweep(impls=[IMPL], densities=[0.10], executor="flex", **{**common, "warmup": 2}))
     for cfg in configs:
-        run_sweep(cfg, out=args.out, resume=True, command=command, on_row=show)
+        run_sweep(cfg, out=args.out, resume=True, command=command, on_row=show, predict=predicted_peak_bytes)
 
     rows = [r for r in read_rows(args.out) if r.seq_len == n and r.status == "ok"]
     dense = next(r for r in rows if r.impl == "sdpa")

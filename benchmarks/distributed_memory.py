@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dattn_cli.bench import BenchConfig, parse_seq_lens, run_sweep
-from dattn_cli.bench.rows import read_rows
+from dattn_cli.bench import Sweep, run_sweep
+from dattn_cli.plan import predicted_peak_bytes
+from dattn_cli.workload import parse_seq_lens
+from dattn_cli.workload.records import read_rows
 
 IMPLS = ["RingDilatedAttention", "DistributedImprovedDilatedAttention"]
 
@@ -33,10 +35,11 @@ def main() -> None:
     common = dict(impls=IMPLS, seq_lens=[n], mode=args.mode, heads=8, head_dim=64, segment_lengths=[2048, 8192, 32768],
                   dilation_rates=[1, 2, 8], warmup=1, repeat=args.repeat, max_memory=16 * 2**30, max_seconds=900.0)
     for nproc in (1, args.nproc):
-        cfg = BenchConfig(**common, nproc=nproc)
+        cfg = Sweep(**common, world_size=nproc)
         run_sweep(cfg, out=args.out, resume=True, command=["python", "benchmarks/distributed_memory.py"],
                   on_row=lambda r: print(f"  p={r.world_size} {r.impl} {r.mode}: {r.status} "
-                                         f"peak {r.peak_mem_bytes} B, {r.time_ms} ms", flush=True))
+                                         f"peak {r.peak_mem_bytes} B, {r.time_ms} ms", flush=True),
+                  predict=predicted_peak_bytes)
     rows = [r for r in read_rows(args.out) if r.seq_len == n and r.mode == args.mode and r.status == "ok"]
     print(f"\nN={n}, {args.mode}: peak memory per rank, p={args.nproc} vs p=1 (target <= 0.35x)")
     for impl in IMPLS:

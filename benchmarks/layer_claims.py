@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dattn_cli.bench import BenchConfig, parse_seq_lens, run_sweep
-from dattn_cli.bench.config import parse_size
-from dattn_cli.bench.rows import read_rows
-from dattn_cli.plan import model as planner
-from dattn_cli.plan.check import shape_of
-from dattn_cli.plan.layers import LayerShape
+from dattn_cli.bench import Sweep, run_sweep
+from dattn_cli.plan import predicted_peak_bytes
+from dattn_cli.plan import solve as planner
 from dattn_cli.plan.profiles import load_profile
+from dattn_cli.workload import Problem, parse_seq_lens, parse_size
+from dattn_cli.workload.records import read_rows, row_problem
 
 IMPL = "ImprovedMultiheadDilatedAttention"
 SEGMENTS, DILATIONS = [2048, 4096, 8192], [1, 2, 4]
@@ -53,11 +52,12 @@ def block_part(seq_lens: list[int], out: Path, command: list[str], device: str, 
                   warmup=2 if cuda else 1, repeat=10 if cuda else 3, max_memory=16 * 2**30, max_seconds=900.0, device=device)
     segments = dict(segment_lengths=GPU_SEGMENTS, dilation_rates=GPU_DILATIONS) if cuda else \
         dict(segment_lengths=SEGMENTS, dilation_rates=DILATIONS)
-    configs = [BenchConfig(**segments, **common, **o) for o in OPTIONS.values()]
-    configs.append(BenchConfig(**DENSE, **common))
+    configs = [Sweep(**segments, **common, **o) for o in OPTIONS.values()]
+    configs.append(Sweep(**DENSE, **common))
     for cfg in configs:
         run_sweep(cfg, out=out, resume=True, command=command,
-                  on_row=lambda r: print(f"  block {label(r)} N={r.seq_len}: {r.status} {r.time_ms} ms", flush=True))
+                  on_row=lambda r: print(f"  block {label(r)} N={r.seq_len}: {r.status} {r.time_ms} ms", flush=True),
+                  predict=predicted_peak_bytes)
     rows = [r for r in read_rows(out) if r.status == "ok" and r.target == "layer"]
     profile = load_profile(profile_name)
     print(f"\nblock E=768 H=12, fwd+bwd, causal, {device}; ratios against the plain dilated block at the same N")
@@ -65,7 +65,7 @@ def block_part(seq_lens: list[int], out: Path, command: list[str], device: str, 
         at = {label(r): r for r in rows if r.seq_len == n}
         base = at.get("dilated, plain")
         for name, r in at.items():
-            predicted = planner.plan(shape_of(r), profile).memory.total
+            predicted = planner.plan(row_problem(r), profile).memory.total
             ratio = f" = {r.time_ms / base.time_ms:.2f}x time, {r.peak_mem_bytes / base.peak_mem_bytes:.2f}x memory" if base else ""
             print(f"  N={n:>6} {name:<36} {r.time_ms:9.1f} ms {r.peak_mem_bytes / 2**20:8.1f} MiB"
                   f" (plan {predicted / 2**20:7.1f} MiB){ratio}")
@@ -87,9 +87,10 @@ def model_part(cap: int, out: Path, command: list[str], device: str, profile_nam
         # an ok point below the limit even where the plan is optimistic.
         planned = planner.max_seq(model_shape(seq_len=1024, **segments, **options), profile)[0]
         start = max(1024, int(planned * (0.5 if cuda else 1.0)) // 1024 * 1024)
-        run_sweep(BenchConfig(**common, start=start, **options), out=out, resume=True, command=command,
+        run_sweep(Sweep(**common, start=start, **options), out=out, resume=True, command=command,
                   on_row=lambda r: print(f"  model {label(r)} N={r.seq_len}: {r.status} "
-                                         f"{(r.peak_mem_bytes or 0) / 2**20:.0f} MiB {r.time_ms} ms", flush=True))
+                                         f"{(r.peak_mem_bytes or 0) / 2**20:.0f} MiB {r.time_ms} ms", flush=True),
+                  predict=predicted_peak_bytes)
     rows = [r for r in read_rows(out) if r.target == "model"]
     where = f"on {profile.name}" if cuda else f"on CPU under a {cap / 2**30:.1f} GiB cap"
     print(f"\n~125M LongNetLM training step {where}: longest trainable N")
@@ -104,10 +105,10 @@ def model_part(cap: int, out: Path, command: list[str], device: str, profile_nam
               f"plan --max-seq: {n_plan:,}")
 
 
-def model_shape(**overrides) -> LayerShape:
+def model_shape(**overrides) -> Problem:
     fields = dict(impl=IMPL, seq_len=1 << 20, heads=12, embed_dim=768, layers=12, vocab_size=50304, target="model",
                   segment_lengths=SEGMENTS, dilation_rates=DILATIONS, mode="fwdbwd", causal=True)
-    return LayerShape(**{**fields, **overrides})
+    return Problem(**{**fields, **overrides})
 
 
 def gpu_part() -> None:

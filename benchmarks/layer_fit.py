@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dattn_cli.bench import BenchConfig, run_sweep
-from dattn_cli.bench.rows import read_rows
-from dattn_cli.plan.check import shape_of
+from dattn_cli.bench import Sweep, run_sweep
+from dattn_cli.plan import predicted_peak_bytes
 from dattn_cli.plan.layers import layer_memory
-from dattn_cli.plan.model import framework_bytes, normalise
+from dattn_cli.plan.memory import framework_bytes
 from dattn_cli.plan.profiles import load_profile
+from dattn_cli.workload.records import read_rows, row_problem
 
 IMPL = "ImprovedMultiheadDilatedAttention"
 STATE_ITEMS = ("weights", "AdamW moments", "parameter gradients", "optimizer temporary", "tokens")  # not activations
@@ -33,23 +33,23 @@ OPTIONS = [{}, {"checkpointing": True}, {"amp": "bf16"}, {"checkpointing": True,
 TERMS = ["block", "autocast", "checkpointing", "model"]
 
 
-def configs() -> list[BenchConfig]:
+def configs() -> list[Sweep]:
     common = dict(impls=[IMPL], heads=4, head_dim=64, causal=True, segment_lengths=[2048, 4096, 8192],
                   dilation_rates=[1, 2, 4], warmup=1, repeat=1, max_memory=16 * 2**30, max_seconds=600.0)
     out = []
     for options in OPTIONS:
-        out.append(BenchConfig(**common, target="layer", mode="fwdbwd", seq_lens=[2048, 4096, 8192, 16384], **options))
-        out.append(BenchConfig(**common, target="model", mode="fwdbwd", layers=2, vocab_size=8192,
-                               seq_lens=[1024, 4096, 16384], **options))
+        out.append(Sweep(**common, target="layer", mode="fwdbwd", seq_lens=[2048, 4096, 8192, 16384], **options))
+        out.append(Sweep(**common, target="model", mode="fwdbwd", layers=2, vocab_size=8192,
+                         seq_lens=[1024, 4096, 16384], **options))
     for amp in (None, "bf16"):
-        out.append(BenchConfig(**common, target="layer", mode="fwd", seq_lens=[4096, 16384], amp=amp))
-        out.append(BenchConfig(**common, target="model", mode="fwd", layers=2, vocab_size=8192, seq_lens=[4096, 16384], amp=amp))
+        out.append(Sweep(**common, target="layer", mode="fwd", seq_lens=[4096, 16384], amp=amp))
+        out.append(Sweep(**common, target="model", mode="fwd", layers=2, vocab_size=8192, seq_lens=[4096, 16384], amp=amp))
     return out
 
 
 def residual_terms(row, profile) -> tuple[list[float], float, float]:
     """(design row: option indicators + activation bytes, measured - tensors - framework, measured)."""
-    shape = normalise(shape_of(row))
+    shape = row_problem(row)
     tensors = layer_memory(shape, 0, "cuda")  # tensor items only, at the peak phase
     activations = tensors.total - sum(tensors.items.get(k, 0) for k in STATE_ITEMS)
     used = {"block": True, "autocast": bool(row.amp), "checkpointing": row.checkpointing and row.mode == "fwdbwd",
@@ -67,7 +67,8 @@ def main() -> None:
     for cfg in configs():
         run_sweep(cfg, out=args.out, resume=True, command=command,
                   on_row=lambda r: print(f"  {r.target} {r.mode} ckpt={r.checkpointing} amp={r.amp} N={r.seq_len}: {r.status}",
-                                         flush=True))
+                                         flush=True),
+                  predict=predicted_peak_bytes)
     profile = load_profile("cpu-host")
     rows = [r for r in read_rows(args.out) if r.status == "ok"]
     design, target, measured = map(np.array, zip(*(residual_terms(r, profile) for r in rows)))

@@ -14,9 +14,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from dattn_cli.bench.rows import read_rows
 from dattn_cli.plan.check import calibrate, check_rows, summary
 from dattn_cli.plan.profiles import load_profile
+from dattn_cli.workload.records import read_rows
 
 
 def main() -> None:
