@@ -14,7 +14,8 @@ from dattn_cli.kernels import (
     get_global_pattern_cache,
 )
 from dattn_cli.kernels.block_sparse.patterns import PATTERNS
-from dattn_cli.kernels.block_sparse.attention import flex_block_mask, flex_compiles_on, flex_forward, plan_rank
+from dattn_cli.kernels.block_sparse.flex import flex_block_mask, flex_compiles_on, flex_forward
+from dattn_cli.kernels.block_sparse.ring import plan_rank
 from tests.conftest import rel_err
 
 

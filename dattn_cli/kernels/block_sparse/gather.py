@@ -1,0 +1,111 @@
+"""The gather executor of block-sparse attention (attention.py): the backend calls of a block table.
+
+For each query block, its active key blocks as one call: a slice when they are contiguous, an index
+gather otherwise; the causal diagonal block as a second call. Partial results merge with the shared
+merge routine through the engine's autograd boundary (engine.py), whose backward hands every call the
+merged out and lse. `plan_parts` lists the calls (`Part`) against one source of key blocks;
+`attend_parts` and `attend_parts_backward` run them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..backends import BACKENDS
+from ..engine import BlockAttention
+from ..merge import merge_partial_
+
+KeyRows = slice | torch.Tensor  # rows of a key source: a contiguous range, or gathered by index
+
+
+@dataclass(frozen=True)
+class Part:
+    """One backend call: local query rows against key rows of one source."""
+
+    queries: slice
+    keys: KeyRows
+    causal: bool
+    seed: int
+
+
+def _rows(x: torch.Tensor, keys: KeyRows, dim: int = 2) -> torch.Tensor:
+    """Rows `keys` along `dim` (2 for (B, H, rows, D) tensors, 1 for (B, rows) key masks)."""
+    if isinstance(keys, slice):
+        return x.narrow(dim, keys.start, keys.stop - keys.start)
+    return x.index_select(dim, keys)
+
+
+def _add_rows(acc: torch.Tensor, keys: KeyRows, value: torch.Tensor) -> None:
+    if isinstance(keys, slice):
+        _rows(acc, keys).add_(value)
+    else:
+        acc.index_add_(2, keys, value.to(acc.dtype))
+
+
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    """(B, N, H, ...) -> contiguous (B, H, N, ...): every block call then reads contiguous rows per head,
+    which the CPU kernel runs up to 1.4x faster than strided views (measured at N=32K, 25% density)."""
+    return x.transpose(1, 2).contiguous()
+
+
+def _block_rows(position: int, block_size: int, total_rows: int) -> tuple[int, int]:
+    return position * block_size, min((position + 1) * block_size, total_rows)
+
+
+def plan_parts(
+    table: torch.Tensor, query_blocks: Sequence[int], query_rows: int, source_blocks: Sequence[int],
+    source_rows: int, block_size: int, causal: bool, device: torch.device, source_id: int = 0,
+) -> tuple[Part, ...]:
+    """The calls of `query_blocks` (global ids, local rows from 0) against a source holding the global key
+    blocks `source_blocks` in order (rows position·block_size ...)."""
+    source = torch.tensor(list(source_blocks), dtype=torch.long)
+    where = {g: i for i, g in enumerate(source_blocks)}
+    parts = []
+    for qi, g in enumerate(query_blocks):
+        queries = slice(*_block_rows(qi, block_size, query_rows))
+        active = table[g, source].clone()
+        if causal:
+            active &= source <= g
+        seed = (g * 64 + source_id) * 2
+        if causal and g in where and active[where[g]]:
+            active[where[g]] = False
+            parts.append(Part(queries, slice(*_block_rows(where[g], block_size, source_rows)), True, seed + 1))
+        positions = active.nonzero().flatten().tolist()
+        if not positions:
+            continue
+        if positions[-1] - positions[0] + 1 == len(positions):  # contiguous: a slice, no copy
+            keys: KeyRows = slice(_block_rows(positions[0], block_size, source_rows)[0],
+                                  _block_rows(positions[-1], block_size, source_rows)[1])
+        else:
+            keys = torch.cat([torch.arange(*_block_rows(p, block_size, source_rows)) for p in positions]).to(device)
+        parts.append(Part(queries, keys, False, seed))
+    return tuple(parts)
+
+
+def attend_parts(attention: BlockAttention, parts, q, k, v, key_pad, out, lse) -> None:
+    """q, k, v (B, H, rows, D); merge every part's (out, lse) into the fp32 accumulators out (B, N, H, D)
+    and lse (B, N, H)."""
+    backend = BACKENDS[attention.backend]
+    for part in parts:
+        qb = q[:, :, part.queries]
+        kb, vb = _rows(k, part.keys), _rows(v, part.keys)
+        pad = None if key_pad is None else _rows(key_pad, part.keys, 1)
+        block_out, block_lse = backend.forward(qb, kb, vb, pad, attention._call(part.seed, part.causal))
+        merge_partial_(out[:, part.queries], lse[:, part.queries], block_out.transpose(1, 2), block_lse.transpose(1, 2))
+
+
+def attend_parts_backward(attention: BlockAttention, parts, dout, q, out, lse, k, v, key_pad, dq, dk, dv) -> None:
+    """Each part's gradient share with the merged out and lse, added into dq and the source's dk, dv; every
+    tensor (B, H, rows, D), lse (B, H, rows)."""
+    backend = BACKENDS[attention.backend]
+    for part in parts:
+        qb, dob, ob, lb = (x[:, :, part.queries] for x in (q, dout, out, lse))
+        kb, vb = _rows(k, part.keys), _rows(v, part.keys)
+        pad = None if key_pad is None else _rows(key_pad, part.keys, 1)
+        dq_part, dk_part, dv_part = backend.backward(dob, qb, kb, vb, ob, lb, pad, attention._call(part.seed, part.causal))
+        dq[:, :, part.queries].add_(dq_part)
+        _add_rows(dk, part.keys, dk_part)
+        _add_rows(dv, part.keys, dv_part)

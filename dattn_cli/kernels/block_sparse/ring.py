@@ -1,0 +1,132 @@
+"""The ring form of block-sparse attention (attention.py): which key blocks each rank computes,
+sends and receives, and the exchange that moves them.
+
+A process group of p ranks: rank a holds the contiguous query and key blocks [a·L/b, (a+1)·L/b)
+(L = N/p, b = block_size, L % b == 0). Every rank knows the table, so each knows which of its key
+blocks every other rank's queries use: it sends exactly those (K, V and the key mask rows) and
+receives exactly the blocks its own queries use — no transfer for a block no local query attends.
+Transfers are posted before the local blocks are computed. Backward sends each received block's
+dK/dV share home. With one rank the plan is all local parts and nothing travels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..distributed.comm import CommStats
+from ..engine import BlockAttention
+from .gather import Part, _block_rows, _heads_first, attend_parts, attend_parts_backward, plan_parts
+
+TAG_KV, TAG_HOME = 21, 22
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """What one rank computes and exchanges for one (shape, pattern, causal) call."""
+
+    local: tuple[Part, ...]  # against this rank's own key blocks
+    remote: dict[int, tuple[Part, ...]]  # source rank -> parts against the blocks received from it
+    receive: dict[int, tuple[int, ...]]  # source rank -> its global key blocks this rank's queries use
+    send: dict[int, torch.Tensor]  # destination rank -> local rows of this rank's blocks it uses
+
+
+def plan_rank(
+    table: torch.Tensor, seq_len: int, block_size: int, rank: int, world: int, causal: bool, device: torch.device
+) -> RankPlan:
+    num_blocks = table.shape[0]
+    shard = seq_len // world
+    per_rank = -(-shard // block_size)
+    owned = [list(range(r * per_rank, min((r + 1) * per_rank, num_blocks))) for r in range(world)]
+    allowed = table.tril() if causal else table
+
+    def used(by: int, of: int) -> tuple[int, ...]:
+        rows = allowed[owned[by]][:, owned[of]]
+        return tuple(owned[of][j] for j in rows.any(dim=0).nonzero().flatten().tolist())
+
+    mine = owned[rank]
+    local = plan_parts(table, mine, shard, mine, shard, block_size, causal, device)
+    receive, remote, send = {}, {}, {}
+    for other in range(world):
+        if other == rank:
+            continue
+        if blocks := used(rank, other):
+            receive[other] = blocks
+            rows = len(blocks) * block_size
+            remote[other] = plan_parts(table, mine, shard, blocks, rows, block_size, causal, device, source_id=1 + other)
+        if blocks := used(other, rank):
+            first = mine[0]
+            send[other] = torch.cat([torch.arange(*_block_rows(g - first, block_size, shard)) for g in blocks]).to(device)
+    return RankPlan(tuple(local), remote, receive, send)
+
+
+class BlockSparseExchange:
+    """RemoteBlocks of the block-sparse module (engine.py): the rank's own key blocks, then the key blocks
+    received from other ranks (ring form). Kept from forward to backward: the received blocks."""
+
+    def __init__(self, plan: RankPlan, block_size: int, group, stats: CommStats):
+        self.plan, self.block_size, self.group, self.stats = plan, block_size, group, stats
+        self.received: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+
+    def _peer(self, rank: int) -> int:
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+    def _post(self, sends: dict[int, torch.Tensor], receives: dict[int, torch.Tensor], tag: int, phase: str):
+        ops = [dist.P2POp(dist.isend, buf, self._peer(r), self.group, tag) for r, buf in sends.items()]
+        ops += [dist.P2POp(dist.irecv, buf, self._peer(r), self.group, tag) for r, buf in receives.items()]
+        size = lambda bufs: sum(b.numel() * b.element_size() for b in bufs.values())  # noqa: E731
+        self.stats.add(phase, size(sends), size(receives))
+        return dist.batch_isend_irecv(ops) if ops else []
+
+    @staticmethod
+    def _pack(rows: torch.Tensor, k, v, key_pad) -> torch.Tensor:
+        """K and V rows (heads first, as the receiver attends them) and the key-mask rows, in one buffer."""
+        parts = [k.index_select(2, rows).reshape(-1), v.index_select(2, rows).reshape(-1)]
+        if key_pad is not None:
+            parts.append(key_pad.index_select(1, rows).to(k.dtype).reshape(-1))
+        return torch.cat(parts)
+
+    def forward(self, attention: BlockAttention, q, k, v, key_pad, out, lse) -> None:
+        batch, _, heads, head_dim = k.shape
+        q, k, v = (_heads_first(x) for x in (q, k, v))
+        buffers = {}
+        for src, blocks in self.plan.receive.items():
+            rows = len(blocks) * self.block_size
+            buffers[src] = k.new_empty(batch * rows * (2 * heads * head_dim + (key_pad is not None)))
+        sends = {dst: self._pack(rows, k, v, key_pad) for dst, rows in self.plan.send.items()}
+        works = self._post(sends, buffers, TAG_KV, "forward")
+        attend_parts(attention, self.plan.local, q, k, v, key_pad, out, lse)  # while the blocks travel
+        for work in works:
+            work.wait()
+        for src, buf in buffers.items():
+            rows = len(self.plan.receive[src]) * self.block_size
+            size = batch * rows * heads * head_dim
+            kr = buf[:size].view(batch, heads, rows, head_dim)
+            vr = buf[size : 2 * size].view(batch, heads, rows, head_dim)
+            pad = buf[2 * size :].view(batch, rows).bool() if key_pad is not None else None
+            self.received[src] = (kr, vr, pad)
+            attend_parts(attention, self.plan.remote[src], q, kr, vr, pad, out, lse)
+
+    def backward(self, attention: BlockAttention, dout, q, k, v, out, lse, key_pad, grads) -> None:
+        batch, _, heads, head_dim = k.shape
+        dout, q, k, v, out, lse = (_heads_first(x) for x in (dout, q, k, v, out, lse))
+        acc = grads[0].dtype
+        dq, dk, dv = (g.transpose(1, 2) for g in grads)  # the engine's (B, N, H, D) accumulators, heads first
+        shares = {}
+        for src, (kr, vr, pad) in self.received.items():  # remote shares first, so they travel during local work
+            dkr, dvr = torch.zeros(kr.shape, dtype=acc, device=kr.device), torch.zeros(vr.shape, dtype=acc, device=vr.device)
+            attend_parts_backward(attention, self.plan.remote[src], dout, q, out, lse, kr, vr, pad, dq, dkr, dvr)
+            shares[src] = torch.cat([dkr.reshape(-1), dvr.reshape(-1)])
+        home = {dst: dk.new_empty(2 * batch * heads * rows.numel() * head_dim) for dst, rows in self.plan.send.items()}
+        works = self._post(shares, home, TAG_HOME, "backward")
+        attend_parts_backward(attention, self.plan.local, dout, q, out, lse, k, v, key_pad, dq, dk, dv)
+        for work in works:
+            work.wait()
+        for dst, buf in home.items():
+            rows = self.plan.send[dst]
+            size = batch * heads * rows.numel() * head_dim
+            dk.index_add_(2, rows, buf[:size].view(batch, heads, -1, head_dim))
+            dv.index_add_(2, rows, buf[size:].view(batch, heads, -1, head_dim))
+        self.received.clear()
