@@ -1,0 +1,65 @@
+"""The `dattn` command line: options in, one library call, a renderer out (SPEC §4).
+
+Exit codes: 0 ok, 1 a check failed, 2 bad usage or bad input (one line on stderr; --debug for the
+traceback), 130 interrupted. Progress goes to stderr, tables and data to stdout.
+
+Layout: app.py (the Typer app, --config/--debug/--version), options.py (every option, once), one module per
+command, render/ (the tables).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from . import bench, env, impls, plan, profile, profiles, verify
+from .app import app
+
+app.command("verify")(verify.verify)
+app.command("bench")(bench.bench)
+app.command("profile")(profile.profile)
+app.command("plan")(plan.plan)
+app.add_typer(profiles.profiles_app, name="profiles")
+app.command("impls")(impls.impls)
+app.command("env")(env.env)
+
+__all__ = ["app", "main"]
+INTERRUPTED = 130
+
+
+def _one_line(exc: ValueError) -> str:
+    """The user-facing sentence of a ValueError; pydantic's validation errors reduced to their message."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError) and exc.errors():
+        error = exc.errors()[0]
+        message = str(error.get("msg", exc)).removeprefix("Value error, ")
+        field = ".".join(str(p) for p in error.get("loc", ()))
+        return message if message.startswith("-") or not field else f"{field}: {message}"
+    return str(exc) or type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=args, prog_name="dattn", standalone_mode=False)
+    except Exception as exc:
+        # Typer may vendor its own click, so click's exceptions are recognised by shape, not class.
+        if type(exc).__name__ == "Abort":
+            print("dattn: interrupted", file=sys.stderr)
+            sys.exit(INTERRUPTED)
+        usage = hasattr(exc, "format_message") and hasattr(exc, "exit_code")
+        if debug or not (usage or isinstance(exc, ValueError)):
+            raise
+        # ValueError: bad configuration or input, raised by the library with the fix in its text.
+        message = exc.format_message() if usage else _one_line(exc)
+        print(f"dattn: error: {message.splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        code = INTERRUPTED
+    if code == INTERRUPTED:  # typer turns Ctrl-C into this exit code itself
+        print("dattn: interrupted", file=sys.stderr)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,152 @@
+"""`dattn bench`: sweep sequence lengths (or densities), each point in an isolated worker."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from .options import (AmpOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption,
+                      CsvOption, DensitiesOption, DeviceOption, DilationsOption, DistTimeoutOption, DTypeOption,
+                      EmbedDimOption, ExecutorOption, FailOnRegressionOption, GlobalBlocksOption, HeadDimOption,
+                      HeadsOption, ImplsOption, JsonOption, LayersOption, LevelsOption, MaxMemoryOption,
+                      MaxSecondsOption, ModeOption, NprocOption, OutOption, PatternOption, PlotOption, PlotXOption,
+                      QuickOption, RepeatOption, ResumeOption, SeedOption, SegmentsOption, SemanticsOption,
+                      SeqLensOption, StartOption, TargetOption, UntilOomOption, VocabSizeOption, WarmupOption,
+                      WindowOption, check_ranks)
+from .render.bench import bench_table, exponent_lines, regression_table
+from .render.common import emit, emit_json, note, progress, stdout
+
+QUICK = {"impls": ["DilatedAttention", "ImprovedDilatedAttention", "sdpa"], "seq_lens": "2k,4k,8k",
+         "segments": "512,1024,2048", "dilations": "1,2,4"}
+
+
+def default_max_memory() -> int:
+    """Half of the memory available right now: the sweep can never drive the host into its OOM killer."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        pass
+    return 4 * 2**30
+
+
+def _command() -> list[str]:
+    return ["dattn", *sys.argv[1:]]
+
+
+def _check_outputs(out: Path | None, resume: bool, baseline: Path | None, fail_on_regression: float | None) -> None:
+    if (fail_on_regression is None) != (baseline is None):
+        raise ValueError("--baseline and --fail-on-regression go together: give both")
+    if baseline is not None and not baseline.exists():
+        raise ValueError(f"--baseline {baseline}: no such file")
+    if resume and out is None:
+        raise ValueError("--resume needs --out FILE.jsonl, the report to continue")
+
+
+def _lines(sweep) -> int:
+    """Measured lines: one per implementation, one per target density for block-sparse ones."""
+    from ..kernels.registry import REGISTRY
+
+    return sum(len(sweep.densities) if REGISTRY[i].block_sparse and sweep.densities else 1 for i in sweep.impls)
+
+
+def _run(sweep, out: Path | None, resume: bool):
+    from ..bench import run_sweep
+    from ..plan.solve import predicted_peak_bytes
+
+    with progress() as bar:
+        task = bar.add_task("bench", total=None if sweep.until_oom else _lines(sweep) * len(sweep.seq_lens))
+
+        def on_row(row) -> None:
+            what = f" {row.pattern}" if row.pattern else ""
+            bar.update(task, advance=1, description=f"bench {row.impl}{what} N={row.seq_len}: {row.status}")
+
+        return run_sweep(sweep, out=out, resume=resume, command=_command(), on_row=on_row, predict=predicted_peak_bytes)
+
+
+def _write(sweep, result, csv_out: str | None, json_out: str | None) -> None:
+    from ..bench import rows_frame
+
+    if csv_out:
+        emit(csv_out, rows_frame(result.rows).to_csv(index=False))
+    if json_out:
+        from ..bench.sweep import environment_record
+
+        emit_json(json_out, {"environment": environment_record(sweep, _command()),
+                             "summaries": [s.model_dump() for s in result.summaries],
+                             "rows": [r.model_dump() for r in result.rows]})
+
+
+def _plot(sweep, result, plot: Path, plot_x: str | None) -> None:
+    from ..bench import plot_rows
+
+    if (plot_x or ("density" if len(sweep.densities) > 1 else "seq_len")) == "density":
+        from ..bench.plot import plot_density
+
+        lines = [fit.line() for fit in plot_density(result.rows, plot)]
+    else:
+        lines = exponent_lines(plot_rows(result.rows, plot))
+    for line in lines:
+        note(line)
+
+
+def _gate(result, baseline: Path, threshold: float) -> None:
+    from ..bench import find_regressions, read_rows
+
+    regressions, matched = find_regressions(result.rows, read_rows(baseline), threshold)
+    stdout.print(regression_table(regressions, matched, threshold))
+    if regressions:
+        raise typer.Exit(code=1)
+
+
+def bench(
+    impl: ImplsOption = None, device: DeviceOption = "cpu",
+    seq_lens: SeqLensOption = None, batch: BatchOption = 1, heads: HeadsOption = 8, head_dim: HeadDimOption = 64,
+    dtype: DTypeOption = "float32", mode: ModeOption = "fwd",
+    segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
+    semantics: SemanticsOption = "longnet", causal: CausalOption = False,
+    pattern: PatternOption = None, block_size: BlockSizeOption = 128, window: WindowOption = None,
+    density: DensitiesOption = None, global_blocks: GlobalBlocksOption = 1, levels: LevelsOption = 2,
+    executor: ExecutorOption = "auto",
+    target: TargetOption = "attention", embed_dim: EmbedDimOption = None, layers: LayersOption = 12,
+    vocab_size: VocabSizeOption = 50304, checkpointing: CheckpointingOption = False, amp: AmpOption = None,
+    quick: QuickOption = False, until_oom: UntilOomOption = False, start: StartOption = "4k",
+    warmup: WarmupOption = 1, repeat: RepeatOption = 3, seed: SeedOption = 0,
+    max_memory: MaxMemoryOption = None, max_seconds: MaxSecondsOption = 120.0,
+    baseline: BaselineOption = None, fail_on_regression: FailOnRegressionOption = None,
+    nproc: NprocOption = 1, dist_timeout: DistTimeoutOption = 120.0,
+    out: OutOption = None, resume: ResumeOption = False, csv_out: CsvOption = None, json_out: JsonOption = None,
+    plot: PlotOption = None, plot_x: PlotXOption = None,
+) -> None:
+    """Sweep sequence lengths: time, memory, TFLOP/s per implementation, each point in an isolated worker."""
+    from ..bench import Sweep
+    from ..workload import parse_float_list, parse_int_list, parse_seq_lens, parse_size
+
+    if quick:
+        impl, segments, dilations = impl or QUICK["impls"], QUICK["segments"], QUICK["dilations"]
+        seq_lens = seq_lens if seq_lens or until_oom else QUICK["seq_lens"]
+    if not impl:
+        raise ValueError("--impl: give at least one, e.g. --impl ImprovedDilatedAttention --impl sdpa (or use --quick)")
+    _check_outputs(out, resume, baseline, fail_on_regression)
+    check_ranks(impl, nproc, "--nproc")
+    sweep = Sweep(
+        impls=impl, seq_lens=parse_seq_lens(seq_lens) if seq_lens else [], until_oom=until_oom,
+        start=parse_seq_lens(start)[0], batch=batch, heads=heads, head_dim=head_dim, dtype=dtype, mode=mode,
+        segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
+        semantics=semantics, causal=causal, device=device, warmup=warmup, repeat=repeat, seed=seed,
+        max_memory=parse_size(max_memory) if max_memory else default_max_memory(), max_seconds=max_seconds,
+        world_size=nproc, dist_timeout=dist_timeout, pattern=pattern or "dilated", block_size=block_size, window=window,
+        densities=parse_float_list(density, "--density") if density else [], global_blocks=global_blocks,
+        levels=levels, executor=executor, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
+        checkpointing=checkpointing, amp=amp,
+    )
+    result = _run(sweep, out, resume)
+    stdout.print(bench_table(result))
+    _write(sweep, result, csv_out, json_out)
+    if plot is not None:
+        _plot(sweep, result, plot, plot_x)
+    if baseline is not None:
+        _gate(result, baseline, fail_on_regression)

@@ -1,0 +1,34 @@
+"""`dattn impls`: the registry: every implementation and baseline, where it runs, whether it can run here."""
+
+from __future__ import annotations
+
+from .options import JsonOption
+from .render.common import emit_json, stdout
+from .render.env import impls_table
+
+
+def availability(spec) -> dict:
+    """The devices `spec` can run on here, or why it runs nowhere here (the reason for its own devices, e.g.
+    a cuda-only entry's missing package and its install hint, not merely 'not cpu')."""
+    reasons = {device: spec.unavailable(device) for device in spec.devices}
+    usable = [device for device, reason in reasons.items() if reason is None]
+    return {"available": bool(usable), "available_on": usable,
+            "unavailable": None if usable else "; ".join(f"{device}: {reason}" for device, reason in reasons.items())}
+
+
+def record(spec) -> dict:
+    return {"name": spec.name, "kind": spec.kind, "strategy": spec.strategy, "baseline": spec.baseline,
+            "block_sparse": spec.block_sparse, "distributed": spec.distributed, "single_device": spec.single_device,
+            "backends": list(spec.backends), "devices": list(spec.devices), "where": spec.where(),
+            "summary": spec.summary, "requires": list(spec.requires), **availability(spec)}
+
+
+def impls(json_out: JsonOption = None) -> None:
+    """The registry: name, kind, strategy, baseline, backends, where it runs, and whether it runs here (and why not)."""
+    from ..kernels.registry import REGISTRY
+
+    entries = [record(spec) for spec in REGISTRY.values()]
+    if json_out != "-":
+        stdout.print(impls_table(entries))
+    if json_out:
+        emit_json(json_out, entries)

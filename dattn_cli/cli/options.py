@@ -1,0 +1,192 @@
+"""Every command-line option, defined once: name, help, validation and help section.
+
+A command declares `seq_len: SeqLenOption = "8k"`: the alias carries everything but the default, so
+the same option reads and validates the same in every command while each command keeps its default.
+Choices whose error message names the option and the fix (--mode 'bwd': use fwd or fwdbwd) are
+checked by a callback; the rest by their type.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Callable, Literal, Optional
+
+import typer
+
+SHAPE, PATTERN, BLOCK, LAYER = "Shape", "Pattern", "Block-sparse", "Layer/model"
+IMPL, MEASURE, OUTPUT, DIST, PLAN = "Implementation", "Measurement", "Output", "Distributed", "Plan"
+
+DType = Literal["float32", "float64", "bfloat16", "float16"]
+Semantics = Literal["longnet", "head_groups"]
+
+
+def one_of(option: str, choices: tuple[str, ...]) -> Callable[[Optional[str]], Optional[str]]:
+    """A callback refusing values outside `choices` with one sentence naming the option and the fix."""
+
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is not None and value not in choices:
+            raise ValueError(f"{option} {value!r}: use {', '.join(choices[:-1])} or {choices[-1]}")
+        return value
+
+    return check
+
+
+def check_device(value: str) -> str:
+    if value.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available here; use --device cpu")
+    elif value != "cpu":
+        raise ValueError(f"--device {value!r}: use cpu or cuda")
+    return value
+
+
+def check_ranks(impls: list[str], ranks: int, option: str) -> None:
+    """More than one rank takes distributed implementations only: refused naming this command's option
+    (--nproc, --devices), before Problem would name --world-size."""
+    from ..kernels.registry import REGISTRY, names
+
+    single = [i for i in impls if i in REGISTRY and not REGISTRY[i].distributed]
+    if ranks > 1 and single:
+        raise ValueError(f"{option} {ranks} runs distributed implementations only; {', '.join(single)} is not one: "
+                         f"use {', '.join(names(lambda s: s.distributed))}, or {option} 1")
+
+
+def _choice(name: str, choices: tuple[str, ...], help: str, panel: str):
+    return typer.Option(name, help=help, callback=one_of(name, choices), metavar="|".join(choices), rich_help_panel=panel)
+
+
+# --- implementation ---------------------------------------------------------------------------------
+_IMPL_HELP = "Registered implementation or baseline (sdpa, math, flash, reference); 'dattn impls' lists them"
+ImplOption = Annotated[Optional[str], typer.Option("--impl", help=_IMPL_HELP + ".", metavar="NAME", rich_help_panel=IMPL)]
+ImplsOption = Annotated[Optional[list[str]], typer.Option("--impl", help=_IMPL_HELP + "; repeatable.", metavar="NAME", rich_help_panel=IMPL)]
+BackendsOption = Annotated[Optional[list[str]], typer.Option(
+    "--backend", help="Attention backend of the dilated blocks (repeatable): auto, math, sdpa, flash.", metavar="NAME",
+    rich_help_panel=IMPL)]
+DeviceOption = Annotated[str, typer.Option("--device", help="cpu or cuda.", callback=check_device, rich_help_panel=IMPL)]
+
+# --- shape ------------------------------------------------------------------------------------------
+SeqLenOption = Annotated[str, typer.Option("--seq-len", help="Total sequence length N, e.g. 8k or 65536.", rich_help_panel=SHAPE)]
+SeqLensOption = Annotated[Optional[str], typer.Option("--seq-lens", help="Lengths to measure, e.g. 4k,8k,32768.", rich_help_panel=SHAPE)]
+BatchOption = Annotated[int, typer.Option("--batch", help="Batch size.", rich_help_panel=SHAPE)]
+HeadsOption = Annotated[int, typer.Option("--heads", help="Attention heads.", rich_help_panel=SHAPE)]
+HeadDimOption = Annotated[int, typer.Option("--head-dim", help="Dimension per head.", rich_help_panel=SHAPE)]
+DTypeOption = Annotated[DType, typer.Option("--dtype", help="Input (layer/model: weight) dtype.", rich_help_panel=SHAPE)]
+ModeOption = Annotated[str, _choice("--mode", ("fwd", "fwdbwd"), "fwd (forward only) or fwdbwd (forward and backward).", SHAPE)]
+
+# --- pattern ----------------------------------------------------------------------------------------
+SegmentsOption = Annotated[str, typer.Option("--segments", help="Segment lengths, comma-separated.", rich_help_panel=PATTERN)]
+DilationsOption = Annotated[str, typer.Option("--dilations", help="Dilation rates, comma-separated.", rich_help_panel=PATTERN)]
+SemanticsOption = Annotated[Semantics, typer.Option("--semantics", help="Head/pair preset.", rich_help_panel=PATTERN)]
+SemanticsSetOption = Annotated[Literal["longnet", "head_groups", "both"], typer.Option(
+    "--semantics", help="Head/pair preset to check, or both.", rich_help_panel=PATTERN)]
+CausalOption = Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask.", rich_help_panel=PATTERN)]
+CausalFilterOption = Annotated[Optional[bool], typer.Option(
+    "--causal/--no-causal", help="Only causal, or only non-causal (default: both).", rich_help_panel=PATTERN)]
+BothOption = Annotated[bool, typer.Option("--both", help="Causal and non-causal (the default).", rich_help_panel=PATTERN)]
+
+# --- block-sparse -----------------------------------------------------------------------------------
+_PATTERNS = "local, dilated, global_local, hierarchical or longnet"
+PatternOption = Annotated[Optional[str], typer.Option(
+    "--pattern", help=f"Block pattern: {_PATTERNS} (default: dilated).", metavar="NAME",
+    rich_help_panel=BLOCK)]
+PatternsOption = Annotated[Optional[list[str]], typer.Option(
+    "--pattern", help=f"Block patterns to check (repeatable): {_PATTERNS} (default: all).", metavar="NAME",
+    rich_help_panel=BLOCK)]
+BlockSizeOption = Annotated[int, typer.Option("--block-size", help="Block size in tokens.", rich_help_panel=BLOCK)]
+WindowOption = Annotated[Optional[int], typer.Option(
+    "--window", help="Window in blocks each side (local, global_local, hierarchical).", rich_help_panel=BLOCK)]
+DensityOption = Annotated[Optional[float], typer.Option(
+    "--density", help="Target block density (picks the window).", rich_help_panel=BLOCK)]
+DensitiesOption = Annotated[Optional[str], typer.Option(
+    "--density", help="Target block densities, one line each, e.g. 0.05,0.1,0.25.", rich_help_panel=BLOCK)]
+GlobalBlocksOption = Annotated[int, typer.Option("--global-blocks", help="global_local: global blocks.", rich_help_panel=BLOCK)]
+LevelsOption = Annotated[int, typer.Option("--levels", help="hierarchical: dilated levels.", rich_help_panel=BLOCK)]
+ExecutorOption = Annotated[str, _choice("--executor", ("auto", "flex", "gather"), "How blocks are computed.", BLOCK)]
+ShowPatternOption = Annotated[Optional[Path], typer.Option(
+    "--show-pattern", help="Write the block mask as a PNG.", rich_help_panel=BLOCK)]
+
+# --- layer / model ----------------------------------------------------------------------------------
+TargetOption = Annotated[str, _choice(
+    "--target", ("attention", "layer", "model"), "What is computed: the attention call, one DilatedTransformerBlock, or a LongNetLM (fwdbwd: a "
+    "training step with AdamW); docs/layer-claims.md.", LAYER)]
+EmbedDimOption = Annotated[Optional[int], typer.Option(
+    "--embed-dim", help="Layer/model width (default: heads x head dim).", rich_help_panel=LAYER)]
+LayersOption = Annotated[int, typer.Option("--layers", help="Model depth (--target model).", rich_help_panel=LAYER)]
+VocabSizeOption = Annotated[int, typer.Option("--vocab-size", help="Model vocabulary (--target model).", rich_help_panel=LAYER)]
+CheckpointingOption = Annotated[bool, typer.Option(
+    "--checkpointing/--no-checkpointing", help="Per-block gradient checkpointing (layer/model).", rich_help_panel=LAYER)]
+AmpOption = Annotated[Optional[str], _choice(
+    "--amp", ("bf16", "fp16"), "Autocast the layer/model (--dtype stays the weights' dtype).", LAYER)]
+
+# --- measurement ------------------------------------------------------------------------------------
+FullOption = Annotated[bool, typer.Option("--full/--quick", help="Full case matrix, or the quick one.", rich_help_panel=MEASURE)]
+QuickOption = Annotated[bool, typer.Option(
+    "--quick", help="Small CPU sweep: Dilated, Improved and sdpa at 2k-8k (< 60 s).", rich_help_panel=MEASURE)]
+UntilOomOption = Annotated[bool, typer.Option(
+    "--until-oom", help="Double N from --start until a point fails, then bisect to 5%.", rich_help_panel=MEASURE)]
+StartOption = Annotated[str, typer.Option("--start", help="First N for --until-oom.", rich_help_panel=MEASURE)]
+WarmupOption = Annotated[int, typer.Option("--warmup", help="Untimed calls before timing.", rich_help_panel=MEASURE)]
+RepeatOption = Annotated[int, typer.Option("--repeat", help="Timed calls per point (median, p10, p90).", rich_help_panel=MEASURE)]
+IterationsOption = Annotated[int, typer.Option("--iterations", help="Timed calls per setting.", rich_help_panel=MEASURE)]
+SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the random inputs.", rich_help_panel=MEASURE)]
+MaxMemoryOption = Annotated[Optional[str], typer.Option(
+    "--max-memory", help="Memory cap per point, e.g. 2GiB (CPU default: half of available RAM).", rich_help_panel=MEASURE)]
+MaxSecondsOption = Annotated[float, typer.Option(
+    "--max-seconds", help="Time budget per point; beyond it the point is skipped (reason time).", rich_help_panel=MEASURE)]
+BaselineOption = Annotated[Optional[Path], typer.Option(
+    "--baseline", help="Earlier JSONL report to compare against.", rich_help_panel=MEASURE)]
+FailOnRegressionOption = Annotated[Optional[float], typer.Option(
+    "--fail-on-regression", help="Exit 1 if a point got slower by more than PCT percent.", metavar="PCT",
+    rich_help_panel=MEASURE)]
+
+# --- distributed ------------------------------------------------------------------------------------
+WorldSizeOption = Annotated[str, typer.Option(
+    "--world-size", help="Process-group sizes for distributed implementations, e.g. 1,2,4 (gloo, spawned here).",
+    rich_help_panel=DIST)]
+NprocOption = Annotated[int, typer.Option(
+    "--nproc", help="Ranks per point for distributed implementations (gloo on CPU, NCCL on CUDA), spawned here.",
+    rich_help_panel=DIST)]
+DevicesOption = Annotated[int, typer.Option("--devices", help="Devices sharing the sequence (world size).", rich_help_panel=DIST)]
+DistTimeoutOption = Annotated[float, typer.Option(
+    "--dist-timeout", help="Seconds before a stuck process group is ended with an error naming the rank.",
+    rich_help_panel=DIST)]
+
+# --- plan -------------------------------------------------------------------------------------------
+ProfileOption = Annotated[str, typer.Option(
+    "--profile", help="Shipped hardware profile name or path to your YAML ('dattn profiles list').", rich_help_panel=PLAN)]
+MemoryOption = Annotated[Optional[str], typer.Option(
+    "--memory", help="Memory per device instead of the profile's, e.g. 2GiB (a bench --max-memory cap).",
+    rich_help_panel=PLAN)]
+MaxSeqOption = Annotated[bool, typer.Option("--max-seq", help="Solve for the largest N that fits on --devices.", rich_help_panel=PLAN)]
+MinDevicesOption = Annotated[bool, typer.Option(
+    "--min-devices", help="Solve for the fewest devices that fit --seq-len (--target attention).", rich_help_panel=PLAN)]
+CheckOption = Annotated[Optional[Path], typer.Option(
+    "--check", help="Bench JSONL report: predicted vs measured for every ok row.", rich_help_panel=PLAN)]
+CalibrateOption = Annotated[Optional[Path], typer.Option(
+    "--calibrate", help="Bench JSONL report to fit efficiency factors from.", rich_help_panel=PLAN)]
+FailIfInfeasibleOption = Annotated[bool, typer.Option(
+    "--fail-if-infeasible", help="Exit 1 when the plan does not fit.", rich_help_panel=PLAN)]
+
+# --- output -----------------------------------------------------------------------------------------
+JsonOption = Annotated[Optional[str], typer.Option(
+    "--json", help="Write the result as JSON to this file ('-' = stdout).", metavar="FILE", rich_help_panel=OUTPUT)]
+JsonFlagOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.", rich_help_panel=OUTPUT)]
+CsvOption = Annotated[Optional[str], typer.Option(
+    "--csv", help="Write all rows as CSV to this file ('-' = stdout).", metavar="FILE", rich_help_panel=OUTPUT)]
+OutOption = Annotated[Optional[Path], typer.Option(
+    "--out", help="JSONL report, one row appended per point as it is measured.", rich_help_panel=OUTPUT)]
+ResumeOption = Annotated[bool, typer.Option(
+    "--resume", help="Continue --out: points already in it are not measured again.", rich_help_panel=OUTPUT)]
+PlotOption = Annotated[Optional[Path], typer.Option(
+    "--plot", help="PNG of time and memory against N (log-log, fitted exponents), or against density (--plot-x density).",
+    rich_help_panel=OUTPUT)]
+PlotXOption = Annotated[Optional[str], _choice(
+    "--plot-x", ("seq_len", "density"), "x axis of --plot (default: density when --density has several values).", OUTPUT)]
+TraceOption = Annotated[Optional[Path], typer.Option(
+    "--trace", help="Write a torch.profiler Chrome trace here.", rich_help_panel=OUTPUT)]
+DetailsOption = Annotated[bool, typer.Option(
+    "--details", help="One table row per case, not per implementation.", rich_help_panel=OUTPUT)]
+SaveOption = Annotated[Optional[Path], typer.Option(
+    "--save", help="With --calibrate: write the calibrated profile here.", rich_help_panel=OUTPUT)]

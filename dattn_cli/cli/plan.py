@@ -1,0 +1,122 @@
+"""`dattn plan`: predicted memory per device and time per call from a hardware profile, the solvers, and
+the planner checked or calibrated against bench rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .options import (AmpOption, BatchOption, CalibrateOption, CausalOption, CheckOption, CheckpointingOption,
+                      DevicesOption, DilationsOption, DTypeOption, EmbedDimOption, FailIfInfeasibleOption,
+                      HeadDimOption, HeadsOption, ImplOption, JsonOption, LayersOption, MaxSeqOption, MemoryOption,
+                      MinDevicesOption, ModeOption, ProfileOption, SaveOption, SegmentsOption, SemanticsOption,
+                      SeqLenOption, TargetOption, VocabSizeOption, check_ranks)
+from .render.common import emit_json, note, stdout
+from .render.plan import check_table, plan_table
+
+DEFAULT_IMPL = {"attention": "ImprovedDilatedAttention", "layer": "ImprovedMultiheadDilatedAttention",
+                "model": "ImprovedMultiheadDilatedAttention"}
+
+
+def _hardware(profile: str, memory: str | None):
+    from ..plan.profiles import load_profile
+    from ..workload import parse_size
+
+    hw = load_profile(profile)
+    if memory is not None:
+        hw = hw.model_copy(update={"memory_gib": parse_size(memory, "--memory") / 2**30})
+    return hw
+
+
+def _calibrate(hw, report: Path, save: Path | None) -> None:
+    from ..plan import check
+    from ..plan.profiles import dump_profile
+
+    calibrated = check.calibrate(check.ok_rows(report), hw, str(report))
+    text = dump_profile(calibrated)
+    if save is not None:
+        save.write_text(text)
+        note(f"calibrated profile written to {save}")
+    else:
+        print(text, end="")
+    for impl_name, value in calibrated.efficiency.per_impl.items():
+        note(f"{impl_name}: attention efficiency {value:.4f} of peak")
+
+
+def _check(hw, report: Path, json_out: str | None) -> None:
+    from ..plan import check
+
+    frame = check.check_rows(check.ok_rows(report), hw)
+    stats = check.summary(frame)
+    stdout.print(check_table(frame, hw.name, stats))
+    if json_out:
+        emit_json(json_out, {"profile": hw.name, "rows": frame.to_dict(orient="records"), "summary": stats})
+
+
+def _solve(problem, hw, max_seq: bool, min_devices: bool):
+    """(plan, the solver's sentence or None)."""
+    from ..plan import solve
+
+    if max_seq and min_devices:
+        raise ValueError("--max-seq and --min-devices solve for different things: give one")
+    devices = problem.world_size
+    if max_seq:
+        n, result = solve.max_seq(problem, hw, devices)
+        solved = f"largest N that fits on {devices} x {hw.name}: {n:,}" if n else f"no N fits on {devices} x {hw.name}"
+        return result or solve.plan(problem, hw, devices), solved
+    if min_devices:
+        if problem.target != "attention":
+            raise ValueError(f"--min-devices applies to --target attention; --target {problem.target} is planned on one device")
+        d, result = solve.min_devices(problem, hw)
+        solved = f"fewest devices for N={problem.seq_len:,}: {d}" if d else f"N={problem.seq_len:,} fits on no number of devices"
+        return result or solve.plan(problem, hw, devices), solved
+    return solve.plan(problem, hw, devices), None
+
+
+def plan(
+    impl: ImplOption = None,
+    seq_len: SeqLenOption = "64k", batch: BatchOption = 1, heads: HeadsOption = 8, head_dim: HeadDimOption = 64,
+    dtype: DTypeOption = "float32", mode: ModeOption = "fwdbwd",
+    segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
+    semantics: SemanticsOption = "longnet", causal: CausalOption = False,
+    target: TargetOption = "attention", embed_dim: EmbedDimOption = None, layers: LayersOption = 12,
+    vocab_size: VocabSizeOption = 50304, checkpointing: CheckpointingOption = False, amp: AmpOption = None,
+    devices: DevicesOption = 1,
+    profile: ProfileOption = "cpu-host", memory: MemoryOption = None,
+    max_seq: MaxSeqOption = False, min_devices: MinDevicesOption = False, check: CheckOption = None,
+    calibrate: CalibrateOption = None, fail_if_infeasible: FailIfInfeasibleOption = False,
+    save: SaveOption = None, json_out: JsonOption = None,
+) -> None:
+    """Predict memory per device and time per call from a stated model (docs/plan.md), or check it against bench rows.
+
+    Default --impl: ImprovedDilatedAttention, or ImprovedMultiheadDilatedAttention for --target layer|model.
+    """
+    from ..plan import solve
+    from ..workload import Problem, parse_int_list, parse_seq_lens
+
+    hw = _hardware(profile, memory)
+    if devices < 1:
+        raise ValueError(f"--devices must be >= 1, got {devices}")
+    if save is not None and calibrate is None:
+        raise ValueError("--save goes with --calibrate REPORT.jsonl")
+    if calibrate is not None:
+        return _calibrate(hw, calibrate, save)
+    if check is not None:
+        return _check(hw, check, json_out)
+    if target == "attention":
+        check_ranks([impl or DEFAULT_IMPL[target]], devices, "--devices")
+    problem = Problem(
+        impl=impl or DEFAULT_IMPL[target], seq_len=parse_seq_lens(seq_len)[0], batch=batch, heads=heads,
+        head_dim=head_dim, dtype=dtype, mode=mode, segment_lengths=parse_int_list(segments, "--segments"),
+        dilation_rates=parse_int_list(dilations, "--dilations"), semantics=semantics, causal=causal,
+        world_size=devices, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
+        checkpointing=checkpointing, amp=amp,
+    )
+    result, solved = _solve(problem, hw, max_seq, min_devices)
+    advice = solve.chunk_advice(result.problem, hw, result.devices)
+    stdout.print(plan_table(result, solved, advice))
+    if json_out:
+        emit_json(json_out, {**result.model_dump(), "solved": solved, "chunk_advice": advice})
+    if fail_if_infeasible and not result.feasible:
+        raise typer.Exit(code=1)

@@ -1,0 +1,42 @@
+"""`dattn profiles list|show|validate`: the hardware profiles the planner reads."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from .render.common import stdout
+from .render.env import profiles_table
+
+profiles_app = typer.Typer(help="Hardware profiles: list, show, validate (shipped ones or your own YAML).", no_args_is_help=True)
+
+
+@profiles_app.command("list")
+def profiles_list() -> None:
+    """The shipped profiles: name, device, memory, bf16 / fp32 dense peak, devices per node."""
+    from ..plan.profiles import load_profile, shipped_profiles
+
+    stdout.print(profiles_table({name: load_profile(name) for name in shipped_profiles()}))
+
+
+@profiles_app.command("show")
+def profiles_show(
+    profile: Annotated[str, typer.Argument(help="A shipped profile name or a path to a YAML file.")],
+) -> None:
+    """Print one profile as YAML, sources included."""
+    from ..plan.profiles import dump_profile, load_profile
+
+    print(dump_profile(load_profile(profile)), end="")
+
+
+@profiles_app.command("validate")
+def profiles_validate(
+    paths: Annotated[Optional[list[str]], typer.Argument(help="Profile names or YAML paths (default: every shipped one).")] = None,
+) -> None:
+    """Check profiles against the schema; the first problem is reported as one line, exit 2."""
+    from ..plan.profiles import load_profile, shipped_profiles
+
+    for name in paths or list(shipped_profiles()):
+        profile = load_profile(name)
+        stdout.print(f"ok: {name} ({profile.name})")

@@ -1,0 +1,86 @@
+"""`dattn plan`: the plan's memory items, time and verdict; `plan --check`: predicted vs measured."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from .common import size
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ...plan.solve import Plan
+
+TIME_LABELS = {"attention": "time per call", "layer": "time per block call", "model": "time per training step"}
+
+
+def _what(s) -> str:
+    if s.target == "attention":
+        return f"{s.impl} ({s.strategy})"
+    options = ", ".join(o for o in ("checkpointing" if s.checkpointing else "", f"autocast {s.amp}" if s.amp else "") if o)
+    depth = f"LongNetLM {s.layers} x " if s.target == "model" else ""
+    return (f"{depth}DilatedTransformerBlock E={s.embed_dim} around {s.impl}" + (f" ({options})" if options else "")
+            + (f", vocabulary {s.vocab_size:,}" if s.target == "model" else ""))
+
+
+def _time_rows(table: Table, result: Plan) -> None:
+    s, t = result.problem, result.time
+    table.add_section()
+    table.add_row("FLOPs (SPEC convention)", f"{t.flops:.3e}")
+    table.add_row("compute time", f"{t.compute_s * 1e3:,.1f} ms" + (f" ({t.note})" if s.target != "attention" else ""))
+    if s.target == "attention":
+        table.add_row(f"communication ({t.link}, {t.messages} messages)", f"{size(t.comm_bytes)}, {t.comm_s * 1e3:,.2f} ms")
+        table.add_row("communication hidden under compute", ("yes" if t.comm_hidden else "no") + f" ({t.note})")
+    label = "time per forward" if s.target == "model" and s.mode == "fwd" else TIME_LABELS[s.target]
+    table.add_row(f"[bold]{label}[/]", f"[bold]{t.total_s * 1e3:,.1f} ms[/]")
+
+
+def plan_table(result: Plan, solved: str | None, advice: str) -> Table:
+    s = result.problem
+    title = (f"dattn plan: {_what(s)} on {result.devices} x {result.profile}, N={s.seq_len:,}, B={s.batch} "
+             f"H={s.heads} D={s.head_dim}, {s.dtype}, {s.mode}" + (", causal" if s.causal else ""))
+    table = Table(title=title, show_header=True)
+    table.add_column("item")
+    table.add_column("per device", justify="right")
+    for name, value in result.memory.items.items():
+        table.add_row(name, size(value))
+    table.add_section()
+    phase = getattr(result.memory, "phase", None)
+    table.add_row("[bold]peak memory[/]" + (f" (during: {phase})" if phase else ""),
+                  f"[bold]{size(result.memory.total)}[/] of {size(result.capacity_bytes)}")
+    if result.time is not None:
+        _time_rows(table, result)
+    table.add_section()
+    verdict = "[green]feasible[/]" if result.feasible else "[red]infeasible[/]"
+    table.add_row("verdict", f"{verdict}: {result.reason}")
+    if solved:
+        table.add_row("solver", solved)
+    if s.target == "attention":
+        table.add_row("ring chunk advice", advice)
+    return table
+
+
+def _pct(v) -> str:
+    return "-" if v is None or v != v else f"{v:+.1f}%"
+
+
+def check_table(frame: pd.DataFrame, profile: str, stats: dict) -> Table:
+    med, worst = stats["mem_error_pct_median_abs"], stats["mem_error_pct_max_abs"]
+    tmed, tworst = stats["time_error_pct_median_abs"], stats["time_error_pct_max_abs"]
+    title = (f"dattn plan --check against {profile}: memory error median {med:.1f}% max {worst:.1f}%; "
+             f"time error median {tmed:.1f}% max {tworst:.1f}%" if med is not None and tmed is not None
+             else f"dattn plan --check against {profile}")
+    table = Table(title=title)
+    layered = "target" in frame and any(t != "attention" for t in frame["target"])
+    columns = ("impl",) + ("target",) * layered + ("N", "mode", "p", "measured mem", "predicted mem", "mem err",
+                                                    "measured ms", "predicted ms", "time err")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("impl", "target", "mode") else "right", overflow="fold")
+    for r in frame.to_dict(orient="records"):
+        table.add_row(r["impl"], *([r["target"]] if layered else []), str(r["seq_len"]), r["mode"], str(r["world_size"]),
+                      size(r["measured_mem_bytes"]), size(r["predicted_mem_bytes"]), _pct(r["mem_error_pct"]),
+                      f"{r['measured_ms']:,.1f}" if r["measured_ms"] else "-",
+                      f"{r['predicted_ms']:,.1f}" if r["predicted_ms"] else "-", _pct(r["time_error_pct"]))
+    return table
