@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, field_validator
 
+from ..kernels.registry import names
 from ..workload.problem import Problem
 
 
@@ -41,6 +42,10 @@ def check_problem(problem: Problem) -> torch.device:
     """The device the problem runs on in this process; ValueError where profile cannot run it."""
     if problem.target != "attention":
         raise ValueError(f"--target {problem.target}: profile runs the attention call alone; use --target attention")
+    if problem.spec.baseline:
+        profilable = names(lambda s: not s.baseline and s.single_device)
+        raise ValueError(f"--impl {problem.impl} is a baseline, with no pattern cache or memory pool to profile: use "
+                         f"one of {', '.join(profilable)}")
     if problem.world_size > 1:
         raise ValueError(f"--world-size {problem.world_size}: profile runs in one process; use --world-size 1")
     try:

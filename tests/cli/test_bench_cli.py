@@ -63,7 +63,7 @@ def test_regression_gate_exit_codes(tmp_path, capsys):
         (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--fail-on-regression", "5"], "go together"),
         (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--segments", "8,x"], "--segments"),
         (["profile", "--mode", "both"], "--mode 'both'"),
-        (["profile", "--impl", "sdpa"], "impl"),
+        (["profile", "--impl", "sdpa"], "--impl sdpa is a baseline, with no pattern cache or memory pool to profile"),
     ],
 )
 def test_bad_bench_usage_is_one_line_exit_2(args, needle, capsys):
