@@ -1,4 +1,4 @@
-"""The `dattn` command line: options in, one library call, a renderer out (SPEC §4).
+"""The `dattn` command line: options in, one library call, a renderer out.
 
 Exit codes: 0 ok, 1 a check failed, 2 bad usage or bad input (one line on stderr; --debug for the
 traceback), 130 interrupted. Progress goes to stderr, tables and data to stdout.

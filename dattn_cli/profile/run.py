@@ -1,4 +1,4 @@
-"""`dattn profile` as a library: pattern-cache and memory-pool effects, caches on vs off (SPEC §4).
+"""`dattn profile` as a library: pattern-cache and memory-pool effects, caches on vs off.
 
 `run_profile` runs one problem in two settings, one after the other, each starting from an empty global
 pattern cache and memory pool:

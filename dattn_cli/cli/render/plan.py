@@ -28,7 +28,7 @@ def _what(s) -> str:
 def _time_rows(table: Table, result: Plan) -> None:
     s, t = result.problem, result.time
     table.add_section()
-    table.add_row("FLOPs (SPEC convention)", f"{t.flops:.3e}")
+    table.add_row("FLOPs (docs/semantics.md convention)", f"{t.flops:.3e}")
     table.add_row("compute time", f"{t.compute_s * 1e3:,.1f} ms" + (f" ({t.note})" if s.target != "attention" else ""))
     if s.target == "attention":
         table.add_row(f"communication ({t.link}, {t.messages} messages)", f"{size(t.comm_bytes)}, {t.comm_s * 1e3:,.2f} ms")
