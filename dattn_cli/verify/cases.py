@@ -1,54 +1,65 @@
-"""The verification case matrix: small shapes chosen for the awkward corners of SPEC §2."""
+"""The verification case matrix: small named Problems chosen for the awkward corners of SPEC §2.
+
+A case fixes the shape and the dilated pattern; each check sets the implementation, semantics, causal
+flag, backend and (block-sparse entries) the block pattern on a copy of it."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from dataclasses import dataclass
+
+from ..kernels.block_sparse.patterns import USES_WINDOW
+from ..kernels.registry import REGISTRY
+from ..workload.problem import Problem
 
 
-class VerifyCase(BaseModel):
+@dataclass(frozen=True)
+class Case:
     name: str
-    batch: int
-    seq_len: int
-    heads: int
-    head_dim: int
-    segment_lengths: list[int]
-    dilation_rates: list[int]
+    problem: Problem
+
+
+def _case(name: str, batch: int, seq_len: int, heads: int, head_dim: int, segments: list[int], rates: list[int]) -> Case:
+    return Case(name, Problem(batch=batch, seq_len=seq_len, heads=heads, head_dim=head_dim, segment_lengths=segments,
+                              dilation_rates=rates))
 
 
 QUICK = [
-    VerifyCase(name="ragged N", batch=2, seq_len=50, heads=4, head_dim=8, segment_lengths=[16, 32], dilation_rates=[1, 2]),
-    VerifyCase(name="w > N", batch=1, seq_len=24, heads=4, head_dim=8, segment_lengths=[8, 64], dilation_rates=[1, 4]),
-    VerifyCase(name="w % r != 0, no r=1", batch=1, seq_len=45, heads=3, head_dim=8, segment_lengths=[10, 15], dilation_rates=[3, 4]),
-    VerifyCase(name="H % m != 0, H % r != 0", batch=2, seq_len=40, heads=5, head_dim=8, segment_lengths=[8, 16, 32], dilation_rates=[1, 2, 3]),
-    VerifyCase(name="divisible, batch 3", batch=3, seq_len=64, heads=4, head_dim=16, segment_lengths=[16, 32], dilation_rates=[1, 2]),
+    _case("ragged N", 2, 50, 4, 8, [16, 32], [1, 2]),
+    _case("w > N", 1, 24, 4, 8, [8, 64], [1, 4]),
+    _case("w % r != 0, no r=1", 1, 45, 3, 8, [10, 15], [3, 4]),
+    _case("H % m != 0, H % r != 0", 2, 40, 5, 8, [8, 16, 32], [1, 2, 3]),
+    _case("divisible, batch 3", 3, 64, 4, 16, [16, 32], [1, 2]),
     # shard-aligned for sequence parallelism: at p = 2, w = 8 < N/p, w = 48 = N/p, w = 96 > N/p; at p = 4
     # the 48- and 96-segments span 2 and 4 ranks
-    VerifyCase(name="w <, =, > N/p", batch=2, seq_len=96, heads=5, head_dim=8, segment_lengths=[8, 48, 96], dilation_rates=[1, 2, 5]),
+    _case("w <, =, > N/p", 2, 96, 5, 8, [8, 48, 96], [1, 2, 5]),
     # at p = 3 (N/p = 32): 64-segments span ranks {0, 1} and leave rank 2 a short one alone; r = 3 does
     # not divide N/p, so ranks keep different numbers of rows
-    VerifyCase(name="ragged groups, r ∤ N/p", batch=1, seq_len=96, heads=3, head_dim=8, segment_lengths=[16, 64, 96], dilation_rates=[1, 3, 2]),
+    _case("ragged groups, r ∤ N/p", 1, 96, 3, 8, [16, 64, 96], [1, 3, 2]),
 ]
 
 FULL = QUICK + [
-    VerifyCase(name="r > H", batch=1, seq_len=96, heads=2, head_dim=16, segment_lengths=[32, 96], dilation_rates=[1, 5]),
-    VerifyCase(name="single pair dense", batch=2, seq_len=33, heads=2, head_dim=8, segment_lengths=[33], dilation_rates=[1]),
-    VerifyCase(name="LongNet-like", batch=1, seq_len=509, heads=8, head_dim=32, segment_lengths=[64, 128, 256], dilation_rates=[1, 2, 4]),
-    VerifyCase(name="long ragged", batch=2, seq_len=1000, heads=6, head_dim=64, segment_lengths=[128, 512, 2048], dilation_rates=[1, 3, 8]),
+    _case("r > H", 1, 96, 2, 16, [32, 96], [1, 5]),
+    _case("single pair dense", 2, 33, 2, 8, [33], [1]),
+    _case("LongNet-like", 1, 509, 8, 32, [64, 128, 256], [1, 2, 4]),
+    _case("long ragged", 2, 1000, 6, 64, [128, 512, 2048], [1, 3, 8]),
 ]
 
 
-def case_matrix(full: bool = False) -> list[VerifyCase]:
+def case_matrix(full: bool = False) -> list[Case]:
     return list(FULL if full else QUICK)
 
 
 VERIFY_BLOCK_SIZE = 8  # small blocks, so the quick cases hold several, a ragged last one included
 
 
-def block_options(case: VerifyCase, pattern: str, semantics: str = "longnet") -> dict:
-    """Pattern options of the block-sparse implementations for `case`: a one-block window, one global
-    block, two hierarchical levels; the case's segments (and semantics) for the patterns that use them."""
-    from ..kernels.block_sparse.patterns import USES_WINDOW, block_sparse_options
+def block_fields(pattern: str) -> dict:
+    """Problem fields of a block-sparse check of `pattern`: 8-token blocks; a one-block window, one global
+    block and two hierarchical levels for the patterns that take a window."""
+    window = 1 if pattern in USES_WINDOW else None
+    return dict(pattern=pattern, block_size=VERIFY_BLOCK_SIZE, window=window, global_blocks=1, levels=2)
 
-    window = {"window": 1, "global_blocks": 1, "levels": 2} if pattern in USES_WINDOW else {}
-    return block_sparse_options(pattern, case.segment_lengths, case.dilation_rates, semantics,
-                                block_size=VERIFY_BLOCK_SIZE, **window)
+
+def for_impl(problem: Problem, impl: str, pattern: str = "dilated", **changes) -> Problem:
+    """`problem` checked on `impl` (block-sparse entries: with the block fields of `pattern`)."""
+    block = block_fields(pattern) if REGISTRY[impl].block_sparse else {}
+    return problem.with_(impl=impl, **block, **changes)

@@ -3,91 +3,100 @@ the concatenation with the single-process reference on the whole sequence.
 
 Core modules: out, lse and dq/dk/dv shards are concatenated. Multihead modules (same weights on every
 rank, as under DDP): out and dx shards are concatenated, and the ranks' parameter gradients are summed
-(what DDP's all-reduce would do) before the comparison.
+(what DDP's all-reduce would do) before the comparison. Every check has its own seed, so a rank and the
+caller draw the same inputs and weights.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
-from torch import nn
 
-from ..kernels import REGISTRY
-from ..kernels.distributed.sequence_parallel import SequenceParallelBase, shard_plan
-from .build import build_core, build_multihead
-from .cases import VERIFY_BLOCK_SIZE, VerifyCase
-
-CORE_KEYS = ("out", "lse", "dq", "dk", "dv")
-MULTIHEAD_KEYS = ("out", "dx", "dparams")
-
-
-def shard_problem(case: VerifyCase, world: int, impl: str) -> str | None:
-    """Why `case` cannot be split over `world` ranks for `impl`, or None when it can."""
-    if case.seq_len % world:
-        return f"N={case.seq_len} is not divisible by {world} ranks"
-    entry = REGISTRY[impl]
-    if impl == "HeadParallelDilatedAttention" and case.heads % world:
-        return f"{case.heads} heads are not divisible by {world} ranks"
-    core = entry.cls.attention_class if entry.kind == "multihead" else entry.cls
-    if entry.block_sparse and (case.seq_len // world) % VERIFY_BLOCK_SIZE and world > 1:
-        return f"N/p = {case.seq_len // world} is not a multiple of the block size {VERIFY_BLOCK_SIZE}"
-    if issubclass(core, SequenceParallelBase) and world > 1:
-        try:
-            shard_plan(case.seq_len, world, 0, case.heads, case.segment_lengths, case.dilation_rates, "longnet", impl)
-        except ValueError as exc:
-            return str(exc)
-    return None
+from ..kernels.registry import REGISTRY
+from ..runtime.launch import run_distributed
+from ..workload.build import build_module
+from ..workload.problem import Problem
+from .cases import Case, for_impl
+from .compare import DTYPES, Reference, errors_against
+from .outputs import CORE_KEYS, ReferenceCore, core_outputs, draw_inputs, multihead_outputs
+from .report import CaseResult, case_result
+from .variants import Grid
+from .weights import seeded_multihead
 
 
-def case_inputs(case: VerifyCase, seed: int) -> list[torch.Tensor]:
-    """q, k, v and the upstream gradient of the whole sequence, identical on every rank."""
-    g = torch.Generator().manual_seed(seed)
-    shape = (case.batch, case.seq_len, case.heads, case.head_dim)
-    return [torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(4)]
-
-
-def multihead_inputs(case: VerifyCase, seed: int) -> list[torch.Tensor]:
-    """x and the upstream gradient (batch, N, embed) of the whole sequence."""
-    g = torch.Generator().manual_seed(seed)
-    shape = (case.batch, case.seq_len, case.heads * case.head_dim)
-    return [torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(2)]
-
-
-def run_multihead(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor, causal: bool) -> dict[str, torch.Tensor]:
-    x = x.clone().requires_grad_()
-    out, _ = module(x, x, x, is_causal=causal)
-    params = list(module.parameters())
-    grads = torch.autograd.grad(out, [x, *params], upstream.to(out.dtype))
-    return {"out": out.detach(), "dx": grads[0], "dparams": torch.cat([g.flatten().double() for g in grads[1:]])}
-
-
-def rank_outputs(rank: int, world: int, impl: str, jobs: list[tuple], dtype_name: str) -> list[dict]:
-    """Runs on every rank: for each (case, semantics, causal, backend, seed, pattern), this rank's shards."""
-    dtype = getattr(torch, dtype_name)
-    multihead = REGISTRY[impl].kind == "multihead"
+def rank_outputs(rank: int, world: int, jobs: list[tuple[dict, int]]) -> list[dict]:
+    """Runs on every rank: for each (problem, seed), this rank's shards and its comm_stats()."""
     results = []
-    for case_data, semantics, causal, backend, seed, pattern in jobs:
-        case = VerifyCase.model_validate(case_data)
-        length = case.seq_len // world
+    for data, seed in jobs:
+        p = Problem.model_validate(data)
+        dtype = DTYPES[p.dtype]
+        length = p.seq_len // world
         shard = slice(rank * length, (rank + 1) * length)
-        if multihead:
-            x, upstream = multihead_inputs(case, seed)
-            module = build_multihead(impl, case, semantics, backend, seed, pattern).to(dtype)
-            result = run_multihead(module, x[:, shard].to(dtype), upstream[:, shard], causal)
+        inputs, upstream = draw_inputs(p, torch.Generator().manual_seed(seed))
+        if p.spec.kind == "multihead":
+            module = seeded_multihead(p, seed, torch.float64).to(dtype)
+            result = multihead_outputs(module, inputs[0][:, shard].to(dtype), upstream[:, shard], p.causal)
         else:
-            q, k, v, upstream = case_inputs(case, seed)
-            xs = [x[:, shard].to(dtype).clone().requires_grad_() for x in (q, k, v)]
-            module = build_core(impl, case, semantics, backend, pattern)
-            out, lse = module.forward_with_lse(*xs, causal)
-            grads = torch.autograd.grad(out, xs, upstream[:, shard].to(dtype))
-            result = {"out": out.detach(), "lse": lse.detach(), "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+            module = build_module(p)
+            xs = [x[:, shard].to(dtype).clone().requires_grad_() for x in inputs]
+            result = core_outputs(lambda q, k, v: module.forward_with_lse(q, k, v, p.causal), xs, upstream[:, shard])
         results.append({**result, "comm": module.comm_stats()})
     return results
 
 
-def combine(impl: str, per_rank: list[list[dict]], job: int) -> dict[str, torch.Tensor]:
+def combine(multihead: bool, per_rank: list[list[dict]], job: int) -> dict[str, torch.Tensor]:
     """The whole-sequence result of job `job` from the ranks' shards."""
-    if REGISTRY[impl].kind == "multihead":
+    if multihead:
         got = {k: torch.cat([r[job][k] for r in per_rank], dim=1) for k in ("out", "dx")}
         got["dparams"] = torch.stack([r[job]["dparams"] for r in per_rank]).sum(0)
         return got
     return {k: torch.cat([r[job][k] for r in per_rank], dim=1) for k in CORE_KEYS}
+
+
+def reference_of(p: Problem, seed: int) -> Reference:
+    """The dense reference of job (p, seed) on the whole sequence, in this process."""
+
+    def reference(compute_dtype: torch.dtype, src_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        inputs, upstream = draw_inputs(p, torch.Generator().manual_seed(seed))
+        if p.spec.kind == "multihead":
+            module = seeded_multihead(p, seed, torch.float64)
+            module.attention = ReferenceCore(module.attention, compute_dtype)
+            return multihead_outputs(module.to(src_dtype), inputs[0].to(src_dtype), upstream, p.causal)
+        core = build_module(p)
+        xs = [x.to(src_dtype).requires_grad_() for x in inputs]
+        return core_outputs(lambda q, k, v: core.reference(q, k, v, p.causal, compute_dtype=compute_dtype), xs, upstream)
+
+    return reference
+
+
+def shardable(impl: str, world: int, cases: list[Case], skipped: list[str]) -> list[Case]:
+    """The cases the registry's shard rule lets `world` ranks split for `impl`; the others, with the
+    reason, go to `skipped`."""
+    kept = []
+    for case in cases:
+        problem = for_impl(case.problem, impl)
+        reason = problem.spec.shard_rule(problem, world)
+        if reason:
+            skipped.append(f"{impl} p={world}, case '{case.name}': {reason}")
+        else:
+            kept.append(case)
+    return kept
+
+
+def verify_distributed(impl: str, world: int, cases: list[Case], grid: Grid, seed: int, timeout_s: float,
+                       skipped: list[str]) -> list[CaseResult]:
+    """One process group per (implementation, world size) runs every shardable check (on the CPU)."""
+    checks = list(replace(grid, device="cpu").variants(shardable(impl, world, cases, skipped), impl, world_size=world))
+    if not checks:
+        return []
+    jobs = [(v.problem.model_dump(), seed * 1000 + j) for j, v in enumerate(checks)]
+    try:
+        per_rank = run_distributed(rank_outputs, world, jobs, timeout_s=timeout_s)
+    except Exception as exc:  # the whole group failed: every check of it is a failure, reported
+        return [case_result(v, failure=str(exc)) for v in checks]
+    multihead = REGISTRY[impl].kind == "multihead"
+    dtype = DTYPES[grid.dtype]
+    return [case_result(v, errors_against(combine(multihead, per_rank, j), reference_of(v.problem, job_seed), dtype),
+                        comm=[r[j]["comm"] for r in per_rank])
+            for j, (v, (_, job_seed)) in enumerate(zip(checks, jobs))]

@@ -1,0 +1,56 @@
+"""What one check computes, the same way in the single-process run, on every rank of a distributed one
+and for the reference: a core's out, lse and dq/dk/dv, or a multihead module's out, dx and parameter
+gradients (flattened into one vector, so ranks' gradients sum as DDP's all-reduce would)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..workload.build import input_shape, make_inputs
+from ..workload.problem import Problem
+
+CORE_KEYS = ("out", "lse", "dq", "dk", "dv")
+
+
+def draw_inputs(p: Problem, generator: torch.Generator) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """float64 inputs of the whole sequence (q, k, v of a core; x of a multihead module) and the upstream
+    gradient, drawn from `generator` in that order."""
+    inputs = list(make_inputs(p, generator=generator, dtype=torch.float64, requires_grad=False))
+    if p.spec.kind == "multihead":
+        inputs = inputs[:1]
+    upstream = torch.randn(input_shape(p), generator=generator, dtype=torch.float64).to(p.device)
+    return inputs, upstream
+
+
+def _grads(outputs: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Tensor) -> list[torch.Tensor]:
+    return list(torch.autograd.grad(outputs, inputs, upstream.to(outputs.dtype)))
+
+
+def core_outputs(call: Callable[..., tuple[torch.Tensor, torch.Tensor]], inputs: list[torch.Tensor],
+                 upstream: torch.Tensor) -> dict[str, torch.Tensor]:
+    """out and lse of call(q, k, v), and the gradients of q, k, v under `upstream`."""
+    out, lse = call(*inputs)
+    dq, dk, dv = _grads(out, inputs, upstream)
+    return {"out": out.detach(), "lse": lse.detach(), "dq": dq, "dk": dk, "dv": dv}
+
+
+def multihead_outputs(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor, causal: bool) -> dict[str, torch.Tensor]:
+    """Self-attention of x: out, and the gradients of x and of every parameter under `upstream`."""
+    x = x.clone().requires_grad_()
+    out, _ = module(x, x, x, is_causal=causal)
+    grads = _grads(out, [x, *module.parameters()], upstream)
+    return {"out": out.detach(), "dx": grads[0], "dparams": torch.cat([g.flatten().double() for g in grads[1:]])}
+
+
+class ReferenceCore(nn.Module):
+    """Stands in for a multihead module's core: the dense reference, differentiable."""
+
+    def __init__(self, core: nn.Module, compute_dtype: torch.dtype):
+        super().__init__()
+        self.core, self.compute_dtype = core, compute_dtype
+
+    def forward(self, q, k, v, is_causal=False, key_padding_mask=None):
+        return self.core.reference(q, k, v, is_causal, key_padding_mask=key_padding_mask, compute_dtype=self.compute_dtype)[0]

@@ -1,0 +1,62 @@
+"""The report of a run: one CaseResult per check (the JSON that `dattn verify --json` writes)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from .variants import Variant
+
+
+class Error(BaseModel):
+    abs: float
+    rel: float
+    limit: float
+    passed: bool
+
+
+class CaseResult(BaseModel):
+    impl: str
+    world_size: int = 1
+    case: str
+    backend: str
+    semantics: str
+    causal: bool
+    dtype: str
+    device: str
+    batch: int
+    seq_len: int
+    heads: int
+    head_dim: int
+    segment_lengths: list[int]
+    dilation_rates: list[int]
+    uncovered_fraction: float
+    pattern: str | None = None  # block-sparse implementations: the block pattern checked
+    errors: dict[str, Error]
+    passed: bool
+    message: str = ""
+    comm: list[dict[str, int]] | None = None  # distributed runs: each rank's comm_stats()
+
+
+class VerifyReport(BaseModel):
+    results: list[CaseResult]
+    passed: bool
+    seed: int
+    skipped: list[str] = []  # distributed cases a world size cannot shard, and why
+    environment: dict | None = None  # filled by the CLI: versions, devices, command line
+
+    @property
+    def failures(self) -> list[CaseResult]:
+        return [r for r in self.results if not r.passed]
+
+
+def case_result(v: Variant, errors: dict[str, Error] | None = None, *, failure: str | None = None,
+                comm: list[dict[str, int]] | None = None) -> CaseResult:
+    """The result of check `v`: its errors, or the failure that stopped it (a crash is a failed check)."""
+    p, errors = v.problem, errors or {}
+    return CaseResult(
+        impl=p.impl, world_size=p.world_size, case=v.case, backend=p.backend, semantics=p.semantics, causal=p.causal,
+        dtype=p.dtype, device=p.device, batch=p.batch, seq_len=p.seq_len, heads=p.heads, head_dim=p.head_dim,
+        segment_lengths=p.segment_lengths, dilation_rates=p.dilation_rates, uncovered_fraction=v.uncovered,
+        pattern=v.pattern, errors=errors, passed=failure is None and all(e.passed for e in errors.values()),
+        message=failure or "", comm=comm,
+    )
