@@ -76,7 +76,7 @@ def segment_aligned_shards(w: Any, world: int) -> str | None:
         return problem
     if world > 1:
         try:
-            shard_plan(w.seq_len, world, 0, w.heads, w.segment_lengths, w.dilation_rates, "longnet", "sharding")
+            shard_plan(w.seq_len, world, 0, w.heads, w.segment_lengths, w.dilation_rates, "longnet", w.impl)
         except ValueError as exc:
             return str(exc)
     return None
