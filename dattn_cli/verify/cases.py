@@ -1,4 +1,4 @@
-"""The verification case matrix: small named Problems chosen for the awkward corners of SPEC §2.
+"""The verification case matrix: small named Problems chosen for the awkward corners of docs/semantics.md.
 
 A case fixes the shape and the dilated pattern; each check sets the implementation, semantics, causal
 flag, backend and (block-sparse entries) the block pattern on a copy of it."""
