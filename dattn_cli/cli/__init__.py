@@ -1,7 +1,8 @@
 """The `dattn` command line: options in, one library call, a renderer out.
 
 Exit codes: 0 ok, 1 a check failed, 2 bad usage or bad input (one line on stderr; --debug for the
-traceback), 130 interrupted. Progress goes to stderr, tables and data to stdout.
+traceback), 130 interrupted. Progress goes to stderr; tables to stdout, or to stderr when `--json -` or
+`--csv -` puts machine output on stdout.
 
 Layout: app.py (the Typer app, --config/--debug/--version), options.py (every option, once), one module per
 command, render/ (the tables).
@@ -40,8 +41,32 @@ def _one_line(exc: ValueError) -> str:
     return str(exc) or type(exc).__name__
 
 
+# Old option names, still accepted for a while: each use prints one deprecation line on stderr. --nproc and
+# --start also collided with torchrun's own options (--nproc-per-node, --start-method) under torchrun.
+DEPRECATED = {
+    "bench": {"--seq-lens": "--seq-len", "--nproc": "--world-size", "--start": "--start-seq-len"},
+    "plan": {"--devices": "--world-size", "--memory": "--max-memory"},
+}
+ROOT_OPTIONS_WITH_VALUES = ("--config",)
+
+
+def rename_deprecated(args: list[str]) -> list[str]:
+    """args with deprecated option names replaced by the current ones, a note on stderr for each."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        i += 2 if args[i] in ROOT_OPTIONS_WITH_VALUES else 1
+    renames = DEPRECATED.get(args[i], {}) if i < len(args) else {}
+    out = list(args)
+    for j in range(i + 1, len(out)):
+        name, eq, value = out[j].partition("=")
+        if name in renames:
+            print(f"dattn: note: {name} is deprecated, use {renames[name]}", file=sys.stderr)
+            out[j] = renames[name] + eq + value
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
+    args = rename_deprecated(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     command = typer.main.get_command(app)
     try:

@@ -14,24 +14,48 @@ from .render.common import stdout
 app = typer.Typer(
     name="dattn",
     help="Verify, benchmark, profile and capacity-plan long-context dilated attention.",
-    add_completion=False,
-    no_args_is_help=True,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
     pretty_exceptions_enable=False,
 )
 
 
+def git_commit() -> str | None:
+    """The commit of a source checkout dattn runs from; None for an installed wheel or without git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def version_line() -> str:
+    import torch
+
+    commit = git_commit()
+    return f"dattn {__version__}" + (f" (git {commit})" if commit else "") + f", torch {torch.__version__}"
+
+
 def _version(value: bool) -> None:
     if value:
-        stdout.print(f"dattn {__version__}")
+        stdout.print(version_line())
         raise typer.Exit()
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def root(
     ctx: typer.Context,
     config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of options per command (the CLI wins).")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
 ) -> None:
+    if ctx.invoked_subcommand is None:  # plain `dattn`: the help, exit 0
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
     if config is not None:
         ctx.default_map = config_default_map(ctx, load_config(config), config)

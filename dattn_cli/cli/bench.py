@@ -7,16 +7,16 @@ from pathlib import Path
 
 import typer
 
-from .options import (AmpOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption,
+from .options import (DEFAULT_MODE, AmpOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption,
                       CsvOption, DensitiesOption, DeviceOption, DilationsOption, DistTimeoutOption, DTypeOption,
                       EmbedDimOption, ExecutorOption, FailOnRegressionOption, GlobalBlocksOption, HeadDimOption,
                       HeadsOption, ImplsOption, JsonOption, LayersOption, LevelsOption, MaxMemoryOption,
-                      MaxSecondsOption, ModeOption, NprocOption, OutOption, PatternOption, PlotOption, PlotXOption,
+                      MaxSecondsOption, ModeOption, OutOption, QuietOption, RanksOption, PatternOption, PlotOption, PlotXOption,
                       QuickOption, RepeatOption, ResumeOption, SeedOption, SegmentsOption, SemanticsOption,
                       SeqLensOption, StartOption, TargetOption, UntilOomOption, VocabSizeOption, WarmupOption,
                       WindowOption, check_ranks)
 from .render.bench import bench_table, exponent_lines, regression_table
-from .render.common import emit, emit_json, note, progress, stdout
+from .render.common import set_quiet, machine_output, emit, emit_json, note, progress, stdout
 
 QUICK = {"impls": ["DilatedAttention", "ImprovedDilatedAttention", "sdpa"], "seq_lens": "2k,4k,8k",
          "segments": "512,1024,2048", "dilations": "1,2,4"}
@@ -105,7 +105,7 @@ def _gate(result, baseline: Path, threshold: float) -> None:
 def bench(
     impl: ImplsOption = None, device: DeviceOption = "cpu",
     seq_lens: SeqLensOption = None, batch: BatchOption = 1, heads: HeadsOption = 8, head_dim: HeadDimOption = 64,
-    dtype: DTypeOption = "float32", mode: ModeOption = "fwd",
+    dtype: DTypeOption = "float32", mode: ModeOption = None,
     segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
     semantics: SemanticsOption = "longnet", causal: CausalOption = False,
     pattern: PatternOption = None, block_size: BlockSizeOption = 128, window: WindowOption = None,
@@ -117,28 +117,33 @@ def bench(
     warmup: WarmupOption = 1, repeat: RepeatOption = 3, seed: SeedOption = 0,
     max_memory: MaxMemoryOption = None, max_seconds: MaxSecondsOption = 120.0,
     baseline: BaselineOption = None, fail_on_regression: FailOnRegressionOption = None,
-    nproc: NprocOption = 1, dist_timeout: DistTimeoutOption = 120.0,
+    world_size: RanksOption = 1, dist_timeout: DistTimeoutOption = 120.0,
     out: OutOption = None, resume: ResumeOption = False, csv_out: CsvOption = None, json_out: JsonOption = None,
-    plot: PlotOption = None, plot_x: PlotXOption = None,
+    plot: PlotOption = None, plot_x: PlotXOption = None, quiet: QuietOption = False,
 ) -> None:
     """Sweep sequence lengths: time, memory, TFLOP/s per implementation, each point in an isolated worker."""
+    if csv_out == "-" and json_out == "-":
+        raise ValueError("--csv - and --json - both want stdout: send one of them to a file")
+    machine_output(csv_out, json_out)
+    set_quiet(quiet)
     from ..bench import Sweep
     from ..workload import parse_float_list, parse_int_list, parse_seq_lens, parse_size
 
+    mode = mode or ("fwd" if quick else DEFAULT_MODE)
     if quick:
         impl, segments, dilations = impl or QUICK["impls"], QUICK["segments"], QUICK["dilations"]
         seq_lens = seq_lens if seq_lens or until_oom else QUICK["seq_lens"]
     if not impl:
         raise ValueError("--impl: give at least one, e.g. --impl ImprovedDilatedAttention --impl sdpa (or use --quick)")
     _check_outputs(out, resume, baseline, fail_on_regression)
-    check_ranks(impl, nproc, "--nproc")
+    check_ranks(impl, world_size, "--world-size")
     sweep = Sweep(
         impls=impl, seq_lens=parse_seq_lens(seq_lens) if seq_lens else [], until_oom=until_oom,
         start=parse_seq_lens(start)[0], batch=batch, heads=heads, head_dim=head_dim, dtype=dtype, mode=mode,
         segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
         semantics=semantics, causal=causal, device=device, warmup=warmup, repeat=repeat, seed=seed,
         max_memory=parse_size(max_memory) if max_memory else default_max_memory(), max_seconds=max_seconds,
-        world_size=nproc, dist_timeout=dist_timeout, pattern=pattern or "dilated", block_size=block_size, window=window,
+        world_size=world_size, dist_timeout=dist_timeout, pattern=pattern or "dilated", block_size=block_size, window=window,
         densities=parse_float_list(density, "--density") if density else [], global_blocks=global_blocks,
         levels=levels, executor=executor, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
         checkpointing=checkpointing, amp=amp,

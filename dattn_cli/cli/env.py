@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import json
-
-from .options import JsonFlagOption
-from .render.common import stdout
+from .options import JsonOption
+from .render.common import emit_json, machine_output, stdout
 from .render.env import env_table
 
 
-def env(json_: JsonFlagOption = False) -> None:
+def env(json_out: JsonOption = None) -> None:
     """torch, devices (via NVML), attention backends found here."""
     from ..runtime.envinfo import collect_environment
 
+    machine_output(json_out)
     info = collect_environment()
-    if json_:
-        print(json.dumps(info.model_dump(), indent=1))
-    else:
-        stdout.print(env_table(info))
+    stdout.print(env_table(info))
+    if json_out:
+        emit_json(json_out, info.model_dump())

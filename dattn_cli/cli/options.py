@@ -43,8 +43,7 @@ def check_device(value: str) -> str:
 
 
 def check_ranks(impls: list[str], ranks: int, option: str) -> None:
-    """More than one rank takes distributed implementations only: refused naming this command's option
-    (--nproc, --devices), before Problem would name --world-size."""
+    """More than one rank takes distributed implementations only: refused naming this command's option."""
     from ..kernels.registry import REGISTRY, names
 
     single = [i for i in impls if i in REGISTRY and not REGISTRY[i].distributed]
@@ -68,12 +67,16 @@ DeviceOption = Annotated[str, typer.Option("--device", help="cpu or cuda.", call
 
 # --- shape ------------------------------------------------------------------------------------------
 SeqLenOption = Annotated[str, typer.Option("--seq-len", help="Total sequence length N, e.g. 8k or 65536.", rich_help_panel=SHAPE)]
-SeqLensOption = Annotated[Optional[str], typer.Option("--seq-lens", help="Lengths to measure, e.g. 4k,8k,32768.", rich_help_panel=SHAPE)]
+SeqLensOption = Annotated[Optional[str], typer.Option(
+    "--seq-len", help="Lengths to measure, comma-separated, e.g. 4k,8k,32768.", metavar="N[,N...]", rich_help_panel=SHAPE)]
 BatchOption = Annotated[int, typer.Option("--batch", help="Batch size.", rich_help_panel=SHAPE)]
 HeadsOption = Annotated[int, typer.Option("--heads", help="Attention heads.", rich_help_panel=SHAPE)]
 HeadDimOption = Annotated[int, typer.Option("--head-dim", help="Dimension per head.", rich_help_panel=SHAPE)]
 DTypeOption = Annotated[DType, typer.Option("--dtype", help="Input (layer/model: weight) dtype.", rich_help_panel=SHAPE)]
-ModeOption = Annotated[str, _choice("--mode", ("fwd", "fwdbwd"), "fwd (forward only) or fwdbwd (forward and backward).", SHAPE)]
+DEFAULT_MODE = "fwdbwd"  # bench, plan and profile alike: what training needs (bench --quick runs fwd)
+ModeOption = Annotated[Optional[str], _choice(
+    "--mode", ("fwd", "fwdbwd"), "fwd (forward only) or fwdbwd (forward and backward); default fwdbwd (bench --quick: fwd).",
+    SHAPE)]
 
 # --- pattern ----------------------------------------------------------------------------------------
 SegmentsOption = Annotated[str, typer.Option("--segments", help="Segment lengths, comma-separated.", rich_help_panel=PATTERN)]
@@ -125,8 +128,8 @@ FullOption = Annotated[bool, typer.Option("--full/--quick", help="Full case matr
 QuickOption = Annotated[bool, typer.Option(
     "--quick", help="Small CPU sweep: Dilated, Improved and sdpa at 2k-8k (< 60 s).", rich_help_panel=MEASURE)]
 UntilOomOption = Annotated[bool, typer.Option(
-    "--until-oom", help="Double N from --start until a point fails, then bisect to 5%.", rich_help_panel=MEASURE)]
-StartOption = Annotated[str, typer.Option("--start", help="First N for --until-oom.", rich_help_panel=MEASURE)]
+    "--until-oom", help="Double N from --start-seq-len until a point fails, then bisect to 5%.", rich_help_panel=MEASURE)]
+StartOption = Annotated[str, typer.Option("--start-seq-len", help="First N for --until-oom.", rich_help_panel=MEASURE)]
 WarmupOption = Annotated[int, typer.Option("--warmup", help="Untimed calls before timing.", rich_help_panel=MEASURE)]
 RepeatOption = Annotated[int, typer.Option("--repeat", help="Timed calls per point (median, p10, p90).", rich_help_panel=MEASURE)]
 IterationsOption = Annotated[int, typer.Option("--iterations", help="Timed calls per setting.", rich_help_panel=MEASURE)]
@@ -145,10 +148,11 @@ FailOnRegressionOption = Annotated[Optional[float], typer.Option(
 WorldSizeOption = Annotated[str, typer.Option(
     "--world-size", help="Process-group sizes for distributed implementations, e.g. 1,2,4 (gloo, spawned here).",
     rich_help_panel=DIST)]
-NprocOption = Annotated[int, typer.Option(
-    "--nproc", help="Ranks per point for distributed implementations (gloo on CPU, NCCL on CUDA), spawned here.",
+RanksOption = Annotated[int, typer.Option(
+    "--world-size", help="Ranks per point for distributed implementations (gloo on CPU, NCCL on CUDA), spawned here.",
     rich_help_panel=DIST)]
-DevicesOption = Annotated[int, typer.Option("--devices", help="Devices sharing the sequence (world size).", rich_help_panel=DIST)]
+DevicesOption = Annotated[int, typer.Option(
+    "--world-size", help="Devices sharing the sequence (the world size planned for).", rich_help_panel=DIST)]
 DistTimeoutOption = Annotated[float, typer.Option(
     "--dist-timeout", help="Seconds before a stuck process group is ended with an error naming the rank.",
     rich_help_panel=DIST)]
@@ -157,9 +161,9 @@ DistTimeoutOption = Annotated[float, typer.Option(
 ProfileOption = Annotated[str, typer.Option(
     "--profile", help="Shipped hardware profile name or path to your YAML ('dattn profiles list').", rich_help_panel=PLAN)]
 MemoryOption = Annotated[Optional[str], typer.Option(
-    "--memory", help="Memory per device instead of the profile's, e.g. 2GiB (a bench --max-memory cap).",
+    "--max-memory", help="Memory per device instead of the profile's, e.g. 2GiB (as bench's --max-memory cap).",
     rich_help_panel=PLAN)]
-MaxSeqOption = Annotated[bool, typer.Option("--max-seq", help="Solve for the largest N that fits on --devices.", rich_help_panel=PLAN)]
+MaxSeqOption = Annotated[bool, typer.Option("--max-seq", help="Solve for the largest N that fits on --world-size devices.", rich_help_panel=PLAN)]
 MinDevicesOption = Annotated[bool, typer.Option(
     "--min-devices", help="Solve for the fewest devices that fit --seq-len (--target attention).", rich_help_panel=PLAN)]
 CheckOption = Annotated[Optional[Path], typer.Option(
@@ -172,7 +176,8 @@ FailIfInfeasibleOption = Annotated[bool, typer.Option(
 # --- output -----------------------------------------------------------------------------------------
 JsonOption = Annotated[Optional[str], typer.Option(
     "--json", help="Write the result as JSON to this file ('-' = stdout).", metavar="FILE", rich_help_panel=OUTPUT)]
-JsonFlagOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.", rich_help_panel=OUTPUT)]
+QuietOption = Annotated[bool, typer.Option(
+    "--quiet", "-q", help="No progress on stderr (errors and results only).", rich_help_panel=OUTPUT)]
 CsvOption = Annotated[Optional[str], typer.Option(
     "--csv", help="Write all rows as CSV to this file ('-' = stdout).", metavar="FILE", rich_help_panel=OUTPUT)]
 OutOption = Annotated[Optional[Path], typer.Option(

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import typer
 
-from .options import (AmpOption, BatchOption, CalibrateOption, CausalOption, CheckOption, CheckpointingOption,
+from .options import (DEFAULT_MODE, AmpOption, BatchOption, CalibrateOption, CausalOption, CheckOption, CheckpointingOption,
                       DevicesOption, DilationsOption, DTypeOption, EmbedDimOption, FailIfInfeasibleOption,
                       HeadDimOption, HeadsOption, ImplOption, JsonOption, LayersOption, MaxSeqOption, MemoryOption,
                       MinDevicesOption, ModeOption, ProfileOption, SaveOption, SegmentsOption, SemanticsOption,
                       SeqLenOption, TargetOption, VocabSizeOption, check_ranks)
-from .render.common import emit_json, note, stdout
+from .render.common import machine_output, emit_json, note, stdout
 from .render.plan import check_table, plan_table
 
 DEFAULT_IMPL = {"attention": "ImprovedDilatedAttention", "layer": "ImprovedMultiheadDilatedAttention",
@@ -25,7 +25,7 @@ def _hardware(profile: str, memory: str | None):
 
     hw = load_profile(profile)
     if memory is not None:
-        hw = hw.model_copy(update={"memory_gib": parse_size(memory, "--memory") / 2**30})
+        hw = hw.model_copy(update={"memory_gib": parse_size(memory, "--max-memory") / 2**30})
     return hw
 
 
@@ -77,7 +77,7 @@ def _solve(problem, hw, max_seq: bool, min_devices: bool):
 def plan(
     impl: ImplOption = None,
     seq_len: SeqLenOption = "64k", batch: BatchOption = 1, heads: HeadsOption = 8, head_dim: HeadDimOption = 64,
-    dtype: DTypeOption = "float32", mode: ModeOption = "fwdbwd",
+    dtype: DTypeOption = "float32", mode: ModeOption = DEFAULT_MODE,
     segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
     semantics: SemanticsOption = "longnet", causal: CausalOption = False,
     target: TargetOption = "attention", embed_dim: EmbedDimOption = None, layers: LayersOption = 12,
@@ -92,12 +92,13 @@ def plan(
 
     Default --impl: ImprovedDilatedAttention, or ImprovedMultiheadDilatedAttention for --target layer|model.
     """
+    machine_output(json_out)
     from ..plan import solve
     from ..workload import Problem, parse_int_list, parse_seq_lens
 
     hw = _hardware(profile, memory)
     if devices < 1:
-        raise ValueError(f"--devices must be >= 1, got {devices}")
+        raise ValueError(f"--world-size must be >= 1, got {devices}")
     if save is not None and calibrate is None:
         raise ValueError("--save goes with --calibrate REPORT.jsonl")
     if calibrate is not None:
@@ -105,7 +106,7 @@ def plan(
     if check is not None:
         return _check(hw, check, json_out)
     if target == "attention":
-        check_ranks([impl or DEFAULT_IMPL[target]], devices, "--devices")
+        check_ranks([impl or DEFAULT_IMPL[target]], devices, "--world-size")
     problem = Problem(
         impl=impl or DEFAULT_IMPL[target], seq_len=parse_seq_lens(seq_len)[0], batch=batch, heads=heads,
         head_dim=head_dim, dtype=dtype, mode=mode, segment_lengths=parse_int_list(segments, "--segments"),

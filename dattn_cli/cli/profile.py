@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .options import (BatchOption, BlockSizeOption, CausalOption, DensityOption, DeviceOption, DilationsOption,
+from .options import (DEFAULT_MODE, BatchOption, BlockSizeOption, CausalOption, DensityOption, DeviceOption, DilationsOption,
                       DTypeOption, ExecutorOption, GlobalBlocksOption, HeadDimOption, HeadsOption, ImplOption,
                       IterationsOption, JsonOption, LevelsOption, ModeOption, PatternOption, SeedOption,
                       SegmentsOption, SemanticsOption, SeqLenOption, ShowPatternOption, TraceOption, WarmupOption,
                       WindowOption)
-from .render.common import emit, note, progress, stdout
+from .render.common import machine_output, emit, note, progress, stdout
 from .render.profile import pattern_title, profile_table
 
 
@@ -37,7 +37,7 @@ def _show_pattern(report, path: Path) -> None:
 def profile(
     impl: ImplOption = "ImprovedDilatedAttention", device: DeviceOption = "cpu",
     seq_len: SeqLenOption = "8k", batch: BatchOption = 1, heads: HeadsOption = 8, head_dim: HeadDimOption = 64,
-    dtype: DTypeOption = "float32", mode: ModeOption = "fwd",
+    dtype: DTypeOption = "float32", mode: ModeOption = DEFAULT_MODE,
     segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
     semantics: SemanticsOption = "longnet", causal: CausalOption = False,
     pattern: PatternOption = None, block_size: BlockSizeOption = 128, window: WindowOption = None,
@@ -47,6 +47,7 @@ def profile(
     trace: TraceOption = None, json_out: JsonOption = None,
 ) -> None:
     """Pattern-cache and memory-pool hit rates, allocator stats, time and peak memory with caches on vs off."""
+    machine_output(json_out)
     from ..profile import run_profile
     from ..workload import Problem, parse_int_list, parse_seq_lens
 

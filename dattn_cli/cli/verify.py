@@ -9,7 +9,7 @@ import typer
 from .options import (BackendsOption, BothOption, CausalFilterOption, DetailsOption, DeviceOption, DistTimeoutOption,
                       DTypeOption, FullOption, ImplsOption, JsonOption, PatternsOption, SeedOption, SemanticsSetOption,
                       WorldSizeOption)
-from .render.common import emit, note, progress, stdout
+from .render.common import machine_output, emit, note, progress, stdout
 from .render.verify import verify_summary, verify_table, verify_warnings
 
 
@@ -26,6 +26,7 @@ def verify(
 
     Default --impl: every single-device implementation, or every distributed one with --world-size > 1.
     """
+    machine_output(json_out)
     from ..runtime.envinfo import collect_environment
     from ..verify import case_matrix, run_verify
     from ..workload import parse_int_list

@@ -1,19 +1,52 @@
-"""Consoles, progress bars and the number formats every table shares."""
+"""Where output goes, progress, and the number formats every table shares.
+
+Tables and summaries go to stdout, unless machine output (`--json -`, `--csv -`) claims stdout: then they go
+to stderr, so that `dattn plan ... --json - | python -m json.tool` reads JSON alone. Progress always goes to
+stderr: rich bars on a terminal, one line per step when stderr is a log or a pipe, nothing with --quiet.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-stdout = Console(width=None if sys.stdout.isatty() else 120)  # logs and pipes get full tables
+WIDTH = 120  # logs and pipes get full tables
+
+
+class _Tables:
+    """The console results are printed on: stdout, or stderr while stdout carries machine output."""
+
+    def __init__(self) -> None:
+        self.to_stderr = False
+        self.quiet = False
+
+    def console(self) -> Console:
+        stream = sys.stderr if self.to_stderr else sys.stdout
+        return Console(file=stream, width=None if stream.isatty() else WIDTH)
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        self.console().print(*objects, **options)
+
+
+stdout = _Tables()
+
+
+def machine_output(*targets: str | None) -> None:
+    """Call before printing: a '-' among the machine-output targets moves tables and notes to stderr."""
+    stdout.to_stderr = any(target == "-" for target in targets)
+
+
+def set_quiet(quiet: bool) -> None:
+    stdout.quiet = quiet
 
 
 def stderr_console() -> Console:
-    return Console(stderr=True)
+    return Console(stderr=True, width=None if sys.stderr.isatty() else WIDTH)
 
 
 def note(text: str) -> None:
@@ -21,7 +54,41 @@ def note(text: str) -> None:
     stderr_console().print(text)
 
 
-def progress() -> Progress:
+class LineProgress:
+    """Progress for logs: one line per completed step, '[3/12] what happened', flushed at once."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.tasks: dict[int, dict] = {}
+
+    def __enter__(self) -> "LineProgress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None, **_: Any) -> int:
+        self.tasks[len(self.tasks)] = {"total": total, "completed": 0, "description": description}
+        return len(self.tasks) - 1
+
+    def update(self, task: int, advance: float = 0, description: str | None = None, **_: Any) -> None:
+        state = self.tasks[task]
+        state["completed"] += advance
+        if description is not None:
+            state["description"] = description
+        if advance and not self.quiet:
+            total = f"/{int(state['total'])}" if state["total"] else ""
+            print(f"[{int(state['completed'])}{total}] {state['description']}", file=sys.stderr, flush=True)
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        self.update(task, advance=advance)
+
+
+def progress(quiet: bool | None = None) -> Progress | LineProgress:
+    """A rich bar when stderr is a terminal; else one line per step; silent with --quiet."""
+    quiet = stdout.quiet if quiet is None else quiet
+    if quiet or not sys.stderr.isatty():
+        return LineProgress(quiet=quiet)
     return Progress(
         TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=stderr_console(), transient=True,
@@ -31,7 +98,8 @@ def progress() -> Progress:
 def emit(target: str, text: str) -> None:
     """Text to a file, or to stdout for '-'."""
     if target == "-":
-        print(text, end="" if text.endswith("\n") else "\n")
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
     else:
         Path(target).write_text(text)
 
