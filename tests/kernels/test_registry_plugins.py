@@ -36,7 +36,7 @@ def test_verify_checks_the_toy_against_the_reference():
 
 def test_bench_measures_the_toy_in_its_worker(tmp_path):
     out = tmp_path / "r.jsonl"
-    done = dattn("bench", "--impl", TOY, "--seq-lens", "512", *SMALL, "--repeat", "1", "--max-memory", "1GiB",
+    done = dattn("bench", "--impl", TOY, "--seq-len", "512", *SMALL, "--repeat", "1", "--max-memory", "1GiB",
                  "--out", str(out))
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines() if '"point"' in line]
@@ -53,7 +53,7 @@ def test_plan_predicts_the_toy(tmp_path):
 
 
 @pytest.mark.parametrize("command", [["plan", "--impl", "nonsense", "--profile", "h100-sxm-80gb", "--seq-len", "4096"],
-                                     ["bench", "--impl", "nonsense", "--seq-lens", "1k"],
+                                     ["bench", "--impl", "nonsense", "--seq-len", "1k"],
                                      ["profile", "--impl", "nonsense"]])
 def test_an_unknown_implementation_is_one_line_listing_the_known_ones(command):
     done = dattn(*command)
