@@ -38,7 +38,7 @@ def _infeasible(s: Problem, profile: HardwareProfile, devices: int, reason: str,
 def _memory(s: Problem, profile: HardwareProfile, device_type: str) -> MemoryBreakdown:
     if s.target != "attention":
         if s.world_size > 1:
-            raise ValueError(f"--target {s.target} is planned on one device; --devices {s.world_size} applies to attention")
+            raise ValueError(f"--target {s.target} is planned on one device; --world-size {s.world_size} applies to attention")
         return layer_memory(s, framework_bytes(profile, s.mode), device_type)
     if s.world_size > 1 and not s.spec.distributed:
         raise ValueError(f"{s.impl} runs on one process, not on {s.world_size} devices: plan a distributed --impl")

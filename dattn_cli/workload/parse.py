@@ -15,10 +15,10 @@ def parse_seq_lens(text: str) -> list[int]:
         part = part.strip().lower()
         match = re.fullmatch(r"(\d+)([km]?)", part)
         if not match:
-            raise ValueError(f"--seq-lens: {part!r} is not a length; write e.g. 4k,8k,32768")
+            raise ValueError(f"--seq-len: {part!r} is not a length; write e.g. 4k,8k,32768")
         value = int(match.group(1)) * {"": 1, "k": 1024, "m": 1024**2}[match.group(2)]
         if value <= 0:
-            raise ValueError(f"--seq-lens: {part!r} must be positive")
+            raise ValueError(f"--seq-len: {part!r} must be positive")
         values.append(value)
     return values
 

@@ -87,7 +87,7 @@ class Problem(BaseModel):
             raise ValueError(f"--target {self.target} builds layers around a multihead attention; {self.impl} is not "
                              f"one: use {', '.join(names(lambda s: s.kind == 'multihead'))}")
         if self.world_size > 1:
-            raise ValueError(f"--target {self.target} runs on one device: drop --world-size/--devices")
+            raise ValueError(f"--target {self.target} runs on one device: drop --world-size")
         if self.embed_dim is not None:
             if self.embed_dim % self.heads:
                 raise ValueError(f"--embed-dim {self.embed_dim} is not divisible by --heads {self.heads}")

@@ -8,7 +8,7 @@ from dattn_cli.workload import parse_seq_lens, parse_size
 def test_parse_seq_lens():
     assert parse_seq_lens("4k,8k,32768") == [4096, 8192, 32768]
     assert parse_seq_lens("1m") == [2**20]
-    with pytest.raises(ValueError, match="--seq-lens: '4x' is not a length"):
+    with pytest.raises(ValueError, match="--seq-len: '4x' is not a length"):
         parse_seq_lens("4x")
 
 
