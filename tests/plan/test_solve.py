@@ -69,8 +69,9 @@ def test_plan_cli_json_and_infeasible_exit(tmp_path, capsys):
 
 def test_check_and_calibrate_on_a_small_report(tmp_path, capsys):
     report = tmp_path / "r.jsonl"
-    code, _, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--impl", "sdpa", "--seq-lens", "1k,2k",
-                            "--segments", "256,512", "--dilations", "1,2", "--repeat", "1", "--out", str(report)], capsys)
+    code, _, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--impl", "sdpa", "--seq-len", "1k,2k",
+                            "--segments", "256,512", "--dilations", "1,2", "--mode", "fwd", "--repeat", "1",
+                            "--out", str(report)], capsys)
     assert code == 0, err
     code, stdout, _ = run_cli(["plan", "--check", str(report), "--profile", "cpu-host"], capsys)
     assert code == 0 and "memory error median" in stdout
