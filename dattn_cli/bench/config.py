@@ -3,8 +3,11 @@ sweep's lengths and implementations and the measurement settings. One ValueError
 
 from __future__ import annotations
 
+import importlib.util
+
 from pydantic import Field, field_validator, model_validator
 
+from ..kernels.registry import REGISTRY
 from ..workload.problem import Problem
 
 
@@ -48,7 +51,7 @@ class Sweep(Problem):
         if not self.impls:
             raise ValueError("--impl: give at least one implementation or baseline")
         if self.until_oom == bool(self.seq_lens):
-            raise ValueError("give exactly one of --seq-lens and --until-oom")
+            raise ValueError("give exactly one of --seq-len and --until-oom")
         if self.max_seconds <= 0:
             raise ValueError(f"--max-seconds must be positive, got {self.max_seconds}")
         if self.dist_timeout <= 0:
@@ -56,6 +59,8 @@ class Sweep(Problem):
         for impl in self.impls:
             for point in self.variants(impl):
                 point.with_(seq_len=self.seq_lens[0] if self.seq_lens else self.start)  # each refused here, by name
+            if reason := cannot_run(impl, self.device):
+                raise ValueError(reason)
         return self
 
     def variants(self, impl: str) -> list[Problem]:
@@ -73,3 +78,17 @@ class Sweep(Problem):
     @property
     def cuda(self) -> bool:
         return self.device.startswith("cuda")
+
+
+def cannot_run(impl: str, device: str) -> str | None:
+    """Why `impl` cannot run on `device` on this machine, with the fix (the install hint when a module it
+    needs is missing, whatever else is also in the way); None when it can. A sweep refuses such an
+    implementation before measuring anything, instead of filling its table with error rows."""
+    spec = REGISTRY[impl]
+    reason = spec.unavailable(device)
+    if reason is None:
+        return None
+    missing = [m for m in spec.requires if importlib.util.find_spec(m) is None]
+    if missing and spec.install_hint and spec.install_hint not in reason:
+        reason += f"; it also needs {', '.join(missing)}: {spec.install_hint}"
+    return f"--impl {impl} cannot run with --device {device}: {reason}"

@@ -80,8 +80,9 @@ def _too_slow(sweep: Sweep, step: Callable[[], float], group: Any) -> dict | Non
         torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX, group=group)
         projected = float(worst.item())
     if projected > sweep.max_seconds:
-        return {"status": "skipped", "reason": f"time: one call took {first:.2f} s, so {sweep.repeat} repeats would "
-                f"exceed --max-seconds {sweep.max_seconds:g}"}
+        calls = f"{sweep.repeat} timed call{'s' if sweep.repeat > 1 else ''}" + (f" and {untimed} untimed" if untimed else "")
+        return {"status": "skipped", "reason": f"time: one call took {first:.2f} s; with the warm-up and {calls} the "
+                f"point would take about {projected:.1f} s, over --max-seconds {sweep.max_seconds:g}"}
     return None
 
 

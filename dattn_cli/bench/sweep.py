@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from ..workload.problem import Problem
 from ..workload.records import BenchRow, append_jsonl, pattern_fields, point_key, read_rows, row_fields
 from .config import Sweep
+from .summary import PREDICTED, ImplSummary, scaling_exponents, stop_reason, summarize
 from .worker import make_row, run_distributed_point, run_isolated
 
 Runner = Callable[[Sweep, Problem], dict]
@@ -23,13 +24,6 @@ BISECT_TOLERANCE = 0.05
 # measured, not predicted.
 PREDICTION_MARGIN = 1.25
 MAX_DOUBLINGS = 24
-
-
-class ImplSummary(BaseModel):
-    impl: str
-    pattern: str | None = None  # block-sparse lines: the pattern (one line per target density)
-    max_ok_seq_len: int | None
-    limit: str | None  # why the next length failed, e.g. "oom at N=16384"
 
 
 class SweepResult(BaseModel):
@@ -77,7 +71,7 @@ class _Sweeper:
         if blocked:
             return {"status": "skipped", "reason": blocked}
         if cpu and predicted is not None and predicted > PREDICTION_MARGIN * cap:
-            return {"status": "skipped", "reason": f"memory: predicted {predicted / 2**30:.2f} GiB, more than "
+            return {"status": "skipped", "reason": f"{PREDICTED} {predicted / 2**30:.2f} GiB, more than "
                     f"{PREDICTION_MARGIN:g} x --max-memory {cap / 2**30:.2f} GiB"}
         result = self.runner(self.sweep, problem)
         measured = result.get("peak_mem_bytes")
@@ -87,39 +81,40 @@ class _Sweeper:
         return result
 
     def fixed(self) -> ImplSummary:
-        best, limit = None, None
+        best, stop = None, None
         for n in self.sweep.seq_lens:
-            row = self.point(n, blocked=f"after {limit}" if limit else None)
+            row = self.point(n, blocked=f"after {stop.status} at N={stop.seq_len}" if stop else None)
             if row.status == "ok":
                 best = n if best is None else max(best, n)
-            elif limit is None:
-                limit = f"{row.status} at N={n}"
-        return ImplSummary(impl=self.line.impl, max_ok_seq_len=best, limit=limit)
+            elif stop is None:
+                stop = row
+        return summarize(self.line.impl, best, stop)
 
     def until_oom(self) -> ImplSummary:
-        impl = self.line.impl
-        ok, fail, fail_row = None, None, None
-        n = self.sweep.start
+        """Double N from --start-seq-len until a point fails; bisect to 5% only below a memory failure. A point
+        skipped for time or by the memory prediction, or an error, stops the search where it is: none of
+        them is a measured memory limit."""
+        impl, ok, n = self.line.impl, None, self.sweep.start
         for _ in range(MAX_DOUBLINGS):
             row = self.point(n)
-            if row.status == "ok":
-                ok, n = n, n * 2
-            else:
-                fail, fail_row = n, row
+            if row.status != "ok":
                 break
-        if fail is None:
-            return ImplSummary(impl=impl, max_ok_seq_len=ok, limit=f"stopped after {MAX_DOUBLINGS} doublings")
-        if fail_row.status == "error":  # a crash is not a capacity limit: do not bisect towards it
-            return ImplSummary(impl=impl, max_ok_seq_len=ok, limit=f"error at N={fail}: {fail_row.error}")
-        while ok is not None and fail - ok > BISECT_TOLERANCE * fail:
-            mid = _round_mid(ok, fail)
-            row = self.point(mid)
+            ok, n = n, n * 2
+        else:
+            return ImplSummary(impl=impl, max_ok_seq_len=ok, stopped_by="doublings",
+                               limit=f"stopped after {MAX_DOUBLINGS} doublings, every length ran ok")
+        if stop_reason(row) != "memory":
+            return summarize(impl, ok, row)
+        oom = row
+        while ok is not None and oom.seq_len - ok > BISECT_TOLERANCE * oom.seq_len:
+            row = self.point(_round_mid(ok, oom.seq_len))
             if row.status == "ok":
-                ok = mid
-            else:
-                fail, fail_row = mid, row
-        reason = fail_row.reason or fail_row.status
-        return ImplSummary(impl=impl, max_ok_seq_len=ok, limit=f"{fail_row.status} at N={fail} ({reason})")
+                ok = row.seq_len
+            elif stop_reason(row) == "memory":
+                oom = row
+            else:  # e.g. over --max-seconds below the memory limit: report that, and the oom above it
+                return summarize(impl, ok, row, extra=f"; oom at N={oom.seq_len:,}")
+        return summarize(impl, ok, oom)
 
 
 def _round_mid(lo: int, hi: int) -> int:
@@ -155,7 +150,8 @@ def run_sweep(
     summaries = []
     for impl in sweep.impls:
         for line in sweep.variants(impl):  # block-sparse: one line per target density
-            sweeper.line = line
+            sweeper.line, first = line, len(sweeper.rows)
             summary = sweeper.until_oom() if sweep.until_oom else sweeper.fixed()
-            summaries.append(summary.model_copy(update=pattern_fields(line, densities=False)))
+            fits = scaling_exponents(sweeper.rows[first:])
+            summaries.append(summary.model_copy(update={**pattern_fields(line, densities=False), **fits}))
     return SweepResult(rows=sweeper.rows, summaries=summaries)

@@ -15,11 +15,13 @@ from .options import (DEFAULT_MODE, AmpOption, BaselineOption, BatchOption, Bloc
                       QuickOption, RepeatOption, ResumeOption, SeedOption, SegmentsOption, SemanticsOption,
                       SeqLensOption, StartOption, TargetOption, UntilOomOption, VocabSizeOption, WarmupOption,
                       WindowOption, check_ranks)
-from .render.bench import bench_table, exponent_lines, regression_table
+from .render.bench import bench_table, point_line, regression_table, scaling_lines
 from .render.common import set_quiet, machine_output, emit, emit_json, note, progress, stdout
 
 QUICK = {"impls": ["DilatedAttention", "ImprovedDilatedAttention", "sdpa"], "seq_lens": "2k,4k,8k",
          "segments": "512,1024,2048", "dilations": "1,2,4"}
+# --target layer/model without --impl: the multihead module a user would put in a model
+LAYER_DEFAULT_IMPL = "ImprovedMultiheadDilatedAttention"
 
 
 def default_max_memory() -> int:
@@ -61,8 +63,7 @@ def _run(sweep, out: Path | None, resume: bool):
         task = bar.add_task("bench", total=None if sweep.until_oom else _lines(sweep) * len(sweep.seq_lens))
 
         def on_row(row) -> None:
-            what = f" {row.pattern}" if row.pattern else ""
-            bar.update(task, advance=1, description=f"bench {row.impl}{what} N={row.seq_len}: {row.status}")
+            bar.update(task, advance=1, description=point_line(row))
 
         return run_sweep(sweep, out=out, resume=resume, command=_command(), on_row=on_row, predict=predicted_peak_bytes)
 
@@ -86,11 +87,11 @@ def _plot(sweep, result, plot: Path, plot_x: str | None) -> None:
     if (plot_x or ("density" if len(sweep.densities) > 1 else "seq_len")) == "density":
         from ..bench.plot import plot_density
 
-        lines = [fit.line() for fit in plot_density(result.rows, plot)]
+        for fit in plot_density(result.rows, plot):
+            note(fit.line())
     else:
-        lines = exponent_lines(plot_rows(result.rows, plot))
-    for line in lines:
-        note(line)
+        plot_rows(result.rows, plot)  # its exponents are the ones printed under the table
+    note(f"plot written to {plot}")
 
 
 def _gate(result, baseline: Path, threshold: float) -> None:
@@ -130,6 +131,8 @@ def bench(
     from ..workload import parse_float_list, parse_int_list, parse_seq_lens, parse_size
 
     mode = mode or ("fwd" if quick else DEFAULT_MODE)
+    if not impl and target != "attention":
+        impl = [LAYER_DEFAULT_IMPL]
     if quick:
         impl, segments, dilations = impl or QUICK["impls"], QUICK["segments"], QUICK["dilations"]
         seq_lens = seq_lens if seq_lens or until_oom else QUICK["seq_lens"]
@@ -150,6 +153,8 @@ def bench(
     )
     result = _run(sweep, out, resume)
     stdout.print(bench_table(result))
+    for line in scaling_lines(result):
+        stdout.print(line, markup=False, highlight=False)
     _write(sweep, result, csv_out, json_out)
     if plot is not None:
         _plot(sweep, result, plot, plot_x)

@@ -107,7 +107,10 @@ def test_until_oom_doubles_then_bisects_to_5_percent(limit):
     best = result.summaries[0].max_ok_seq_len
     failing = min(n for _, n in runner.calls if n > limit)
     assert best <= limit < failing and failing - best <= 0.05 * failing
-    assert result.summaries[0].limit.startswith(f"oom at N={failing}")
+    summary = result.summaries[0]
+    assert summary.stopped_by == "memory" and summary.stopped_at == failing
+    assert summary.limit.startswith(f"stopped by memory (oom) at N={failing:,}")
+    assert summary.summary.startswith(f"max N {best:,}; stopped by memory (oom)")
     assert len(runner.calls) == len(set(runner.calls))  # no point measured twice
 
 
@@ -119,5 +122,76 @@ def test_until_oom_stops_at_an_error_without_bisecting():
         return ok_result(n) if n < 4096 else {"status": "error", "reason": "exception in worker", "error": "boom"}
 
     result = run_sweep(cfg, runner=runner)
-    assert result.summaries[0].max_ok_seq_len == 2048 and "error at N=4096" in result.summaries[0].limit
+    summary = result.summaries[0]
+    assert summary.max_ok_seq_len == 2048 and summary.stopped_by == "error"
+    assert summary.limit == "stopped by an error at N=4,096: boom"
     assert [r.seq_len for r in result.rows] == [1024, 2048, 4096]
+
+
+def time_skip(n):
+    return {"status": "skipped", "reason": f"time: one call took {n / 1000:.2f} s, so 3 repeats would exceed --max-seconds 1"}
+
+
+@pytest.mark.parametrize("until_oom", [True, False])
+def test_a_time_skip_stops_the_search_and_is_reported_as_time_not_memory(until_oom):
+    lengths = {"until_oom": True, "start": 1024} if until_oom else {"seq_lens": [1024, 2048, 4096, 8192]}
+    cfg = Sweep(impls=["ImprovedDilatedAttention"], **lengths, **BASE)
+    calls = []
+
+    def runner(sweep, problem):
+        calls.append(problem.seq_len)
+        return ok_result(problem.seq_len) if problem.seq_len <= 2048 else time_skip(problem.seq_len)
+
+    summary = run_sweep(cfg, runner=runner).summaries[0]
+    assert calls == [1024, 2048, 4096]  # no bisection between 2048 and 4096: time is not a memory limit
+    assert (summary.max_ok_seq_len, summary.stopped_by, summary.stopped_at) == (2048, "time", 4096)
+    assert summary.summary == "max N 2,048; stopped by --max-seconds at N=4,096, not by memory"
+
+
+def test_a_prediction_skip_stops_the_search_unmeasured_and_is_named():
+    cfg = Sweep(impls=["ImprovedDilatedAttention"], until_oom=True, start=1024, **BASE)
+    runner = Runner()
+
+    def predict(problem):  # far above the 1 GiB cap from N=8192 on
+        return 2**20 if problem.seq_len < 8192 else 2**32
+
+    summary = run_sweep(cfg, runner=runner, predict=predict).summaries[0]
+    assert [n for _, n in runner.calls] == [1024, 2048, 4096]  # 8192 skipped unrun, nothing bisected
+    assert (summary.max_ok_seq_len, summary.stopped_by, summary.stopped_at) == (4096, "prediction", 8192)
+    assert summary.limit.startswith("stopped by the predicted memory at N=8,192 (predicted 4.00 GiB, more than 1.25 x")
+    assert summary.limit.endswith("not measured") and "oom" not in summary.summary
+
+
+def test_a_time_skip_while_bisecting_stops_there_and_names_the_oom_above():
+    cfg = Sweep(impls=["ImprovedDilatedAttention"], until_oom=True, start=1024, **BASE)
+
+    def runner(sweep, problem):
+        n = problem.seq_len
+        if n <= 4096:
+            return ok_result(n)
+        return {"status": "oom", "reason": "out of memory"} if n >= 8192 else time_skip(n)
+
+    result = run_sweep(cfg, runner=runner)
+    summary = result.summaries[0]
+    assert [r.seq_len for r in result.rows] == [1024, 2048, 4096, 8192, 6144]
+    assert (summary.max_ok_seq_len, summary.stopped_by, summary.stopped_at) == (4096, "time", 6144)
+    assert summary.limit == "stopped by --max-seconds at N=6,144, not by memory; oom at N=8,192"
+
+
+def test_until_oom_that_never_fails_says_so():
+    cfg = Sweep(impls=["ImprovedDilatedAttention"], until_oom=True, start=64, **BASE)
+    summary = run_sweep(cfg, runner=lambda sweep, problem: {**ok_result(problem.seq_len), "peak_mem_bytes": 1}).summaries[0]
+    assert summary.stopped_by == "doublings" and summary.max_ok_seq_len == 64 * 2**23
+    assert summary.stopped_at is None and "24 doublings" in summary.limit
+
+
+def test_summaries_carry_the_fitted_exponents():
+    cfg = Sweep(impls=["ImprovedDilatedAttention", "sdpa"], seq_lens=[256, 512, 1024], **BASE)
+
+    def runner(sweep, problem):  # sdpa quadratic in time, linear in memory
+        n = problem.seq_len
+        return {**ok_result(n), "time_ms": n * n / 1e4} if problem.impl == "sdpa" else ok_result(n)
+
+    improved, sdpa = run_sweep(cfg, runner=runner).summaries
+    assert improved.time_exponent == pytest.approx(1.0) and improved.memory_exponent == pytest.approx(1.0)
+    assert sdpa.time_exponent == pytest.approx(2.0) and sdpa.stopped_by is None and sdpa.summary == "max N 1,024; all ok"

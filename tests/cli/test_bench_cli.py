@@ -1,7 +1,9 @@
 """`dattn bench` and `dattn profile` from the command line."""
 
+import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,22 +20,96 @@ SMALL = ["--heads", "2", "--head-dim", "16", "--segments", "64,128", "--dilation
 
 
 def test_bench_table_csv_json_out(tmp_path, capsys):
-    out, js = tmp_path / "r.jsonl", tmp_path / "r.json"
-    code, stdout, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--impl", "sdpa", "--seq-lens", "256,512",
-                                 *SMALL, "--out", str(out), "--json", str(js), "--csv", "-"], capsys)
+    out, js, csv = tmp_path / "r.jsonl", tmp_path / "r.json", tmp_path / "r.csv"
+    code, stdout, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--impl", "sdpa", "--seq-len", "256,512",
+                                 *SMALL, "--out", str(out), "--json", str(js), "--csv", str(csv)], capsys)
     assert code == 0, err
-    assert "ImprovedDilatedAttention" in stdout and "TFLOP/s" in stdout and "max 512" in stdout
-    assert "impl,semantics,dtype" in stdout.replace("record,", "")  # the CSV header
+    assert "ImprovedDilatedAttention" in stdout and "TFLOP/s" in stdout and "max N 512; all ok" in stdout
+    # the ratio column against the sweep's dense baseline, and the fitted exponents under the table
+    assert "x sdpa" in stdout and "ImprovedDilatedAttention: time ~ N^" in stdout and "sdpa: time ~ N^" in stdout
+    assert csv.read_text().startswith("record,impl,semantics,dtype")
     rows = read_rows(out)
     failed = [(r.impl, r.seq_len, r.status, r.reason, r.error) for r in rows if r.status != "ok"]
     assert len(rows) == 4 and not failed, (failed, stdout, err)
     payload = json.loads(js.read_text())
     assert payload["environment"]["record"] == "environment" and len(payload["rows"]) == 4
+    summary = payload["summaries"][0]
+    assert summary["stopped_by"] is None and summary["summary"] == "max N 512; all ok"
+    assert summary["time_exponent"] is not None
+
+
+def dattn(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dattn_cli.cli", *args]
+
+
+def test_json_to_stdout_pipes_into_json_tool():
+    cli = " ".join(dattn("bench", "--impl", "sdpa", "--seq-len", "256,512", *SMALL, "--json", "-"))
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", f"{cli} | {sys.executable} -m json.tool"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [r["seq_len"] for r in json.loads(done.stdout)["rows"]] == [256, 512]
+    assert "max N 512" in done.stderr  # the table went to stderr
+
+
+def test_csv_to_stdout_reads_with_pandas():
+    import io
+
+    import pandas
+
+    done = subprocess.run(dattn("bench", "--impl", "sdpa", "--seq-len", "256,512", *SMALL, "--csv", "-"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    frame = pandas.read_csv(io.StringIO(done.stdout))
+    assert list(frame["seq_len"]) == [256, 512] and list(frame["status"]) == ["ok", "ok"]
+
+
+def test_progress_is_one_line_per_point_without_a_terminal_and_quiet_silences_it():
+    args = dattn("bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "256,512", *SMALL)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)  # stderr a pipe, as in CI logs
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("[")]
+    assert len(lines) == 2, done.stderr
+    for line, (i, n) in zip(lines, ((1, "256"), (2, "512"))):
+        assert re.fullmatch(rf"\[{i}/2\] ImprovedDilatedAttention N={n} ok [\d.,]+ ms", line), line
+    quiet = subprocess.run([*args, "--quiet"], capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and "max N 512" in quiet.stdout
+    assert not [line for line in quiet.stderr.splitlines() if line.startswith("[")], quiet.stderr
+
+
+def test_an_implementation_that_cannot_run_here_stops_before_the_sweep(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    code, stdout, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--impl", "flash", "--seq-len", "256",
+                                 *SMALL, "--out", str(out)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("dattn: error: --impl flash cannot run with --device cpu")
+    if importlib.util.find_spec("flash_attn") is None:
+        assert "pip install 'dattn[flash]'" in err
+    assert not out.exists() and stdout == ""  # nothing measured, not even the first implementation
+
+
+@pytest.mark.parametrize("target,options", [("layer", ["--embed-dim", "32"]),
+                                            ("model", ["--embed-dim", "32", "--layers", "1", "--vocab-size", "64"])])
+def test_layer_and_model_targets_default_to_the_multihead_module(target, options, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    code, stdout, err = run_cli(["bench", "--target", target, *options, "--seq-len", "256", "--heads", "2",
+                                 "--segments", "64,128", "--dilations", "1,2", "--repeat", "1", "--max-memory", "2GiB",
+                                 "--out", str(out)], capsys)
+    assert code == 0, err
+    rows = read_rows(out)
+    assert [(r.impl, r.target, r.status) for r in rows] == [("ImprovedMultiheadDilatedAttention", target, "ok")], rows
+
+
+def test_old_option_names_still_work_with_one_deprecation_note(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    code, _, err = run_cli(["bench", "--impl", "sdpa", "--seq-lens", "256", *SMALL, "--out", str(out), "--quiet"], capsys)
+    assert code == 0, err
+    assert err.strip().splitlines() == ["dattn: note: --seq-lens is deprecated, use --seq-len"]
+    assert [r.seq_len for r in read_rows(out)] == [256]
 
 
 def test_regression_gate_exit_codes(tmp_path, capsys):
     out = tmp_path / "base.jsonl"
-    args = ["bench", "--impl", "ImprovedDilatedAttention", "--seq-lens", "512", *SMALL]
+    args = ["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "512", *SMALL]
     assert run_cli([*args, "--out", str(out)], capsys)[0] == 0
     faster = tmp_path / "faster.jsonl"  # a baseline 100x faster than this machine: every point regressed
     slower = tmp_path / "slower.jsonl"  # 100x slower: none did, however loaded the machine is
@@ -54,14 +130,15 @@ def test_regression_gate_exit_codes(tmp_path, capsys):
     "args,needle",
     [
         (["bench"], "--impl: give at least one"),
-        (["bench", "--impl", "nope", "--seq-lens", "1k"], "--impl 'nope' is unknown"),
-        (["bench", "--impl", "sdpa", "--seq-lens", "4q"], "--seq-lens: '4q' is not a length"),
-        (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--max-memory", "lots"], "--max-memory: 'lots' is not a size"),
-        (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--until-oom"], "exactly one of --seq-lens and --until-oom"),
-        (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--mode", "bwd"], "--mode 'bwd'"),
-        (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--resume"], "--resume needs --out"),
-        (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--fail-on-regression", "5"], "go together"),
-        (["bench", "--impl", "sdpa", "--seq-lens", "1k", "--segments", "8,x"], "--segments"),
+        (["bench", "--impl", "nope", "--seq-len", "1k"], "--impl 'nope' is unknown"),
+        (["bench", "--impl", "sdpa", "--seq-len", "4q"], "--seq-len: '4q' is not a length"),
+        (["bench", "--impl", "sdpa", "--seq-len", "1k", "--max-memory", "lots"], "--max-memory: 'lots' is not a size"),
+        (["bench", "--impl", "sdpa", "--seq-len", "1k", "--until-oom"], "exactly one of --seq-len and --until-oom"),
+        (["bench", "--impl", "sdpa", "--seq-len", "1k", "--mode", "bwd"], "--mode 'bwd'"),
+        (["bench", "--impl", "sdpa", "--seq-len", "1k", "--resume"], "--resume needs --out"),
+        (["bench", "--impl", "sdpa", "--seq-len", "1k", "--fail-on-regression", "5"], "go together"),
+        (["bench", "--impl", "sdpa", "--seq-len", "1k", "--segments", "8,x"], "--segments"),
+        (["bench", "--impl", "flash", "--seq-len", "1k"], "--impl flash cannot run with --device cpu"),
         (["profile", "--mode", "both"], "--mode 'both'"),
         (["profile", "--impl", "sdpa"], "--impl sdpa is a baseline, with no pattern cache or memory pool to profile"),
     ],
@@ -83,7 +160,7 @@ def test_profile_cli(tmp_path, capsys):
 def test_sigkill_then_resume_gives_the_same_rows_none_twice(tmp_path):
     out = tmp_path / "r.jsonl"
     lengths = ",".join(str(256 * i) for i in range(1, 13))
-    cmd = [sys.executable, "-m", "dattn_cli.cli", "bench", "--impl", "ImprovedDilatedAttention", "--seq-lens", lengths,
+    cmd = [sys.executable, "-m", "dattn_cli.cli", "bench", "--impl", "ImprovedDilatedAttention", "--seq-len", lengths,
            *SMALL, "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
@@ -101,12 +178,12 @@ def test_sigkill_then_resume_gives_the_same_rows_none_twice(tmp_path):
     assert [r.model_dump() for r in after[: len(before)]] == [r.model_dump() for r in before]
 
 
-def test_bench_nproc_measures_ranks_and_counts_bytes(tmp_path, capsys):
+def test_bench_world_size_measures_ranks_and_counts_bytes(tmp_path, capsys):
     from dattn_cli.kernels.distributed.sequence_parallel import comm_volume
 
     out = tmp_path / "d.jsonl"
     code, stdout, err = run_cli(["bench", "--impl", "RingDilatedAttention", "--impl", "DistributedImprovedDilatedAttention",
-                                 "--nproc", "2", "--seq-lens", "256,384", "--mode", "fwdbwd", "--heads", "2", "--head-dim",
+                                 "--world-size", "2", "--seq-len", "256,384", "--mode", "fwdbwd", "--heads", "2", "--head-dim",
                                  "16", "--segments", "64,256", "--dilations", "1,2", "--repeat", "1", "--out", str(out)],
                                 capsys)
     assert code == 0, err
@@ -122,6 +199,6 @@ def test_bench_nproc_measures_ranks_and_counts_bytes(tmp_path, capsys):
     assert all(r.status == "skipped" and "neither divides nor is a multiple" in r.reason for r in skipped)
 
 
-def test_bench_nproc_refuses_single_device_impls(capsys):
-    code, _, err = run_cli(["bench", "--impl", "sdpa", "--nproc", "2", "--seq-lens", "256"], capsys)
-    assert code == 2 and "--nproc 2 runs distributed implementations only" in err
+def test_bench_world_size_refuses_single_device_impls(capsys):
+    code, _, err = run_cli(["bench", "--impl", "sdpa", "--world-size", "2", "--seq-len", "256"], capsys)
+    assert code == 2 and "--world-size 2 runs distributed implementations only" in err

@@ -28,7 +28,7 @@ def test_verify_pattern_option_selects_patterns(capsys):
 
 def test_bench_density_sweep_rows_and_density_plot(tmp_path, capsys):
     out, plot = tmp_path / "r.jsonl", tmp_path / "d.png"
-    code, stdout, err = run_cli(["bench", "--impl", IMPL, "--impl", "sdpa", "--seq-lens", "1k", "--heads", "2",
+    code, stdout, err = run_cli(["bench", "--impl", IMPL, "--impl", "sdpa", "--seq-len", "1k", "--heads", "2",
                                  "--head-dim", "16", "--repeat", "2", "--pattern", "local", "--block-size", "64",
                                  "--density", "0.1,0.3", "--out", str(out), "--plot", str(plot)], capsys)
     assert code == 0, err
@@ -49,7 +49,7 @@ def test_bad_pattern_options_are_one_line_exit_2(capsys):
         (["--executor", "fast"], "executor"),
         (["--pattern", "dilated", "--window", "2"], "takes no window"),
     ):
-        code, _, err = run_cli(["bench", "--impl", IMPL, "--seq-lens", "1k", *args], capsys)
+        code, _, err = run_cli(["bench", "--impl", IMPL, "--seq-len", "1k", *args], capsys)
         assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.markup import escape
 from rich.table import Table
 
 from .common import size
@@ -23,41 +24,68 @@ def _title(rows: list) -> str:
     return title
 
 
-def _cells(r, patterned: bool, distributed: bool) -> list[str]:
-    pattern_cells = [r.pattern or "-", f"{r.element_density:.3f}" if r.element_density is not None else "-"]
+def _cells(r, ratio: float | None, columns: tuple[bool, bool, bool]) -> list[str]:
+    patterned, distributed, ratioed = columns
+    pattern_cells = [escape(r.pattern or "-"), f"{r.element_density:.3f}" if r.element_density is not None else "-"]
     cells = [
-        r.impl, *(pattern_cells if patterned else []), str(r.seq_len),
+        r.impl, *(pattern_cells if patterned else []), f"{r.seq_len:,}",
         f"{r.time_ms:.1f}" if r.time_ms is not None else "-",
+        *([f"{ratio:.2f}" if ratio is not None else "-"] if ratioed else []),
         f"{r.tokens_per_s:,.0f}" if r.tokens_per_s is not None else "-",
         f"{r.tflops:.3f}" if r.tflops is not None else "-",
         size(r.peak_mem_bytes),
     ]
     if distributed:
         cells += [size(r.comm_bytes_sent), size(r.comm_bytes_received)]
-    status = "[green]ok[/]" if r.status == "ok" else f"[yellow]{r.status}[/] {r.reason or ''} {r.error or ''}".strip()
+    status = "[green]ok[/]" if r.status == "ok" else f"[yellow]{r.status}[/] " + escape(f"{r.reason or ''} {r.error or ''}".strip())
     return [*cells, status]
 
 
 def bench_table(result: SweepResult) -> Table:
+    """One row per point; time also as a ratio to the first dense baseline of the sweep ("x sdpa") at the
+    same N; then one row per measured line saying how far it got and what stopped it."""
+    from ...bench.summary import time_ratios
+
     rows = result.rows
-    distributed = any(r.world_size > 1 for r in rows)
-    patterned = any(r.pattern for r in rows)
+    base, ratios = time_ratios(rows)
+    shape = (any(r.pattern for r in rows), any(r.world_size > 1 for r in rows), base is not None)
+    patterned, distributed, _ = shape
     table = Table(title=_title(rows))
-    columns = (["impl"] + (["pattern", "density"] if patterned else []) + ["N", "time ms", "tokens/s", "TFLOP/s", "peak mem"]
-               + (["sent/call", "recv/call"] if distributed else []) + ["status"])
+    columns = (["impl"] + (["pattern", "density"] if patterned else []) + ["N", "time ms"] + ([f"x {base}"] if base else [])
+               + ["tokens/s", "TFLOP/s", "peak mem"] + (["sent/call", "recv/call"] if distributed else []) + ["status"])
     for col in columns:
         if col == "impl":
             table.add_column(col, overflow="fold")
         else:
             table.add_column(col, justify="left" if col == "status" else "right", no_wrap=col != "status")
-    for r in rows:
-        table.add_row(*_cells(r, patterned, distributed))
+    for r, ratio in zip(rows, ratios):
+        table.add_row(*_cells(r, ratio, shape))
     for s in result.summaries:
         table.add_section()
-        blanks = [""] * (len(columns) - 3 - (2 if patterned else 0))
-        lead = [s.impl] + ([s.pattern or "-", ""] if patterned else [])
-        table.add_row(*lead, f"max {s.max_ok_seq_len}" if s.max_ok_seq_len else "none", *blanks, s.limit or "all ok")
+        lead = [s.impl] + ([escape(s.pattern or "-"), ""] if patterned else [])
+        table.add_row(*lead, *[""] * (len(columns) - len(lead) - 1), escape(s.summary))
     return table
+
+
+def scaling_lines(result: SweepResult) -> list[str]:
+    """The fitted exponents per measured line, printed under the table: 'impl: time ~ N^1.02, memory ~ N^1.00'."""
+    fits = {f"{s.impl} {s.pattern}" if s.pattern else s.impl: {"time": s.time_exponent, "memory": s.memory_exponent}
+            for s in result.summaries}
+    lines = exponent_lines(fits)
+    return ["scaling, least-squares fit over the lengths that ran ok:", *[f"  {line}" for line in lines]] if lines else []
+
+
+def point_line(row) -> str:
+    """A measured point as a progress line: 'ImprovedDilatedAttention N=8,192 ok 112 ms'."""
+    what = f" {row.pattern}" if row.pattern else ""
+    text = f"{row.impl}{what} N={row.seq_len:,} {row.status}"
+    if row.status == "ok" and row.time_ms is not None:
+        return f"{text} {_ms(row.time_ms)} ms"
+    return f"{text}: {row.reason}" if row.reason else text
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
 def regression_table(regressions: list[Regression], matched: int, threshold: float) -> Table:
