@@ -39,6 +39,9 @@ def environment_record(cfg: Sweep, command: list[str] | None) -> dict:
             "config": cfg.model_dump()}
 
 
+MEMORY_LIMITS = ("memory", "prediction")  # what until-oom bisects towards
+
+
 class _Sweeper:
     def __init__(self, sweep: Sweep, out: Path | None, resume: bool, on_row, runner: Runner, predict: Predict | None):
         self.sweep, self.out, self.on_row, self.runner, self.predict = sweep, out, on_row, runner, predict
@@ -91,9 +94,10 @@ class _Sweeper:
         return summarize(self.line.impl, best, stop)
 
     def until_oom(self) -> ImplSummary:
-        """Double N from --start-seq-len until a point fails; bisect to 5% only below a memory failure. A point
-        skipped for time or by the memory prediction, or an error, stops the search where it is: none of
-        them is a measured memory limit."""
+        """Double N from --start-seq-len until a point fails; bisect to 5% only below a memory limit: a measured
+        one (oom), or the memory prediction (a point predicted far above the cap, skipped unrun; the summary
+        says the limit was predicted, not measured). A point skipped for time, or an error, stops the search
+        where it is: neither is a memory limit."""
         impl, ok, n = self.line.impl, None, self.sweep.start
         for _ in range(MAX_DOUBLINGS):
             row = self.point(n)
@@ -103,14 +107,14 @@ class _Sweeper:
         else:
             return ImplSummary(impl=impl, max_ok_seq_len=ok, stopped_by="doublings",
                                limit=f"stopped after {MAX_DOUBLINGS} doublings, every length ran ok")
-        if stop_reason(row) != "memory":
+        if stop_reason(row) not in MEMORY_LIMITS:
             return summarize(impl, ok, row)
         oom = row
         while ok is not None and oom.seq_len - ok > BISECT_TOLERANCE * oom.seq_len:
             row = self.point(_round_mid(ok, oom.seq_len))
             if row.status == "ok":
                 ok = row.seq_len
-            elif stop_reason(row) == "memory":
+            elif stop_reason(row) in MEMORY_LIMITS:
                 oom = row
             else:  # e.g. over --max-seconds below the memory limit: report that, and the oom above it
                 return summarize(impl, ok, row, extra=f"; oom at N={oom.seq_len:,}")

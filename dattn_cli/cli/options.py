@@ -128,7 +128,8 @@ FullOption = Annotated[bool, typer.Option("--full/--quick", help="Full case matr
 QuickOption = Annotated[bool, typer.Option(
     "--quick", help="Small CPU sweep: Dilated, Improved and sdpa at 2k-8k (< 60 s).", rich_help_panel=MEASURE)]
 UntilOomOption = Annotated[bool, typer.Option(
-    "--until-oom", help="Double N from --start-seq-len until a point fails, then bisect to 5%.", rich_help_panel=MEASURE)]
+    "--until-oom", help="Double N from --start-seq-len until a point fails, then bisect to 5% below a memory limit "
+    "(measured, or predicted); a --max-seconds skip or an error stops the search there.", rich_help_panel=MEASURE)]
 StartOption = Annotated[str, typer.Option("--start-seq-len", help="First N for --until-oom.", rich_help_panel=MEASURE)]
 WarmupOption = Annotated[int, typer.Option("--warmup", help="Untimed calls before timing.", rich_help_panel=MEASURE)]
 RepeatOption = Annotated[int, typer.Option("--repeat", help="Timed calls per point (median, p10, p90).", rich_help_panel=MEASURE)]

@@ -148,17 +148,18 @@ def test_a_time_skip_stops_the_search_and_is_reported_as_time_not_memory(until_o
     assert summary.summary == "max N 2,048; stopped by --max-seconds at N=4,096, not by memory"
 
 
-def test_a_prediction_skip_stops_the_search_unmeasured_and_is_named():
+def test_a_prediction_skip_is_bisected_towards_and_named_as_predicted():
     cfg = Sweep(impls=["ImprovedDilatedAttention"], until_oom=True, start=1024, **BASE)
     runner = Runner()
 
-    def predict(problem):  # far above the 1 GiB cap from N=8192 on
-        return 2**20 if problem.seq_len < 8192 else 2**32
+    def predict(problem):  # far above the 1 GiB cap above N=6000
+        return 2**20 if problem.seq_len <= 6000 else 2**32
 
     summary = run_sweep(cfg, runner=runner, predict=predict).summaries[0]
-    assert [n for _, n in runner.calls] == [1024, 2048, 4096]  # 8192 skipped unrun, nothing bisected
-    assert (summary.max_ok_seq_len, summary.stopped_by, summary.stopped_at) == (4096, "prediction", 8192)
-    assert summary.limit.startswith("stopped by the predicted memory at N=8,192 (predicted 4.00 GiB, more than 1.25 x")
+    assert all(n <= 6000 for _, n in runner.calls)  # nothing predicted over the cap was run
+    assert summary.stopped_by == "prediction" and summary.max_ok_seq_len <= 6000 < summary.stopped_at
+    assert summary.stopped_at - summary.max_ok_seq_len <= 0.05 * summary.stopped_at  # bisected to 5%
+    assert summary.limit.startswith(f"stopped by the predicted memory at N={summary.stopped_at:,} (predicted 4.00 GiB")
     assert summary.limit.endswith("not measured") and "oom" not in summary.summary
 
 
