@@ -89,9 +89,10 @@ def test_config_file(tmp_path, capsys):
 
 
 def test_env_runs_without_gpu(capsys):
-    code, out, _ = run_cli(["env", "--json"], capsys)
+    code, out, err = run_cli(["env", "--json", "-"], capsys)
     assert code == 0
-    info = json.loads(out)
+    info = json.loads(out)  # JSON alone on stdout; the table went to stderr
+    assert "torch" in err
     assert info["torch_version"] == torch.__version__
     if not torch.cuda.is_available():
         assert info["nvidia_devices"] == [] and ("no NVIDIA device" in info["nvml_status"] or "not installed" in info["nvml_status"])
