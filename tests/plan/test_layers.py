@@ -151,7 +151,7 @@ def test_plan_cli_target_model(tmp_path, capsys):
     (["--target", "model", "--min-devices"], "--min-devices applies to --target attention"),
     (["--target", "layer", "--amp", "fp8"], "--amp"),
     (["--amp", "bf16"], "apply to --target layer or model"),
-    (["--target", "layer", "--devices", "2"], "one device"),
+    (["--target", "layer", "--world-size", "2"], "one device"),
 ])
 def test_plan_cli_target_errors_are_one_line(args, message, capsys):
     code, _, err = run_cli(["plan", *args], capsys)
