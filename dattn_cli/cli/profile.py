@@ -6,11 +6,11 @@ from pathlib import Path
 
 from .options import (DEFAULT_MODE, BatchOption, BlockSizeOption, CausalOption, DensityOption, DeviceOption, DilationsOption,
                       DTypeOption, ExecutorOption, GlobalBlocksOption, HeadDimOption, HeadsOption, ImplOption,
-                      IterationsOption, JsonOption, LevelsOption, ModeOption, PatternOption, SeedOption,
+                      IterationsOption, JsonOption, LevelsOption, ModeOption, PatternOption, QuietOption, SeedOption,
                       SegmentsOption, SemanticsOption, SeqLenOption, ShowPatternOption, TraceOption, WarmupOption,
                       WindowOption)
-from .render.common import machine_output, emit, note, progress, stdout
-from .render.profile import pattern_title, profile_table
+from .render.common import emit, machine_output, note, progress, set_quiet, stdout
+from .render.profile import pattern_title, profile_table, setting_line
 
 
 def _refuse_block_options(impl: str, given: dict[str, object]) -> None:
@@ -44,10 +44,11 @@ def profile(
     density: DensityOption = None, global_blocks: GlobalBlocksOption = 1, levels: LevelsOption = 2,
     executor: ExecutorOption = "auto", show_pattern: ShowPatternOption = None,
     iterations: IterationsOption = 20, warmup: WarmupOption = 2, seed: SeedOption = 0,
-    trace: TraceOption = None, json_out: JsonOption = None,
+    trace: TraceOption = None, json_out: JsonOption = None, quiet: QuietOption = False,
 ) -> None:
     """Pattern-cache and memory-pool hit rates, allocator stats, time and peak memory with caches on vs off."""
     machine_output(json_out)
+    set_quiet(quiet)
     from ..profile import run_profile
     from ..workload import Problem, parse_int_list, parse_seq_lens
 
@@ -61,8 +62,10 @@ def profile(
         global_blocks=global_blocks, levels=levels, executor=executor,
     )
     with progress() as bar:
-        bar.add_task(f"profile {impl}", total=None)
+        task = bar.add_task(f"profile {impl}", total=2)
         report = run_profile(problem, iterations=iterations, warmup=warmup, seed=seed, trace=trace)
+        for setting in (report.caches_on, report.caches_off):  # run_profile reports both settings at its end
+            bar.update(task, advance=1, description=setting_line(report, setting))
     stdout.print(profile_table(report))
     if show_pattern is not None:
         _show_pattern(report, show_pattern)

@@ -1,51 +1,117 @@
-"""`dattn verify`: every implementation against the dense reference, forward and gradients."""
+"""`dattn verify`: every implementation against the dense reference, forward and gradients, on the built-in
+case matrix or on the user's own configuration (any shape or pattern option given)."""
 
 from __future__ import annotations
 
 import sys
+from typing import Annotated, Any, Optional, get_args
 
 import typer
 
-from .options import (BackendsOption, BothOption, CausalFilterOption, DetailsOption, DeviceOption, DistTimeoutOption,
-                      DTypeOption, FullOption, ImplsOption, JsonOption, PatternsOption, SeedOption, SemanticsSetOption,
-                      WorldSizeOption)
-from .render.common import machine_output, emit, note, progress, stdout
-from .render.verify import verify_summary, verify_table, verify_warnings
+from .options import (BackendsOption, BatchOption, BothOption, CausalFilterOption, DetailsOption, DeviceOption,
+                      DilationsOption, DistTimeoutOption, DTypeOption, FullOption, HeadDimOption, HeadsOption,
+                      ImplsOption, JsonOption, PatternsOption, QuietOption, SeedOption, SegmentsOption,
+                      SemanticsSetOption, SeqLenOption, WorldSizeOption)
+from .render.common import emit, machine_output, note, progress, set_quiet, stdout
+from .render.verify import check_line, verify_summary, verify_table, verify_warnings
+
+
+def unset(alias: Any) -> Any:
+    """`alias` (Annotated[type, typer.Option]) taking None for 'not given'."""
+    base, *metadata = get_args(alias)
+    return Annotated[(Optional[base], *metadata)]
+
+
+# Shape and pattern options: not given = the built-in case matrix; any given = that one configuration.
+OwnSeqLen, OwnBatch, OwnHeads, OwnHeadDim = (unset(SeqLenOption), unset(BatchOption), unset(HeadsOption),
+                                             unset(HeadDimOption))
+OwnSegments, OwnDilations = unset(SegmentsOption), unset(DilationsOption)
+OwnSemantics = unset(SemanticsSetOption)  # not given: both on the case matrix, longnet on your configuration
+
+
+def _cases(full: bool, shape: dict[str, Any]) -> tuple[list, bool]:
+    """(the cases to check, whether they are the user's own configuration)."""
+    from ..verify import case_matrix, own_cases
+    from ..workload import parse_int_list, parse_seq_lens
+
+    given = {name: value for name, value in shape.items() if value is not None}
+    if not given:
+        return case_matrix(full), False
+    if full:
+        raise ValueError("--full checks the built-in case matrix; drop it to check your configuration "
+                         f"({', '.join('--' + n.replace('_', '-') for n in given)})")
+    return own_cases(
+        parse_seq_lens(shape["seq_len"]) if shape["seq_len"] is not None else None,
+        batch=shape["batch"], heads=shape["heads"], head_dim=shape["head_dim"],
+        segment_lengths=parse_int_list(shape["segments"], "--segments") if shape["segments"] is not None else None,
+        dilation_rates=parse_int_list(shape["dilations"], "--dilations") if shape["dilations"] is not None else None,
+    ), True
+
+
+def _axes(own: bool, semantics: str | None, causal: bool | None, both: bool) -> dict[str, list]:
+    """Semantics and causal flags to check: as given; else both ways on the case matrix, and your configuration
+    as the other commands default it (longnet, non-causal)."""
+    if both and causal is not None:
+        raise ValueError("--both conflicts with --causal/--no-causal: give one of them")
+    semantics = semantics or ("longnet" if own else "both")
+    return dict(semantics=["longnet", "head_groups"] if semantics == "both" else [semantics],
+                causal=[causal] if causal is not None else [False] if own and not both else [False, True])
+
+
+def _note_slow_reference(cases: list, device: str) -> None:
+    from ..verify import SLOW_REFERENCE_SCORES, reference_scores
+
+    scores = max(reference_scores(case) for case in cases)
+    if scores > SLOW_REFERENCE_SCORES and not device.startswith("cuda"):
+        note(f"note: each check computes a dense float64 reference of B x H x N^2 = {scores:.1e} scores, with "
+             "gradients: expect minutes per check on a CPU (--impl checks fewer implementations)")
 
 
 def verify(
     impl: ImplsOption = None, backend: BackendsOption = None, device: DeviceOption = "cpu",
     dtype: DTypeOption = "float32",
-    semantics: SemanticsSetOption = "both", causal: CausalFilterOption = None, both: BothOption = False,
+    seq_len: OwnSeqLen = None, batch: OwnBatch = None, heads: OwnHeads = None, head_dim: OwnHeadDim = None,
+    segments: OwnSegments = None, dilations: OwnDilations = None,
+    semantics: OwnSemantics = None, causal: CausalFilterOption = None, both: BothOption = False,
     pattern: PatternsOption = None,
     full: FullOption = False, seed: SeedOption = 0,
     world_size: WorldSizeOption = "1", dist_timeout: DistTimeoutOption = 120.0,
-    json_out: JsonOption = None, details: DetailsOption = False,
+    json_out: JsonOption = None, details: DetailsOption = False, quiet: QuietOption = False,
 ) -> None:
     """Equivalence of every implementation against the dense reference, forward and gradients.
+
+    Default: the built-in case matrix (--quick, or --full).
+
+    Your configuration: any of --seq-len --batch --heads --head-dim --segments --dilations checks that one.
+
+    Unset there: N 4k, batch 1, 8 heads, head dim 64, segments 2048,4096,8192, dilations 1,2,4, longnet, non-causal.
+
+    --semantics both and --both check it both ways; block-sparse implementations use the patterns built from it.
 
     Default --impl: every single-device implementation, or every distributed one with --world-size > 1.
     """
     machine_output(json_out)
+    set_quiet(quiet)
     from ..runtime.envinfo import collect_environment
-    from ..verify import case_matrix, run_verify
+    from ..verify import OWN_PATTERNS, collect_checks, run_checks
     from ..workload import parse_int_list
 
-    if both and causal is not None:
-        raise ValueError("--both conflicts with --causal/--no-causal: give one of them")
-    options = dict(
-        world_sizes=parse_int_list(world_size, "--world-size"), dist_timeout_s=dist_timeout, full=full, dtype=dtype,
-        semantics=["longnet", "head_groups"] if semantics == "both" else [semantics],
-        causal=[False, True] if causal is None else [causal], backends=backend, device=device, seed=seed,
-        cases=case_matrix(full), **({"patterns": pattern} if pattern else {}),
+    cases, own = _cases(full, dict(seq_len=seq_len, batch=batch, heads=heads, head_dim=head_dim, segments=segments,
+                                   dilations=dilations))
+    checks = collect_checks(
+        impl, world_sizes=parse_int_list(world_size, "--world-size"), dist_timeout_s=dist_timeout, dtype=dtype,
+        **_axes(own, semantics, causal, both), backends=backend, device=device, seed=seed, cases=cases,
+        **({"patterns": pattern} if pattern else {"patterns": OWN_PATTERNS} if own else {}),
     )
+    if own:
+        _note_slow_reference(cases, device)
     with progress() as bar:
-        task = bar.add_task("verify", total=None)
-        report = run_verify(impl, on_result=lambda r: bar.advance(task), **options)
+        task = bar.add_task("verify", total=checks.total)
+        report = run_checks(checks, on_result=lambda r: bar.update(task, advance=1, description=check_line(r)))
     stdout.print(verify_table(report, details))
-    for line in verify_warnings(report, details):
+    for line in verify_warnings(report, details, own):
         note(f"[yellow]{line}[/]")
-    stdout.print(verify_summary(report))
+    stdout.print(verify_summary(report, own))
     if json_out is not None:
         report.environment = {**collect_environment().model_dump(), "command": ["dattn", *sys.argv[1:]]}
         emit(json_out, report.model_dump_json(indent=1))

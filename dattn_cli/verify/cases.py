@@ -1,13 +1,14 @@
 """The verification case matrix: small named Problems chosen for the awkward corners of docs/semantics.md.
 
 A case fixes the shape and the dilated pattern; each check sets the implementation, semantics, causal
-flag, backend and (block-sparse entries) the block pattern on a copy of it."""
+flag, backend and (block-sparse entries) the block pattern on a copy of it. `dattn verify --seq-len ...`
+checks the user's own configuration instead: one case named OWN_CASE."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kernels.block_sparse.patterns import USES_WINDOW
+from ..kernels.block_sparse.patterns import USES_SEGMENTS, USES_WINDOW
 from ..kernels.registry import REGISTRY
 from ..workload.problem import Problem
 
@@ -47,6 +48,27 @@ FULL = QUICK + [
 
 def case_matrix(full: bool = False) -> list[Case]:
     return list(FULL if full else QUICK)
+
+
+OWN_CASE = "your configuration"
+OWN_DEFAULTS = dict(seq_len=4096)  # unset shape options: Problem's defaults, but N 4k (a quick dense reference)
+OWN_PATTERNS = USES_SEGMENTS  # block-sparse checks of the user's configuration: the patterns built from it
+SLOW_REFERENCE_SCORES = 1 << 27  # B x H x N^2 beyond which a note says each check takes a while on a CPU
+
+
+def own_cases(seq_lens: list[int] | None = None, **shape) -> list[Case]:
+    """The user's own configuration as the one case to check (one per length when several are given);
+    `shape`: batch, heads, head_dim, segment_lengths, dilation_rates (None: Problem's defaults)."""
+    fields = {k: v for k, v in shape.items() if v is not None}
+    seq_lens = seq_lens or [OWN_DEFAULTS["seq_len"]]
+    named = [(OWN_CASE if len(seq_lens) == 1 else f"{OWN_CASE}, N={n:,}", n) for n in seq_lens]
+    return [Case(name, Problem(seq_len=n, **fields)) for name, n in named]
+
+
+def reference_scores(case: Case) -> int:
+    """Scores the dense float64 reference of one check of `case` computes: B x H x N^2."""
+    p = case.problem
+    return p.batch * p.heads * p.seq_len**2
 
 
 VERIFY_BLOCK_SIZE = 8  # small blocks, so the quick cases hold several, a ragged last one included

@@ -9,19 +9,16 @@ caller draw the same inputs and weights.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from ..kernels.registry import REGISTRY
 from ..runtime.launch import run_distributed
 from ..workload.build import build_module
 from ..workload.problem import Problem
-from .cases import Case, for_impl
 from .compare import DTYPES, Reference, errors_against
 from .outputs import CORE_KEYS, ReferenceCore, core_outputs, draw_inputs, multihead_outputs
 from .report import CaseResult, case_result
-from .variants import Grid
+from .variants import Variant
 from .weights import seeded_multihead
 
 
@@ -70,24 +67,9 @@ def reference_of(p: Problem, seed: int) -> Reference:
     return reference
 
 
-def shardable(impl: str, world: int, cases: list[Case], skipped: list[str]) -> list[Case]:
-    """The cases the registry's shard rule lets `world` ranks split for `impl`; the others, with the
-    reason, go to `skipped`."""
-    kept = []
-    for case in cases:
-        problem = for_impl(case.problem, impl)
-        reason = problem.spec.shard_rule(problem, world)
-        if reason:
-            skipped.append(f"{impl} p={world}, case '{case.name}': {reason}")
-        else:
-            kept.append(case)
-    return kept
-
-
-def verify_distributed(impl: str, world: int, cases: list[Case], grid: Grid, seed: int, timeout_s: float,
-                       skipped: list[str]) -> list[CaseResult]:
-    """One process group per (implementation, world size) runs every shardable check (on the CPU)."""
-    checks = list(replace(grid, device="cpu").variants(shardable(impl, world, cases, skipped), impl, world_size=world))
+def verify_group(impl: str, world: int, checks: list[Variant], dtype: str, seed: int,
+                 timeout_s: float) -> list[CaseResult]:
+    """One process group of `world` ranks runs `checks`, the (CPU) checks of `impl`."""
     if not checks:
         return []
     jobs = [(v.problem.model_dump(), seed * 1000 + j) for j, v in enumerate(checks)]
@@ -96,7 +78,7 @@ def verify_distributed(impl: str, world: int, cases: list[Case], grid: Grid, see
     except Exception as exc:  # the whole group failed: every check of it is a failure, reported
         return [case_result(v, failure=str(exc)) for v in checks]
     multihead = REGISTRY[impl].kind == "multihead"
-    dtype = DTYPES[grid.dtype]
-    return [case_result(v, errors_against(combine(multihead, per_rank, j), reference_of(v.problem, job_seed), dtype),
+    return [case_result(v, errors_against(combine(multihead, per_rank, j), reference_of(v.problem, job_seed),
+                                          DTYPES[dtype]),
                         comm=[r[j]["comm"] for r in per_rank])
             for j, (v, (_, job_seed)) in enumerate(zip(checks, jobs))]

@@ -41,7 +41,7 @@ class VerifyReport(BaseModel):
     results: list[CaseResult]
     passed: bool
     seed: int
-    skipped: list[str] = []  # distributed cases a world size cannot shard, and why
+    skipped: list[str] = []  # what was not checked, and why (device, semantics, shard rules, refused cases)
     environment: dict | None = None  # filled by the CLI: versions, devices, command line
 
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -10,14 +10,23 @@ from ..kernels.backends import available_backends
 from ..kernels.block_sparse.patterns import PATTERNS
 from ..kernels.registry import REGISTRY, names
 from .cases import Case, case_matrix
+from .checks import Checks, group_checks, impl_checks, semantics_skips, unavailable_here
 from .compare import DTYPES
-from .distributed import verify_distributed
+from .distributed import verify_group
 from .report import CaseResult, VerifyReport
 from .single import check_one
 from .variants import Grid
 
 
-def run_verify(
+def run_verify(impls: Iterable[str] | None = None, *, on_result: Callable[[CaseResult], None] | None = None,
+               **options: Any) -> VerifyReport:
+    """Check each implementation x case x semantics x causal x backend (x block pattern) against the
+    reference; distributed implementations with world_sizes other than [1] run in process groups.
+    `options` are collect_checks's."""
+    return run_checks(collect_checks(impls, **options), on_result)
+
+
+def collect_checks(
     impls: Iterable[str] | None = None,
     *,
     world_sizes: Iterable[int] = (1,),
@@ -31,46 +40,72 @@ def run_verify(
     seed: int = 0,
     cases: list[Case] | None = None,
     patterns: Iterable[str] = PATTERNS,
-    on_result: Callable[[CaseResult], None] | None = None,
-) -> VerifyReport:
-    """Check each implementation x case x semantics x causal x backend (x block pattern) against the
-    reference; distributed implementations with world_sizes other than [1] run in process groups."""
+) -> Checks:
+    """Every check of a run, and what is skipped with the reason. Default implementations that cannot run
+    here are skipped; requested ones are refused (ValueError), as is a run left with nothing to check."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is unknown: use one of {', '.join(DTYPES)}")
     worlds = sorted(set(world_sizes))
     if any(w < 1 for w in worlds):
         raise ValueError(f"--world-size values must be >= 1, got {worlds}")
     distributed_run = worlds != [1]
-    chosen = _implementations(impls, distributed_run)
+    requested = list(impls or [])
     grid = _grid(dtype, semantics, causal, backends, device, patterns)
-    _check_implementations(chosen)
+    _check_implementations(requested)
     _check_backends(grid.backends, device)
-    gen = torch.Generator().manual_seed(seed)
     checked = cases if cases is not None else case_matrix(full)
+    skipped = semantics_skips(checked, grid.semantics)
+    chosen = _runnable(_implementations(requested, distributed_run), bool(requested), distributed_run, device, skipped)
+    sharded = [n for n in chosen if distributed_run and REGISTRY[n].distributed]
+    groups = [(name, world, group_checks(name, world, checked, grid, skipped)) for name in sharded for world in worlds]
+    single = [v for name in chosen if name not in sharded for v in impl_checks(name, checked, grid, skipped)]
+    checks = Checks(groups=[g for g in groups if g[2]], single=single, skipped=skipped, grid=grid, seed=seed,
+                    dist_timeout_s=dist_timeout_s)
+    if not checks.total:
+        raise ValueError("nothing to check: " + "; ".join(skipped or ["no implementation was chosen"]))
+    return checks
+
+
+def run_checks(checks: Checks, on_result: Callable[[CaseResult], None] | None = None) -> VerifyReport:
+    """Run the collected checks: process groups first, then single-process checks on one shared generator."""
     results: list[CaseResult] = []
-    skipped: list[str] = []
 
     def record(result: CaseResult) -> None:
         results.append(result)
         if on_result:
             on_result(result)
 
-    sharded = [n for n in chosen if distributed_run and REGISTRY[n].distributed]
-    for name in sharded:
-        for world in worlds:
-            for result in verify_distributed(name, world, checked, grid, seed, dist_timeout_s, skipped):
-                record(result)
-    for name in (n for n in chosen if n not in sharded):
-        for variant in grid.variants(checked, name):
-            record(check_one(variant, gen))
-    return VerifyReport(results=results, passed=all(r.passed for r in results), seed=seed, skipped=skipped)
+    for name, world, group in checks.groups:
+        for result in verify_group(name, world, group, checks.grid.dtype, checks.seed, checks.dist_timeout_s):
+            record(result)
+    gen = torch.Generator().manual_seed(checks.seed)
+    for variant in checks.single:
+        record(check_one(variant, gen))
+    return VerifyReport(results=results, passed=all(r.passed for r in results), seed=checks.seed,
+                        skipped=checks.skipped)
 
 
-def _implementations(impls: Iterable[str] | None, distributed_run: bool) -> list[str]:
+def _runnable(chosen: list[str], requested: bool, distributed_run: bool, device: str, skipped: list[str]) -> list[str]:
+    """`chosen` without the implementations that cannot run here: requested ones are refused, defaults skipped
+    (process groups run on the CPU)."""
+    runnable = []
+    for name in chosen:
+        where = "cpu" if distributed_run and REGISTRY[name].distributed else device
+        reason = unavailable_here(name, where)
+        if reason and requested:
+            raise ValueError(f"--impl {name} cannot run here: {reason}")
+        if reason:
+            skipped.append(f"{name}: {reason}")
+        else:
+            runnable.append(name)
+    return runnable
+
+
+def _implementations(impls: list[str], distributed_run: bool) -> list[str]:
     """The requested names, or every registered non-baseline entry that runs single-device (distributed,
     when world sizes other than 1 are asked for)."""
     if impls:
-        return list(impls)
+        return impls
     return names(lambda s: not s.baseline and (s.distributed if distributed_run else s.single_device))
 
 

@@ -142,7 +142,7 @@ def test_plan_cli_target_model(tmp_path, capsys):
     assert "LongNetLM 12 x DilatedTransformerBlock" in stdout and "time per training step" in stdout
     data = json.loads(out.read_text())
     assert data["problem"]["target"] == "model" and data["memory"]["phase"]
-    code, stdout, _ = run_cli(["plan", "--target", "layer", "--seq-len", "16k", "--max-seq", "--memory", "1GiB"], capsys)
+    code, stdout, _ = run_cli(["plan", "--target", "layer", "--seq-len", "16k", "--max-seq", "--max-memory", "1GiB"], capsys)
     assert code == 0 and "largest N that fits" in stdout
 
 

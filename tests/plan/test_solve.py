@@ -58,13 +58,25 @@ def test_head_parallel_volume_by_hand():
 def test_plan_cli_json_and_infeasible_exit(tmp_path, capsys):
     out = tmp_path / "p.json"
     code, stdout, _ = run_cli(["plan", "--impl", "RingDilatedAttention", "--profile", "h100-sxm-80gb", "--seq-len", "1m",
-                               "--devices", "4", "--dtype", "bfloat16", "--json", str(out)], capsys)
+                               "--world-size", "4", "--dtype", "bfloat16", "--json", str(out)], capsys)
     assert code == 0 and "peak memory" in stdout and "time per call" in stdout
     data = json.loads(out.read_text())
     assert data["feasible"] and data["memory"]["total"] == sum(data["memory"]["items"].values())
     code, _, _ = run_cli(["plan", "--impl", "sdpa", "--profile", "gtx-1080", "--seq-len", "1m", "--dtype", "float16",
                           "--fail-if-infeasible"], capsys)
     assert code == 1
+
+
+def test_plan_old_option_names_still_work_with_a_note(tmp_path, capsys):
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    args = ["plan", "--impl", "RingDilatedAttention", "--seq-len", "256k"]
+    code, _, err = run_cli([*args, "--world-size", "4", "--max-memory", "8GiB", "--json", str(new)], capsys)
+    assert code == 0 and "deprecated" not in err
+    code, _, err = run_cli([*args, "--devices", "4", "--memory", "8GiB", "--json", str(old)], capsys)
+    assert code == 0
+    assert "--devices is deprecated, use --world-size" in err and "--memory is deprecated, use --max-memory" in err
+    assert json.loads(old.read_text()) == json.loads(new.read_text())
+    assert json.loads(new.read_text())["devices"] == 4
 
 
 def test_check_and_calibrate_on_a_small_report(tmp_path, capsys):

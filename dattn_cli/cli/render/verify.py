@@ -9,7 +9,7 @@ from rich.table import Table
 from .common import fmt_error
 
 if TYPE_CHECKING:
-    from ...verify import VerifyReport
+    from ...verify import CaseResult, VerifyReport
 
 
 def _label(impl: str, world: int) -> str:
@@ -56,24 +56,48 @@ def _verify_cases(report: VerifyReport, details: bool) -> Table:
     return table
 
 
-def verify_warnings(report: VerifyReport, details: bool = False) -> list[str]:
-    seen = {}
-    for r in report.results:
-        if r.uncovered_fraction > 0:
-            seen[(r.case, r.semantics)] = r.uncovered_fraction
-    lines = [f"warning: case '{c}' ({s}): {f:.0%} of (position, head) rows are kept by no pair and output 0"
-             for (c, s), f in seen.items()]
-    if details:
+def check_line(r: CaseResult) -> str:
+    """One finished check, for progress: "ImprovedDilatedAttention 'ragged N' longnet causal ok"."""
+    parts = [_label(r.impl, r.world_size), f"'{r.case}'", r.semantics, *([f"pattern {r.pattern}"] if r.pattern else []),
+             "causal" if r.causal else "non-causal", *([r.backend] if r.backend != "auto" else [])]
+    return " ".join(parts) + (" ok" if r.passed else " FAILED")
+
+
+def verify_warnings(report: VerifyReport, details: bool = False, own: bool = False) -> list[str]:
+    """Rows that output 0 and what was skipped: in full for the user's own configuration (or --details);
+    the built-in matrix's deliberate corner cases stay in the JSON report, with a one-line count of skips."""
+    lines = _uncovered(report) if own or details else []
+    if own or details:
         lines += [f"skipped: {reason}" for reason in report.skipped]
     elif report.skipped:
-        lines.append(f"note: {len(report.skipped)} (implementation, world size, case) combinations cannot be sharded "
-                     "and were skipped (--details lists them with the reason)")
+        lines.append(f"note: {len(report.skipped)} combinations of implementation, world size and case were "
+                     "skipped (--details lists them with the reason)")
     return lines
 
 
-def verify_summary(report: VerifyReport) -> str:
+def _uncovered(report: VerifyReport) -> list[str]:
+    seen: dict[tuple[str, str, str | None], float] = {}
+    for r in report.results:
+        if r.uncovered_fraction > 0:
+            seen[(r.case, r.semantics, r.pattern)] = r.uncovered_fraction
+    return [f"warning: case '{c}' ({s}{', pattern ' + p if p else ''}): {f:.0%} of (position, head) rows are kept "
+            "by no pair and output 0 (docs/semantics.md)" for (c, s, p), f in seen.items()]
+
+
+def verify_summary(report: VerifyReport, own: bool = False) -> str:
     n, bad = len(report.results), len(report.failures)
+    what = f"{n} check{'' if n == 1 else 's'}" + (f" of {_configuration(report)}" if own and report.results else "")
     if not bad:
-        return f"[green]verify passed[/]: {n} checks, seed {report.seed}"
+        return f"[green]verify passed[/]: {what}, seed {report.seed}"
     names = sorted({f"{r.impl} ({r.case}, {r.semantics}, causal={r.causal})" for r in report.failures})
-    return f"[red]verify FAILED[/]: {bad} of {n} checks; " + "; ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+    return f"[red]verify FAILED[/]: {bad} of {what}; " + "; ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+
+
+def _configuration(report: VerifyReport) -> str:
+    """The user's configuration as checked: shape and pattern, semantics, causal."""
+    shapes = dict.fromkeys((r.batch, r.seq_len, r.heads, r.head_dim, tuple(r.segment_lengths), tuple(r.dilation_rates))
+                           for r in report.results)
+    semantics = " and ".join(dict.fromkeys(r.semantics for r in report.results))
+    causal = " and ".join(dict.fromkeys("causal" if r.causal else "non-causal" for r in report.results))
+    return "; ".join(f"B={b} N={n:,} H={h} D={d}, segments {','.join(map(str, w))}, dilations {','.join(map(str, r))}"
+                     for b, n, h, d, w, r in shapes) + f", {semantics}, {causal}"
