@@ -20,6 +20,6 @@ case $stage in
   model) python3 benchmarks/layer_claims.py --device cuda --skip-block --model-out "$OUT/model_until_oom_cuda.jsonl" "$@" 2>&1 | tee -a "$OUT/model.log" ;;
   block) python3 benchmarks/layer_claims.py --device cuda --skip-model --block-out "$OUT/layer_cuda.jsonl" "$@" 2>&1 | tee -a "$OUT/block.log" ;;
   attention) dattn bench --device cuda --dtype bfloat16 --mode fwdbwd --causal --impl ImprovedDilatedAttention --impl sdpa \
-        --until-oom --start 16k --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16 --out "$OUT/attention_until_oom_cuda.jsonl" "$@" 2>&1 | tee -a "$OUT/attention.log" ;;
+        --until-oom --start-seq-len 16k --segments 2048,4096,8192,16384,32768 --dilations 1,2,4,8,16 --out "$OUT/attention_until_oom_cuda.jsonl" "$@" 2>&1 | tee -a "$OUT/attention.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

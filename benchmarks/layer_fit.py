@@ -1,6 +1,10 @@
 """Fit the CPU-only terms of the layer memory model (plan/layers.py: CPU_RUNTIME_MIB).
 
-    python benchmarks/layer_fit.py [--out benchmarks/layer_fit_cpu.jsonl]
+    python benchmarks/layer_fit.py [--out FILE.jsonl [--resume]]
+    python benchmarks/layer_fit.py --out benchmarks/layer_fit_cpu.jsonl --resume   # refit the shipped rows
+
+Each run measures afresh into a new results/layer_fit_cpu-<time>.jsonl unless --out names the report;
+--resume continues that report, measuring only the points it lacks.
 
 Measures a small E=256 block and a 2-layer LongNetLM (vocabulary 8,192) with every option (plain,
 checkpointing, bf16 autocast, both; forward+backward, plus forward-only rows) and fits, by least squares,
@@ -20,7 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dattn_cli.bench import Sweep, run_sweep
+from _reports import Report, add_resume_option, report_path, script_command
+
+from dattn_cli.bench import Sweep
 from dattn_cli.plan import predicted_peak_bytes
 from dattn_cli.plan.layers import layer_memory
 from dattn_cli.plan.memory import framework_bytes
@@ -61,16 +67,18 @@ def residual_terms(row, profile) -> tuple[list[float], float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/layer_fit_cpu.jsonl"))
+    parser.add_argument("--out", type=Path, default=None, help="JSONL report (default: a new results/layer_fit_cpu-<time>.jsonl)")
+    add_resume_option(parser)
     args = parser.parse_args()
-    command = ["python", "benchmarks/layer_fit.py", "--out", str(args.out)]
+    out = report_path(parser, args.out, args.resume, "layer_fit_cpu")
+    report = Report(parser, out, args.resume, script_command())
     for cfg in configs():
-        run_sweep(cfg, out=args.out, resume=True, command=command,
-                  on_row=lambda r: print(f"  {r.target} {r.mode} ckpt={r.checkpointing} amp={r.amp} N={r.seq_len}: {r.status}",
-                                         flush=True),
-                  predict=predicted_peak_bytes)
+        report.sweep(cfg, on_row=lambda r: print(f"  {r.target} {r.mode} ckpt={r.checkpointing} amp={r.amp} N={r.seq_len}: "
+                                                 f"{r.status}", flush=True),
+                     predict=predicted_peak_bytes)
     profile = load_profile("cpu-host")
-    rows = [r for r in read_rows(args.out) if r.status == "ok"]
+    rows = [r for r in read_rows(out) if r.status == "ok"]
+    print(f"rows: {out}")
     design, target, measured = map(np.array, zip(*(residual_terms(r, profile) for r in rows)))
     for columns, label in ((slice(0, 4), "runtime terms (the model)"), (slice(0, 5), "runtime terms + scratch")):
         coef, *_ = np.linalg.lstsq(design[:, columns], target, rcond=None)

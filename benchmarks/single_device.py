@@ -15,6 +15,9 @@ time an implementation built on that kernel cannot go below.
 
     python benchmarks/single_device.py                 # the targets: fwd N=32768, fwd+bwd N=16384
     python benchmarks/single_device.py --fwd-n 8192 --fwdbwd-n 4096 --repeat 2   # quick look
+    python benchmarks/single_device.py --fwd-n 1024 --fwdbwd-n 1024 --repeat 1 --no-memory   # seconds: time only
+
+Every run measures afresh (nothing is read from an earlier run); --json FILE also writes the rows.
 """
 
 from __future__ import annotations
@@ -123,6 +126,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--no-memory", action="store_true", help="time only: skip the isolated memory processes")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     import torch
@@ -138,18 +142,19 @@ def main() -> None:
         times = _spawn(_time_worker, IMPLS, mode, n, args.heads, args.head_dim, args.repeat)
         dense = times["sdpa_dense"]
         for impl in IMPLS:
-            peak = _spawn(_memory_worker, impl, mode, n, args.heads, args.head_dim)
+            peak = None if args.no_memory else _spawn(_memory_worker, impl, mode, n, args.heads, args.head_dim)
             ratio = statistics.median(t / d for t, d in zip(times[impl], dense))
             row = {"impl": impl, "mode": mode, "seq_len": n, "median_s": statistics.median(times[impl]),
                    "times_s": times[impl], "ratio_to_dense_sdpa": ratio, "peak_rss_delta_bytes": peak}
             rows.append(row)
-            print(f"  {impl:26s} median {row['median_s']:7.3f} s   / dense SDPA {ratio:6.3f}   "
-                  f"peak RSS +{peak / 2**20:7.1f} MiB", flush=True)
+            memory = "" if peak is None else f"   peak RSS +{peak / 2**20:7.1f} MiB"
+            print(f"  {impl:26s} median {row['median_s']:7.3f} s   / dense SDPA {ratio:6.3f}{memory}", flush=True)
         by = {r["impl"]: r for r in rows if r["mode"] == mode}
         imp, dil = by["ImprovedDilatedAttention"], by["DilatedAttention"]
         per_round = statistics.median(a / b for a, b in zip(imp["times_s"], dil["times_s"]))
-        print(f"  Improved / Dilated: time {per_round:.3f} (median of per-round ratios), "
-              f"peak memory {imp['peak_rss_delta_bytes'] / max(1, dil['peak_rss_delta_bytes']):.3f}; "
+        memory = "" if args.no_memory else \
+            f"peak memory {imp['peak_rss_delta_bytes'] / max(1, dil['peak_rss_delta_bytes']):.3f}; "
+        print(f"  Improved / Dilated: time {per_round:.3f} (median of per-round ratios), {memory}"
               f"Improved / kernel floor: {imp['median_s'] / by['kernel_floor']['median_s']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
