@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -9,7 +10,8 @@ from typing import Callable
 from pydantic import BaseModel
 
 from ..workload.problem import Problem
-from ..workload.records import BenchRow, append_jsonl, pattern_fields, point_key, read_rows, row_fields
+from ..workload.records import BenchRow, pattern_fields, point_key, row_fields, rows_with_settings, settings_mismatch
+from ..workload.reportfile import ReportFile
 from .config import Sweep
 from .summary import PREDICTED, ImplSummary, scaling_exponents, stop_reason, summarize
 from .worker import make_row, run_distributed_point, run_isolated
@@ -42,14 +44,57 @@ def environment_record(cfg: Sweep, command: list[str] | None) -> dict:
 MEMORY_LIMITS = ("memory", "prediction")  # what until-oom bisects towards
 
 
+def measurement_settings(sweep: Sweep) -> dict:
+    """The settings each row records beside its problem; a resumed point must have been measured with them."""
+    if sweep.world_size > 1:  # as bench.worker.measure_rank sets them
+        threads = max(1, (os.cpu_count() or 1) // sweep.world_size)
+    else:
+        import torch
+
+        threads = torch.get_num_threads()  # the forkserver's workers inherit this process's environment
+    return {"repeat": sweep.repeat, "warmup": sweep.warmup, "max_memory": sweep.max_memory,
+            "max_seconds": sweep.max_seconds, "seed": sweep.seed, "threads": threads}
+
+
+def _would_measure(sweep: Sweep, row: BenchRow) -> bool:
+    """Is `row`'s point one this sweep measures (same problem; a length it sweeps)?"""
+    if not sweep.until_oom and row.seq_len not in sweep.seq_lens:
+        return False
+    for line in sweep.variants(row.impl) if row.impl in sweep.impls else []:
+        try:
+            if point_key(row_fields(line.with_(seq_len=row.seq_len))) == row.key():
+                return True
+        except ValueError:  # a length this line cannot take
+            continue
+    return False
+
+
+def _start_report(report: ReportFile, sweep: Sweep, resume: bool, command: list[str] | None) -> dict[tuple, BenchRow]:
+    """Read what `report` holds, refuse what cannot be continued, repair a cut-off last line, append this run's
+    environment record; the points already measured (resume) by key."""
+    rows = rows_with_settings(report.path)
+    report.points = len(rows)
+    if rows and not resume:
+        raise ValueError(f"--out {report.path} already holds rows: pass --resume to continue it, or choose a new file")
+    settings = measurement_settings(sweep)
+    for number, row in rows:
+        if (differs := settings_mismatch(row, settings)) and _would_measure(sweep, row):
+            raise ValueError(f"--resume: {report.path}:{number} ({row.impl} N={row.seq_len:,}) was measured with "
+                             f"{differs}: resume with the report's settings, or write a new --out")
+    if note := report.repair_tail():
+        print(f"dattn: note: {note}", file=sys.stderr)
+    report.append(environment_record(sweep, command))
+    return {row.key(): row for _, row in rows}
+
+
 class _Sweeper:
-    def __init__(self, sweep: Sweep, out: Path | None, resume: bool, on_row, runner: Runner, predict: Predict | None):
-        self.sweep, self.out, self.on_row, self.runner, self.predict = sweep, out, on_row, runner, predict
+    def __init__(self, sweep: Sweep, report: ReportFile | None, done: dict[tuple, BenchRow], on_row, runner: Runner,
+                 predict: Predict | None):
+        self.sweep, self.report, self.on_row, self.runner, self.predict = sweep, report, on_row, runner, predict
         self.line: Problem | None = None  # the problem of the line being measured (impl, density)
         self.rows: list[BenchRow] = []
-        self.done: dict[tuple, BenchRow] = {}
-        if out is not None and resume:
-            self.done = {r.key(): r for r in read_rows(out)}
+        self.done = done
+        self.settings = measurement_settings(sweep)
 
     def point(self, n: int, blocked: str | None = None) -> BenchRow:
         problem = self.line.with_(seq_len=n)
@@ -59,9 +104,9 @@ class _Sweeper:
             self.rows.append(row)
             return row
         predicted = self.predict(problem) if self.predict else None
-        row = make_row(problem, self._result(problem, predicted, blocked), predicted)
-        if self.out is not None:
-            append_jsonl(self.out, row.model_dump())
+        row = make_row(problem, self._result(problem, predicted, blocked), predicted).model_copy(update=self.settings)
+        if self.report is not None:
+            self.report.append(row.model_dump())
         self.rows.append(row)
         self.done[key] = row
         if self.on_row:
@@ -138,19 +183,32 @@ def run_sweep(
     on_row: Callable[[BenchRow], None] | None = None,
     runner: Runner | None = None,
     predict: Predict | None = None,
+    on_report: Callable[[ReportFile], None] | None = None,
 ) -> SweepResult:
     """Measure every implementation over the configured lengths; rows go to `out` as they come.
     `predict(problem)`: predicted peak bytes for the row (the planner's, passed in by the caller); points
-    predicted above 1.25 x --max-memory are skipped unrun on CPU."""
-    if out is not None:
-        out = Path(out)
-        if out.exists() and not resume and read_rows(out):
-            raise ValueError(f"--out {out} already holds rows: pass --resume to continue it, or choose a new file")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        append_jsonl(out, environment_record(sweep, command))
+    predicted above 1.25 x --max-memory are skipped unrun on CPU.
+
+    `out` is checked and locked before anything is measured (ValueError: not a writable regular file, or
+    being written by another process); `resume` continues it (points measured with other settings are
+    refused, naming the setting). A failed write raises workload.reportfile.ReportWriteError, the rows before
+    it intact. `on_report(report)` is called once the report is open: its `path` and `points` (point rows
+    now in it) stay current while the sweep runs, e.g. for a message after an interrupt."""
     if runner is None:
         runner = run_distributed_point if sweep.world_size > 1 else run_isolated
-    sweeper = _Sweeper(sweep, out, resume, on_row, runner, predict)
+    report = ReportFile(out) if out is not None else None
+    try:
+        done = _start_report(report, sweep, resume, command) if report is not None else {}
+        if on_report is not None and report is not None:
+            on_report(report)
+        return _measure(_Sweeper(sweep, report, done, on_row, runner, predict))
+    finally:
+        if report is not None:
+            report.close()
+
+
+def _measure(sweeper: _Sweeper) -> SweepResult:
+    sweep = sweeper.sweep
     summaries = []
     for impl in sweep.impls:
         for line in sweep.variants(impl):  # block-sparse: one line per target density

@@ -39,13 +39,41 @@ def _command() -> list[str]:
     return ["dattn", *sys.argv[1:]]
 
 
-def _check_outputs(out: Path | None, resume: bool, baseline: Path | None, fail_on_regression: float | None) -> None:
+def _check_outputs(out: Path | None, resume: bool, baseline: Path | None, fail_on_regression: float | None,
+                   files: dict[str, "str | Path | None"]) -> list:
+    """Every file option checked before anything is measured; the baseline's rows (empty without one)."""
+    from ..workload.records import read_rows
+    from ..workload.reportfile import check_distinct, check_output_path, check_report_path
+
     if (fail_on_regression is None) != (baseline is None):
         raise ValueError("--baseline and --fail-on-regression go together: give both")
-    if baseline is not None and not baseline.exists():
-        raise ValueError(f"--baseline {baseline}: no such file")
     if resume and out is None:
         raise ValueError("--resume needs --out FILE.jsonl, the report to continue")
+    check_distinct({"--baseline": baseline, "--out": out, **files}, inputs=("--baseline",))
+    if out is not None:
+        check_report_path(out, "--out")
+    for option, path in files.items():
+        check_output_path(path, option)
+    if baseline is None:
+        return []
+    if not baseline.exists():
+        raise ValueError(f"--baseline {baseline}: no such file")
+    rows = [row for row in read_rows(baseline) if row.status == "ok"]
+    if not rows:
+        raise ValueError(f"--baseline {baseline}: no ok point to compare against; give a report `dattn bench --out` wrote")
+    return rows
+
+
+def _max_memory(max_memory: str | None, out: Path | None, resume: bool) -> int:
+    """--max-memory; else, resuming, the cap the report was measured with (the default moves with the free
+    memory, and a resumed point must be measured under the same cap); else half of the available memory."""
+    from ..workload import parse_size
+    from ..workload.records import recorded_setting
+
+    if max_memory:
+        return parse_size(max_memory)
+    recorded = recorded_setting(out, "max_memory") if resume and out is not None else None
+    return recorded if isinstance(recorded, int) and recorded > 0 else default_max_memory()
 
 
 def _lines(sweep) -> int:
@@ -58,14 +86,24 @@ def _lines(sweep) -> int:
 def _run(sweep, out: Path | None, resume: bool):
     from ..bench import run_sweep
     from ..plan.solve import predicted_peak_bytes
+    from ..workload.reportfile import ReportWriteError
 
-    with progress() as bar:
-        task = bar.add_task("bench", total=None if sweep.until_oom else _lines(sweep) * len(sweep.seq_lens))
+    try:
+        with progress() as bar:
+            task = bar.add_task("bench", total=None if sweep.until_oom else _lines(sweep) * len(sweep.seq_lens))
 
-        def on_row(row) -> None:
-            bar.update(task, advance=1, description=point_line(row))
+            def on_row(row) -> None:
+                bar.update(task, advance=1, description=point_line(row))
 
-        return run_sweep(sweep, out=out, resume=resume, command=_command(), on_row=on_row, predict=predicted_peak_bytes)
+            return run_sweep(sweep, out=out, resume=resume, command=_command(), on_row=on_row,
+                             predict=predicted_peak_bytes)
+    except ReportWriteError as exc:  # the machine failed, not the input: exit 1
+        _fail(f"{exc}; rerun with --resume once there is room")
+
+
+def _fail(message: str) -> None:
+    print(f"dattn: error: {message}", file=sys.stderr)
+    raise typer.Exit(code=1)
 
 
 def _write(sweep, result, csv_out: str | None, json_out: str | None) -> None:
@@ -81,6 +119,18 @@ def _write(sweep, result, csv_out: str | None, json_out: str | None) -> None:
                              "rows": [r.model_dump() for r in result.rows]})
 
 
+def _outputs(sweep, result, out: Path | None, csv_out: str | None, json_out: str | None, plot: tuple) -> None:
+    """--csv, --json and --plot; a file that cannot be written (e.g. the disk filled up after the sweep) is one
+    line and exit 1: the input was fine, and the --out report is complete."""
+    try:
+        _write(sweep, result, csv_out, json_out)
+        if plot[0] is not None:
+            _plot(sweep, result, *plot)
+    except OSError as exc:
+        _fail(f"cannot write {exc.filename or 'an output file'}: {exc.strerror or exc}"
+              + (f"; the report {out} is complete" if out is not None else ""))
+
+
 def _plot(sweep, result, plot: Path, plot_x: str | None) -> None:
     from ..bench import plot_rows
 
@@ -94,10 +144,13 @@ def _plot(sweep, result, plot: Path, plot_x: str | None) -> None:
     note(f"plot written to {plot}")
 
 
-def _gate(result, baseline: Path, threshold: float) -> None:
-    from ..bench import find_regressions, read_rows
+def _gate(result, baseline: Path, baseline_rows: list, threshold: float) -> None:
+    from ..bench import find_regressions
 
-    regressions, matched = find_regressions(result.rows, read_rows(baseline), threshold)
+    regressions, matched = find_regressions(result.rows, baseline_rows, threshold)
+    if not matched:  # nothing compared is not a pass
+        raise ValueError(f"--baseline {baseline}: baseline has no point matching this sweep (same implementation, "
+                         f"shape and options, ok in both): compare against a report of the same sweep")
     stdout.print(regression_table(regressions, matched, threshold))
     if regressions:
         raise typer.Exit(code=1)
@@ -128,7 +181,7 @@ def bench(
     machine_output(csv_out, json_out)
     set_quiet(quiet)
     from ..bench import Sweep
-    from ..workload import parse_float_list, parse_int_list, parse_seq_lens, parse_size
+    from ..workload import parse_float_list, parse_int_list, parse_seq_lens
 
     mode = mode or ("fwd" if quick else DEFAULT_MODE)
     if not impl and target != "attention":
@@ -138,14 +191,15 @@ def bench(
         seq_lens = seq_lens if seq_lens or until_oom else QUICK["seq_lens"]
     if not impl:
         raise ValueError("--impl: give at least one, e.g. --impl ImprovedDilatedAttention --impl sdpa (or use --quick)")
-    _check_outputs(out, resume, baseline, fail_on_regression)
+    baseline_rows = _check_outputs(out, resume, baseline, fail_on_regression,
+                                   {"--csv": csv_out, "--json": json_out, "--plot": plot})
     check_ranks(impl, world_size, "--world-size")
     sweep = Sweep(
         impls=impl, seq_lens=parse_seq_lens(seq_lens) if seq_lens else [], until_oom=until_oom,
         start=parse_seq_lens(start)[0], batch=batch, heads=heads, head_dim=head_dim, dtype=dtype, mode=mode,
         segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
         semantics=semantics, causal=causal, device=device, warmup=warmup, repeat=repeat, seed=seed,
-        max_memory=parse_size(max_memory) if max_memory else default_max_memory(), max_seconds=max_seconds,
+        max_memory=_max_memory(max_memory, out, resume), max_seconds=max_seconds,
         world_size=world_size, dist_timeout=dist_timeout, pattern=pattern or "dilated", block_size=block_size, window=window,
         densities=parse_float_list(density, "--density") if density else [], global_blocks=global_blocks,
         levels=levels, executor=executor, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
@@ -155,8 +209,6 @@ def bench(
     stdout.print(bench_table(result))
     for line in scaling_lines(result):
         stdout.print(line, markup=False, highlight=False)
-    _write(sweep, result, csv_out, json_out)
-    if plot is not None:
-        _plot(sweep, result, plot, plot_x)
+    _outputs(sweep, result, out, csv_out, json_out, (plot, plot_x))
     if baseline is not None:
-        _gate(result, baseline, fail_on_regression)
+        _gate(result, baseline, baseline_rows, fail_on_regression)

@@ -182,9 +182,13 @@ QuietOption = Annotated[bool, typer.Option(
 CsvOption = Annotated[Optional[str], typer.Option(
     "--csv", help="Write all rows as CSV to this file ('-' = stdout).", metavar="FILE", rich_help_panel=OUTPUT)]
 OutOption = Annotated[Optional[Path], typer.Option(
-    "--out", help="JSONL report, one row appended per point as it is measured.", rich_help_panel=OUTPUT)]
+    "--out", help="JSONL report, one row appended per point as it is measured; locked while a sweep writes it.",
+    rich_help_panel=OUTPUT)]
 ResumeOption = Annotated[bool, typer.Option(
-    "--resume", help="Continue --out: points already in it are not measured again.", rich_help_panel=OUTPUT)]
+    "--resume", help="Continue --out: points already in it are not measured again. A point it holds that was "
+    "measured with other settings (--repeat, --warmup, --max-memory, --max-seconds, --seed, torch threads) is refused, "
+    "naming the setting; without --max-memory the report's cap is used. A cut-off last line is removed and measured "
+    "again.", rich_help_panel=OUTPUT)]
 PlotOption = Annotated[Optional[Path], typer.Option(
     "--plot", help="PNG of time and memory against N (log-log, fitted exponents), or against density (--plot-x density).",
     rich_help_panel=OUTPUT)]

@@ -44,6 +44,16 @@ def _calibrate(hw, report: Path, save: Path | None) -> None:
         note(f"{impl_name}: attention efficiency {value:.4f} of peak")
 
 
+def _check_files(check: Path | None, calibrate: Path | None, save: Path | None, json_out: str | None) -> None:
+    """Before any work: no output over an input (--save over the --calibrate report), outputs writable."""
+    from ..workload.reportfile import check_distinct, check_output_path
+
+    check_distinct({"--check": check, "--calibrate": calibrate, "--save": save, "--json": json_out},
+                   inputs=("--check", "--calibrate"))
+    check_output_path(save, "--save")
+    check_output_path(json_out, "--json")
+
+
 def _check(hw, report: Path, json_out: str | None) -> None:
     from ..plan import check
 
@@ -93,6 +103,7 @@ def plan(
     Default --impl: ImprovedDilatedAttention, or ImprovedMultiheadDilatedAttention for --target layer|model.
     """
     machine_output(json_out)
+    _check_files(check, calibrate, save, json_out)
     from ..plan import solve
     from ..workload import Problem, parse_int_list, parse_seq_lens
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
     their linear FLOPs over the time left after the attention's predicted time (attention fitted first)."""
     per_impl: dict[str, list[float]] = {}
     for row in rows:
-        if row.world_size != 1 or not row.time_ms or row.target != "attention":
+        if row.world_size != 1 or not _timed(row) or row.target != "attention":
             continue
         shape = row_problem(row)
         peak = profile.peak_flops(shape.dtype)
@@ -82,7 +83,7 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
     profile = _with_efficiency(profile, fitted, source)
     per_dtype: dict[str, list[float]] = {}
     for row in rows:
-        if row.target == "attention" or not row.time_ms:
+        if row.target == "attention" or not _timed(row):
             continue
         shape = row_problem(row)
         _, attention_s = attention_part(shape, profile)
@@ -94,6 +95,12 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
     if not per_impl and not per_dtype:
         raise ValueError(f"{source}: no single-device ok rows with a time to calibrate from")
     return _with_efficiency(profile, {k: min(1.0, statistics.median(v)) for k, v in per_dtype.items()}, source)
+
+
+def _timed(row: BenchRow) -> bool:
+    """A usable time: rows read from a report are refused at reading when a time is 0, negative or NaN
+    (records.implausible); rows built in memory are left out of the fit here."""
+    return row.time_ms is not None and math.isfinite(row.time_ms) and row.time_ms > 0
 
 
 def _with_efficiency(profile: HardwareProfile, fitted: dict[str, float], source: str) -> HardwareProfile:

@@ -7,16 +7,22 @@ dilations; `row_fields` and `row_problem` are the two directions between a row a
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Iterable, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from .problem import Problem
+from .reportfile import read_records
 
 KEY_FIELDS = ("impl", "seq_len", "mode", "batch", "heads", "head_dim", "segments", "dilations", "semantics",
               "causal", "dtype", "device", "world_size", "pattern", "target", "embed_dim", "layers", "checkpointing", "amp", "vocab_size")
+# The measurement settings that change what a point measures: a resumed point must have been measured with the
+# same ones (the problem is in KEY_FIELDS; the regression gate compares problems whatever their settings).
+SETTINGS = {"repeat": "--repeat", "warmup": "--warmup", "max_memory": "--max-memory", "max_seconds": "--max-seconds",
+            "seed": "--seed", "threads": "torch threads (OMP_NUM_THREADS)"}
 
 
 class BenchRow(BaseModel):
@@ -61,6 +67,14 @@ class BenchRow(BaseModel):
     comm_bytes_sent: int | None = None  # per rank per call (fwd, or fwd+bwd), the largest over ranks
     comm_bytes_received: int | None = None
     error: str | None = None
+    # measurement settings (None in reports written before they were recorded: read from the environment
+    # record the sweep wrote before its rows, see rows_with_settings)
+    repeat: int | None = None
+    warmup: int | None = None
+    max_memory: int | None = None
+    max_seconds: float | None = None
+    seed: int | None = None
+    threads: int | None = None
 
     def key(self) -> tuple:
         return point_key(self.model_dump())
@@ -71,33 +85,94 @@ def point_key(row: dict) -> tuple:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    """Append one line and make it durable before returning (a killed sweep keeps it)."""
+    """Append one line and make it durable before returning (a killed sweep keeps it). A sweep writes its
+    report through workload.reportfile.ReportFile instead (locked, repaired, cut back on a failed write)."""
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
-def read_rows(path: Path) -> list[BenchRow]:
-    """Point rows of a JSONL report; environment records and a torn last line are skipped."""
-    rows = []
-    if not Path(path).exists():
-        return rows
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # the line a killed writer left half-written
-            if data.get("record", "point") == "point":
-                try:
-                    rows.append(BenchRow.model_validate(data))
-                except ValueError as exc:
-                    raise ValueError(f"{path}:{number}: not a dattn bench row ({str(exc).splitlines()[0]})") from None
+POSITIVE_TIMES = ("time_ms", "time_ms_p10", "time_ms_p90")
+NON_NEGATIVE = ("tokens_per_s", "flops", "tflops", "peak_mem_bytes", "nvml_used_bytes", "predicted_mem_bytes",
+                "comm_bytes_sent", "comm_bytes_received", "params")
+POSITIVE_SIZES = ("batch", "heads", "head_dim", "seq_len", "world_size")
+
+
+def implausible(row: BenchRow) -> str | None:
+    """Why a row read from a file cannot be a measurement (a time of 0, negative or NaN ms; a size of 0...);
+    None when it can."""
+    for name in POSITIVE_TIMES:
+        value = getattr(row, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            return f"{name} must be a positive, finite number of milliseconds, got {value!r}"
+    for name in NON_NEGATIVE:
+        value = getattr(row, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            return f"{name} must be a finite number >= 0, got {value!r}"
+    for name in POSITIVE_SIZES:
+        if getattr(row, name) < 1:
+            return f"{name} must be >= 1, got {getattr(row, name)}"
+    if not row.segments or len(row.segments) != len(row.dilations) or min(row.segments + row.dilations) < 1:
+        return f"segments {row.segments} and dilations {row.dilations} must be as many positive integers"
+    return None
+
+
+def _row(path: Path, number: int, data: dict) -> BenchRow:
+    try:
+        row = BenchRow.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error.get("loc", ())) or "row"
+        raise ValueError(f"{path}:{number}: not a dattn bench row ({field}: {error.get('msg', '')}; "
+                         f"{exc.error_count()} error(s)); remove or repair that line") from None
+    if reason := implausible(row):
+        raise ValueError(f"{path}:{number}: not a measurement: {reason}; remove or repair that line")
+    return row
+
+
+def rows_with_settings(path: Path) -> list[tuple[int, BenchRow]]:
+    """(line number, row) for the point rows of a JSONL report, each row's measurement settings filled, where
+    it lacks them (older reports), from the environment record before it. Faults are ValueErrors naming
+    FILE:LINE (read_records; a row that does not validate or cannot be a measurement)."""
+    rows, config = [], {}
+    for number, data in read_records(path):
+        kind = data.get("record", "point")
+        if kind == "environment":
+            config = data.get("config") if isinstance(data.get("config"), dict) else {}
+        elif kind == "point":
+            row = _row(Path(path), number, data)
+            known = {name: config.get(name) for name in SETTINGS if getattr(row, name) is None and name in config}
+            rows.append((number, row.model_copy(update=known) if known else row))
     return rows
+
+
+def read_rows(path: Path) -> list[BenchRow]:
+    """Point rows of a JSONL report; environment records and a torn last line are skipped. A line that is not
+    a JSON object, or a row that is not a measurement, is a ValueError naming FILE:LINE."""
+    return [row for _, row in rows_with_settings(path)]
+
+
+def recorded_setting(path: Path, name: str) -> object | None:
+    """The value of measurement setting `name` (a SETTINGS key) the report's points were measured with: its
+    last row's, else its last environment record's; None when it records none."""
+    value = None
+    for number, data in read_records(path):
+        if data.get("record", "point") == "environment" and isinstance(data.get("config"), dict):
+            value = data["config"].get(name, value)
+    for _, row in rows_with_settings(path):
+        value = getattr(row, name) if getattr(row, name) is not None else value
+    return value
+
+
+def settings_mismatch(row: BenchRow, settings: dict) -> str | None:
+    """The first measurement setting row was measured with that differs from `settings` ('--repeat 1, this
+    run --repeat 3'); None when all that are known agree."""
+    for name, option in SETTINGS.items():
+        then, now = getattr(row, name), settings.get(name)
+        if then is not None and now is not None and then != now:
+            return f"{option} {then}, this run {option} {now}"
+    return None
 
 
 def rows_frame(rows: Iterable[BenchRow]):
