@@ -245,8 +245,11 @@ def read_records(path: Path | str) -> list[tuple[int, dict]]:
         return []
     if (kind := _kind(st.st_mode)) and kind != "FIFO (named pipe)":  # a FIFO: a shell's <(...) is read as given
         raise ValueError(f"{path} is a {kind}, not a JSONL report file")
-    with open(path, "rb") as f:
-        data = f.read()
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:  # no permission, an I/O error
+        raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     records = []
     lines = data.split(b"\n")
     for number, raw in enumerate(lines, 1):

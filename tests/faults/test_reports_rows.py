@@ -227,3 +227,9 @@ def test_a_row_time_of_zero_in_a_report_is_no_traceback(tmp_path, capsys):
     with pytest.raises(ValueError, match="time_ms"):
         read_rows(path)
     assert BenchRow.model_validate(json.loads(_point(time_ms=0))).time_ms == 0  # a row in memory is not refused
+
+
+def test_a_report_that_cannot_be_read_exits_2_naming_it(capsys):
+    # a regular file whose read fails (EIO), as an unreadable or damaged report would
+    code, _, err = run_cli(["plan", "--check", "/proc/self/mem"], capsys)
+    assert code == 2 and "/proc/self/mem: cannot read it" in one_line_error(err)
