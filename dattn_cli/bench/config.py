@@ -8,6 +8,8 @@ import importlib.util
 from pydantic import Field, field_validator, model_validator
 
 from ..kernels.registry import REGISTRY
+from ..runtime.limits import check_spawned_ranks
+from ..workload.parse import MAX_CALLS, MAX_SECONDS, MAX_SEED, MAX_SEQ_LEN, check_count, check_number
 from ..workload.problem import Problem
 
 
@@ -37,14 +39,27 @@ class Sweep(Problem):
     def _positive_setting(cls, value: int, info) -> int:
         if value <= 0:
             raise ValueError(f"--{info.field_name.replace('_', '-')} must be >= 1, got {value}")
-        return value
+        if info.field_name == "start":
+            return check_count("--start-seq-len", value, 1, MAX_SEQ_LEN)
+        return check_count("--repeat", value, 1, MAX_CALLS)
 
     @field_validator("warmup")
     @classmethod
     def _non_negative(cls, value: int) -> int:
         if value < 0:
             raise ValueError(f"--warmup must be >= 0, got {value}")
-        return value
+        return check_count("--warmup", value, 0, MAX_CALLS)
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, value: int) -> int:
+        return check_count("--seed", value, 0, MAX_SEED)
+
+    @field_validator("max_seconds", "dist_timeout")
+    @classmethod
+    def _seconds(cls, value: float, info) -> float:
+        """A finite, positive time: it becomes a deadline (inf or NaN would wait forever)."""
+        return check_number("--" + info.field_name.replace("_", "-"), value, 0, MAX_SECONDS, low_open=True)
 
     @model_validator(mode="after")
     def _sweep_consistent(self) -> "Sweep":
@@ -52,10 +67,8 @@ class Sweep(Problem):
             raise ValueError("--impl: give at least one implementation or baseline")
         if self.until_oom == bool(self.seq_lens):
             raise ValueError("give exactly one of --seq-len and --until-oom")
-        if self.max_seconds <= 0:
-            raise ValueError(f"--max-seconds must be positive, got {self.max_seconds}")
-        if self.dist_timeout <= 0:
-            raise ValueError(f"--dist-timeout must be positive, got {self.dist_timeout}")
+        if self.world_size > 1:
+            check_spawned_ranks(self.world_size)
         for impl in self.impls:
             for point in self.variants(impl):
                 point.with_(seq_len=self.seq_lens[0] if self.seq_lens else self.start)  # each refused here, by name

@@ -29,16 +29,34 @@ __all__ = ["app", "main"]
 INTERRUPTED = 130
 
 
-def _one_line(exc: ValueError) -> str:
-    """The user-facing sentence of a ValueError; pydantic's validation errors reduced to their message."""
+ECHO_LIMIT = 200  # characters of one quoted input a message repeats (workload/parse.py: clip)
+MESSAGE_LIMIT = 1000  # characters of a whole error line: head and tail kept, the middle cut
+
+
+def _one_line(exc: Exception) -> str:
+    """The user-facing sentence of a ValueError or a usage error, on one bounded line: pydantic's validation
+    errors reduced to their message, any quoted input over ECHO_LIMIT characters cut (an alias bomb or a huge
+    argument is not repeated whole), and the line cut to MESSAGE_LIMIT keeping its start (the parameter) and
+    its end (the fix)."""
+    import re
+
     from pydantic import ValidationError
 
-    if isinstance(exc, ValidationError) and exc.errors():
+    if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # click's usage errors
+        message = str(exc.format_message()).replace("Value error, ", "")
+    elif isinstance(exc, ValidationError) and exc.errors():
         error = exc.errors()[0]
         message = str(error.get("msg", exc)).removeprefix("Value error, ")
         field = ".".join(str(p) for p in error.get("loc", ()))
-        return message if message.startswith("-") or not field else f"{field}: {message}"
-    return str(exc) or type(exc).__name__
+        message = message if message.startswith("-") or not field else f"{field}: {message}"
+    else:
+        message = str(exc)
+    message = next((line.strip() for line in message.splitlines() if line.strip()), "") or type(exc).__name__
+    quoted = re.compile(r"(?<!\w)(?:'([^']{%d,})'|\"([^\"]{%d,})\")(?!\w)" % (ECHO_LIMIT + 1, ECHO_LIMIT + 1))
+    message = quoted.sub(lambda m: m[0][0] + (m[1] or m[2])[:ECHO_LIMIT] + "..." + m[0][0], message)
+    if len(message) > MESSAGE_LIMIT:
+        message = message[:MESSAGE_LIMIT - 300] + " ... " + message[-295:]
+    return message
 
 
 # Old option names, still accepted for a while: each use prints one deprecation line on stderr. --nproc and
@@ -80,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         if debug or not (usage or isinstance(exc, ValueError)):
             raise
         # ValueError: bad configuration or input, raised by the library with the fix in its text.
-        message = exc.format_message() if usage else _one_line(exc)
+        message = _one_line(exc)
         print(f"dattn: error: {message.splitlines()[0]}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -1,22 +1,22 @@
-"""`dattn --config opts.yaml`: per-command option defaults from a YAML file (the command line wins)."""
+"""`dattn --config opts.yaml`: per-command option defaults from a YAML file (the command line wins).
+
+The file is read by workload/yaml_input.py (no anchors or aliases, bounded size). A value is what the
+command line would take: a list is a comma-separated value (segments: [2048, 4096]) or, for a repeatable
+option, its repeats (impl: [sdpa, math]); true/false only for flags.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
-import yaml
+
+from ..workload.parse import clip, shown
+from ..workload.yaml_input import read_yaml
 
 
 def load_config(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ValueError(f"--config {path}: cannot read it ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ValueError(f"--config {path}: not valid YAML{where}") from None
+    data = read_yaml(path, f"--config {clip(path)}")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -27,19 +27,33 @@ def load_config(path: Path) -> dict:
 def config_default_map(ctx: typer.Context, data: dict, path: Path) -> dict:
     """click's default_map for `data`: {command: {parameter name: value}}, every name checked."""
     commands = getattr(ctx.command, "commands", {})
+    path = clip(path)
     default_map = {}
     for command, options in data.items():
-        sub = commands.get(command)
+        sub = commands.get(command) if isinstance(command, str) else None
         if sub is None:
-            raise ValueError(f"--config {path}: unknown command {command!r}; use one of {', '.join(commands)}")
+            raise ValueError(f"--config {path}: unknown command {shown(command)}; use one of {', '.join(commands)}")
         if not isinstance(options, dict):
             raise ValueError(f"--config {path}: '{command}' must map option names to values")
-        names = {p.name for p in sub.params}
+        params = {p.name: p for p in sub.params}
         entry = {}
         for key, value in options.items():
             name = str(key).replace("-", "_")
-            if name not in names:
-                raise ValueError(f"--config {path}: '{command}' has no option {key!r}; see 'dattn {command} --help'")
-            entry[name] = value
+            if name not in params:
+                raise ValueError(f"--config {path}: '{command}' has no option {shown(key)}; see 'dattn {command} --help'")
+            entry[name] = _value(params[name], value, f"--config {path}: '{command}' option {name}")
         default_map[command] = entry
     return default_map
+
+
+def _value(param, value: object, where: str) -> object:
+    """`value` as the command line would give it: lists joined with commas (unless the option repeats),
+    booleans only for flags, no nested mappings."""
+    flag = getattr(param, "is_flag", False) or getattr(param, "is_bool_flag", False)
+    if isinstance(value, bool) and not flag:
+        raise ValueError(f"{where}: {value} is not a value for it; write the value as on the command line")
+    if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)):
+        raise ValueError(f"{where}: a nested value; write it as on the command line, e.g. 2048,4096")
+    if isinstance(value, list) and not getattr(param, "multiple", False):
+        return ",".join(str(v) for v in value)
+    return value

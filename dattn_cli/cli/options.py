@@ -31,6 +31,18 @@ def one_of(option: str, choices: tuple[str, ...]) -> Callable[[Optional[str]], O
     return check
 
 
+def finite(option: str, low: float, high: float, low_open: bool = False) -> Callable[[Optional[float]], Optional[float]]:
+    """A callback refusing NaN, infinities and values outside [low, high] ((low, high] with `low_open`), naming
+    the option and the range (click's own ranges let NaN through)."""
+
+    def check(value: Optional[float]) -> Optional[float]:
+        from ..workload.parse import check_number
+
+        return value if value is None else check_number(option, value, low, high, low_open=low_open)
+
+    return check
+
+
 def check_device(value: str) -> str:
     if value.startswith("cuda"):
         import torch
@@ -143,17 +155,20 @@ BaselineOption = Annotated[Optional[Path], typer.Option(
     "--baseline", help="Earlier JSONL report to compare against.", rich_help_panel=MEASURE)]
 FailOnRegressionOption = Annotated[Optional[float], typer.Option(
     "--fail-on-regression", help="Exit 1 if a point got slower by more than PCT percent.", metavar="PCT",
-    rich_help_panel=MEASURE)]
+    callback=finite("--fail-on-regression", 0, 1e6), rich_help_panel=MEASURE)]
 
 # --- distributed ------------------------------------------------------------------------------------
 WorldSizeOption = Annotated[str, typer.Option(
-    "--world-size", help="Process-group sizes for distributed implementations, e.g. 1,2,4 (gloo, spawned here).",
+    "--world-size", help="Process-group sizes for distributed implementations, e.g. 1,2,4 (gloo, spawned here; at "
+    "most 4 ranks per CPU core).",
     rich_help_panel=DIST)]
 RanksOption = Annotated[int, typer.Option(
-    "--world-size", help="Ranks per point for distributed implementations (gloo on CPU, NCCL on CUDA), spawned here.",
+    "--world-size", help="Ranks per point for distributed implementations (gloo on CPU, NCCL on CUDA), spawned here "
+    "(at most 4 per CPU core).",
     rich_help_panel=DIST)]
 DevicesOption = Annotated[int, typer.Option(
-    "--world-size", help="Devices sharing the sequence (the world size planned for).", rich_help_panel=DIST)]
+    "--world-size", help="Devices sharing the sequence (the world size planned for, at most 2**20).",
+    rich_help_panel=DIST)]
 DistTimeoutOption = Annotated[float, typer.Option(
     "--dist-timeout", help="Seconds before a stuck process group is ended with an error naming the rank.",
     rich_help_panel=DIST)]

@@ -72,14 +72,19 @@ def _solve(problem, hw, max_seq: bool, min_devices: bool):
         raise ValueError("--max-seq and --min-devices solve for different things: give one")
     devices = problem.world_size
     if max_seq:
-        n, result = solve.max_seq(problem, hw, devices)
-        solved = f"largest N that fits on {devices} x {hw.name}: {n:,}" if n else f"no N fits on {devices} x {hw.name}"
+        found = solve.max_seq_search(problem, hw, devices)
+        n, result = found.seq_len, found.plan
+        solved = (f"no bound found up to N={n:,}: every N the search tried fits on {devices} x {hw.name} (it stops "
+                  "at 2**40)" if found.capped else f"largest N that fits on {devices} x {hw.name}: {n:,}" if n
+                  else f"no N fits on {devices} x {hw.name}")
         return result or solve.plan(problem, hw, devices), solved
     if min_devices:
         if problem.target != "attention":
             raise ValueError(f"--min-devices applies to --target attention; --target {problem.target} is planned on one device")
         d, result = solve.min_devices(problem, hw)
-        solved = f"fewest devices for N={problem.seq_len:,}: {d}" if d else f"N={problem.seq_len:,} fits on no number of devices"
+        most = min(solve.DEVICE_SEARCH_CAP, problem.seq_len)
+        solved = (f"fewest devices for N={problem.seq_len:,}: {d}" if d else
+                  f"no bound found: N={problem.seq_len:,} fits on no number of devices up to {most:,}")
         return result or solve.plan(problem, hw, devices), solved
     return solve.plan(problem, hw, devices), None
 
@@ -105,7 +110,7 @@ def plan(
     machine_output(json_out)
     _check_files(check, calibrate, save, json_out)
     from ..plan import solve
-    from ..workload import Problem, parse_int_list, parse_seq_lens
+    from ..workload import Problem, parse_int_list, parse_seq_len
 
     hw = _hardware(profile, memory)
     if devices < 1:
@@ -119,7 +124,7 @@ def plan(
     if target == "attention":
         check_ranks([impl or DEFAULT_IMPL[target]], devices, "--world-size")
     problem = Problem(
-        impl=impl or DEFAULT_IMPL[target], seq_len=parse_seq_lens(seq_len)[0], batch=batch, heads=heads,
+        impl=impl or DEFAULT_IMPL[target], seq_len=parse_seq_len(seq_len), batch=batch, heads=heads,
         head_dim=head_dim, dtype=dtype, mode=mode, segment_lengths=parse_int_list(segments, "--segments"),
         dilation_rates=parse_int_list(dilations, "--dilations"), semantics=semantics, causal=causal,
         world_size=devices, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,

@@ -50,12 +50,12 @@ def profile(
     machine_output(json_out)
     set_quiet(quiet)
     from ..profile import run_profile
-    from ..workload import Problem, parse_int_list, parse_seq_lens
+    from ..workload import Problem, parse_int_list, parse_seq_len
 
     _refuse_block_options(impl, {"--pattern": pattern, "--window": window, "--density": density,
                                  "--show-pattern": show_pattern})
     problem = Problem(
-        impl=impl, seq_len=parse_seq_lens(seq_len)[0], batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
+        impl=impl, seq_len=parse_seq_len(seq_len), batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
         mode=mode, segment_lengths=parse_int_list(segments, "--segments"),
         dilation_rates=parse_int_list(dilations, "--dilations"), semantics=semantics, causal=causal, device=device,
         pattern=pattern or "dilated", block_size=block_size, window=window, density=density,
@@ -70,6 +70,6 @@ def profile(
     if show_pattern is not None:
         _show_pattern(report, show_pattern)
     for line in report.notes:
-        note(f"[yellow]note: {line}[/]")
+        note(f"note: {line}", style="yellow")
     if json_out:
         emit(json_out, report.model_dump_json(indent=1))

@@ -39,4 +39,4 @@ def profiles_validate(
 
     for name in paths or list(shipped_profiles()):
         profile = load_profile(name)
-        stdout.print(f"ok: {name} ({profile.name})")
+        stdout.print(f"ok: {name} ({profile.name})", markup=False, highlight=False)

@@ -110,7 +110,7 @@ def verify(
         report = run_checks(checks, on_result=lambda r: bar.update(task, advance=1, description=check_line(r)))
     stdout.print(verify_table(report, details))
     for line in verify_warnings(report, details, own):
-        note(f"[yellow]{line}[/]")
+        note(line, style="yellow")
     stdout.print(verify_summary(report, own))
     if json_out is not None:
         report.environment = {**collect_environment().model_dump(), "command": ["dattn", *sys.argv[1:]]}

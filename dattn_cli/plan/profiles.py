@@ -1,24 +1,63 @@
 """Hardware profiles: what a device can do, each figure with its source (dattn_cli/profiles/*.yaml).
 
 Units are part of the field names (GiB, GB/s, TFLOP/s, microseconds) so a file cannot be read in the
-wrong unit. Files are read with yaml.safe_load: nothing in a profile is ever evaluated as code.
+wrong unit. Files are read by workload/yaml_input.py: a safe loader (nothing is evaluated as code) that
+refuses anchors and aliases and bounds the file's size.
+
+Every figure is a plain finite number within physical bounds (BOUNDS: a figure outside them is a typo or
+a unit slip, refused naming the field and the range); `true`, "80" or .inf are refused, not coerced:
+memory_gib (0, 4096], memory_bandwidth_gb_s and link bandwidth_gb_s (0, 100000] GB/s, peak_tflops
+(0, 100000] TFLOP/s or null, latency_us [0, 1000000], efficiency fractions (0, 1], overheads [0, 4096] GiB
+and below memory_gib together, devices_per_node [1, 4096], allocator_rounding_bytes [1, 2**30].
 """
 
 from __future__ import annotations
 
+import math
+from functools import partial
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError, field_validator,
+                      model_validator)
+
+from ..workload.parse import clip
+from ..workload.yaml_input import load_yaml, read_yaml
 
 DTYPES = ("float64", "float32", "tf32", "bfloat16", "float16", "float8")
+MAX_NAME = 200
 
 
 class ProfileError(ValueError):
     """A profile that cannot be used; the message is one line naming the file and the field."""
+
+
+def _figure(value: object, low: float, high: float, low_open: bool, integer: bool) -> float | int:
+    """`value` if it is a plain finite number (an integer where `integer`) in the range; else ValueError saying so."""
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+    kind = "a whole number" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise ValueError(f"must be {kind} in {interval}, got {clip(repr(value))} (plain numbers; the unit is in "
+                         "the field name)")
+    if not math.isfinite(value) or value < low or (low_open and value == low) or value > high:
+        raise ValueError(f"must be in {interval}, got {clip(repr(value))}")
+    return value
+
+
+def _bounded(low: float, high: float, *, low_open: bool = True, integer: bool = False):
+    check = BeforeValidator(partial(_figure, low=low, high=high, low_open=low_open, integer=integer))
+    return Annotated[int if integer else float, check]
+
+
+GiB = _bounded(0, 4096)  # the largest single-device memory today is under 300 GiB
+Overhead = _bounded(0, 4096, low_open=False)
+Bandwidth = _bounded(0, 100_000)  # GB/s: HBM3e is about 8,000
+Tflops = _bounded(0, 100_000)  # dense peak per device: today's largest is under 10,000
+Latency = _bounded(0, 1_000_000, low_open=False)  # microseconds: one second
+Fraction = _bounded(0, 1)
 
 
 class _Strict(BaseModel):
@@ -28,35 +67,27 @@ class _Strict(BaseModel):
 class PeakTflops(_Strict):
     """Dense (no structured sparsity) peak TFLOP/s per dtype; null where the device has no such rate."""
 
-    float64: float | None = Field(None, ge=0)
-    float32: float | None = Field(None, ge=0)
-    tf32: float | None = Field(None, ge=0)
-    bfloat16: float | None = Field(None, ge=0)
-    float16: float | None = Field(None, ge=0)
-    float8: float | None = Field(None, ge=0)
+    float64: Tflops | None = None
+    float32: Tflops | None = None
+    tf32: Tflops | None = None
+    bfloat16: Tflops | None = None
+    float16: Tflops | None = None
+    float8: Tflops | None = None
 
 
 class Link(_Strict):
-    bandwidth_gb_s: float = Field(gt=0, description="per direction, GB/s (10^9 bytes)")
-    latency_us: float = Field(ge=0)
+    bandwidth_gb_s: Bandwidth = Field(description="per direction, GB/s (10^9 bytes)")
+    latency_us: Latency
 
 
 class Efficiency(_Strict):
     """Fractions of the peaks that real kernels reach (priors; `plan --calibrate` fits them)."""
 
-    attention_compute: float = Field(gt=0, le=1)
-    memory_bandwidth: float = Field(gt=0, le=1)
-    communication: float = Field(gt=0, le=1)
-    per_impl: dict[str, float] = Field(
+    attention_compute: Fraction
+    memory_bandwidth: Fraction
+    communication: Fraction
+    per_impl: dict[StrictStr, Fraction] = Field(
         default_factory=dict, description="attention_compute fitted per implementation, or per 'implementation/mode'")
-
-    @field_validator("per_impl")
-    @classmethod
-    def _fractions(cls, value: dict[str, float]) -> dict[str, float]:
-        for name, v in value.items():
-            if not 0 < v <= 1:
-                raise ValueError(f"per_impl.{name} must be in (0, 1], got {v}")
-        return value
 
     def compute_for(self, impl: str, mode: str | None = None) -> float:
         if mode is not None and f"{impl}/{mode}" in self.per_impl:
@@ -65,22 +96,30 @@ class Efficiency(_Strict):
 
 
 class HardwareProfile(_Strict):
-    name: str
+    name: StrictStr = Field(min_length=1, max_length=MAX_NAME)
     kind: Literal["gpu", "cpu"]
-    vendor: str
-    memory_gib: float = Field(gt=0)
-    memory_bandwidth_gb_s: float = Field(gt=0)
+    vendor: StrictStr = Field(max_length=MAX_NAME)
+    memory_gib: GiB
+    memory_bandwidth_gb_s: Bandwidth
     peak_tflops: PeakTflops
     intra_node: Link
     inter_node: Link
-    devices_per_node: int = Field(ge=1)
+    devices_per_node: _bounded(1, 4096, low_open=False, integer=True)
     efficiency: Efficiency
-    framework_overhead_gib: float = Field(ge=0, description="CUDA context and allocator reserve, or a CPU process's runtime")
-    backward_overhead_gib: float = Field(0.0, ge=0, description="the first backward's fixed cost (autograd engine threads)")
-    allocator_rounding_bytes: int = Field(ge=1)
-    sources: dict[str, str]
-    notes: str | None = None
-    calibrated_from: str | None = None
+    framework_overhead_gib: Overhead = Field(description="CUDA context and allocator reserve, or a CPU process's runtime")
+    backward_overhead_gib: Overhead = Field(0.0, description="the first backward's fixed cost (autograd engine threads)")
+    allocator_rounding_bytes: _bounded(1, 2**30, low_open=False, integer=True)
+    sources: dict[StrictStr, StrictStr]
+    notes: StrictStr | None = None
+    calibrated_from: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _room_left(self) -> "HardwareProfile":
+        overhead = self.framework_overhead_gib + self.backward_overhead_gib
+        if overhead >= self.memory_gib:
+            raise ValueError(f"framework_overhead_gib + backward_overhead_gib = {overhead:g} GiB leaves nothing of "
+                             f"memory_gib {self.memory_gib:g}: the overheads must be smaller than the memory")
+        return self
 
     @field_validator("sources")
     @classmethod
@@ -103,26 +142,30 @@ class HardwareProfile(_Strict):
 
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    where = clip(".".join(str(p) for p in err["loc"]), 80) or "(top level)"
     got = err.get("input")
-    shown = f", got {got!r}" if got is not None and not isinstance(got, dict) else ""
-    kind = err["type"]
+    shown = f", got {clip(repr(got))}" if got is not None and not isinstance(got, dict) else ""
+    kind, message = err["type"], str(err["msg"]).removeprefix("Value error, ")
     if kind == "missing":
-        return f"field {where} is missing"
+        return f"field {where} is missing: a profile states every figure ('dattn profiles show cpu-host' shows one)"
     if kind == "extra_forbidden":
         return f"field {where} is not a profile field (units belong in the field name, e.g. memory_gib)"
+    if kind == "value_error":  # our own checks, which say what they got
+        return f"field {where}: {message}" if where != "(top level)" else message
     if kind.startswith("float") or kind.startswith("int"):
-        return f"field {where}: {err['msg'].lower()}{shown} (plain numbers; the unit is in the field name)"
-    return f"field {where}: {err['msg']}{shown}"
+        return f"field {where}: {message.lower()}{shown} (plain numbers; the unit is in the field name)"
+    return f"field {where}: {message}{shown}"
 
 
 def parse_profile(text: str, source: str) -> HardwareProfile:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ProfileError(f"{source}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        data = load_yaml(text, source)
+    except ValueError as exc:
+        raise ProfileError(str(exc)) from None
+    return _validated(data, source)
+
+
+def _validated(data: object, source: str) -> HardwareProfile:
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: expected a mapping of profile fields, got {type(data).__name__}")
     try:
@@ -143,17 +186,21 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
     """A shipped profile by name, or the user's own YAML by path."""
     shipped = shipped_profiles()
     key = str(name_or_path)
-    path = shipped.get(key) or shipped.get(key.lower())
-    if path is None:
-        path = Path(name_or_path)
-        if not path.is_file():
-            raise ProfileError(f"--profile {key!r}: no such shipped profile or file; use one of "
-                               f"{', '.join(shipped)} or a path to a YAML file")
+    if key in shipped or key.lower() in shipped:
+        return parse_profile((shipped.get(key) or shipped[key.lower()]).read_text(), key)
+    path = Path(name_or_path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read ({exc.strerror})") from None
-    return parse_profile(text, str(path))
+        found = path.is_file()
+    except (OSError, ValueError):  # a name too long for the file system, or with a NUL
+        found = False
+    if not found:
+        raise ProfileError(f"--profile {clip(repr(key))}: no such shipped profile or file; use one of "
+                           f"{', '.join(shipped)} or a path to a YAML file")
+    try:
+        data = read_yaml(path, clip(str(path)))
+    except ValueError as exc:
+        raise ProfileError(str(exc)) from None
+    return _validated(data, clip(str(path)))
 
 
 def dump_profile(profile: HardwareProfile) -> str:

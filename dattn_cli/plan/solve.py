@@ -10,11 +10,16 @@ import math
 from pydantic import BaseModel, SerializeAsAny
 
 from ..workload.counts import FWD_BWD_FACTOR, spanning_pairs
-from ..workload.problem import ELEMENT_BYTES, Problem
+from ..workload.parse import MAX_SEQ_LEN
+from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
 from .layers import estimate_layer_time, layer_memory
 from .memory import MemoryBreakdown, estimate_memory, framework_bytes
 from .profiles import HardwareProfile, load_profile
 from .time import TimeBreakdown, estimate_time
+
+
+SEQ_SEARCH_CAP = MAX_SEQ_LEN  # max_seq searches no further: a Problem takes no longer sequence
+DEVICE_SEARCH_CAP = SIZE_LIMITS["world_size"]  # min_devices likewise
 
 
 class Plan(BaseModel):
@@ -27,6 +32,15 @@ class Plan(BaseModel):
     time: TimeBreakdown | None
     feasible: bool
     reason: str
+
+
+class SeqSearch(BaseModel):
+    """max_seq's answer: the largest N found to fit, its plan, and whether the search stopped at its cap
+    (then every N it tried fits: `seq_len` is no bound, only how far it looked)."""
+
+    seq_len: int
+    plan: Plan | None
+    capped: bool
 
 
 def _infeasible(s: Problem, profile: HardwareProfile, devices: int, reason: str,
@@ -50,6 +64,8 @@ def plan(s: Problem, profile: HardwareProfile, devices: int | None = None) -> Pl
     devices = devices or s.world_size
     s = s.model_copy(update={"world_size": devices})
     device_type = "cpu" if profile.kind == "cpu" else "cuda"
+    if devices > s.seq_len:
+        return _infeasible(s, profile, devices, f"{devices:,} devices for N={s.seq_len:,}: each needs at least one position")
     try:
         memory = _memory(s, profile, device_type)
     except ValueError as exc:
@@ -96,8 +112,18 @@ def _granule(s: Problem, devices: int) -> int:
 
 def max_seq(s: Problem, profile: HardwareProfile, devices: int = 1) -> tuple[int, Plan | None]:
     """Largest N (a multiple of the alignment granule) whose plan fits on `devices` devices; (0, None)
-    if none does. Memory grows monotonically with N, so doubling then bisection finds it."""
+    if none does. At the search cap (see max_seq_search) N is the cap itself, not a bound."""
+    found = max_seq_search(s, profile, devices)
+    return found.seq_len, found.plan
+
+
+def max_seq_search(s: Problem, profile: HardwareProfile, devices: int = 1) -> SeqSearch:
+    """Largest N (a multiple of the alignment granule, at most SEQ_SEARCH_CAP) whose plan fits on `devices`
+    devices. Memory grows monotonically with N, so doubling then bisection finds it; when even the cap
+    fits, the answer says so (capped) instead of passing the cap off as the largest N."""
     granule = _granule(s, devices)
+    if granule > SEQ_SEARCH_CAP:
+        return SeqSearch(seq_len=0, plan=None, capped=False)
 
     def fits(n: int) -> Plan | None:
         p = plan(s.model_copy(update={"seq_len": n}), profile, devices)
@@ -110,9 +136,9 @@ def max_seq(s: Problem, profile: HardwareProfile, devices: int = 1) -> tuple[int
         if p is None:
             break
         lo, best = hi, p
-        hi *= 2
-        if hi > 2**40:
-            break
+        if hi == SEQ_SEARCH_CAP // granule * granule:
+            return SeqSearch(seq_len=lo, plan=best, capped=True)
+        hi = min(hi * 2, SEQ_SEARCH_CAP // granule * granule)
     while hi - lo > granule:
         mid = (lo + hi) // 2 // granule * granule
         if mid <= lo:
@@ -122,11 +148,13 @@ def max_seq(s: Problem, profile: HardwareProfile, devices: int = 1) -> tuple[int
             lo, best = mid, p
         else:
             hi = mid
-    return lo, best
+    return SeqSearch(seq_len=lo, plan=best, capped=False)
 
 
-def min_devices(s: Problem, profile: HardwareProfile, limit: int = 1 << 20) -> tuple[int | None, Plan | None]:
-    """Fewest devices (powers of two, then refined) on which N fits; (None, None) if none up to `limit`."""
+def min_devices(s: Problem, profile: HardwareProfile, limit: int = DEVICE_SEARCH_CAP) -> tuple[int | None, Plan | None]:
+    """Fewest devices (powers of two, then refined) on which N fits; (None, None) if none up to `limit`
+    (nor up to N: a device holds at least one position)."""
+    limit = min(limit, s.seq_len)
     d = 1
     while d <= limit:
         p = plan(s, profile, d)

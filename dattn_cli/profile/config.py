@@ -12,6 +12,7 @@ import torch
 from pydantic import BaseModel, field_validator
 
 from ..kernels.registry import names
+from ..workload.parse import MAX_CALLS, MAX_SEED, check_count
 from ..workload.problem import Problem
 
 
@@ -28,14 +29,19 @@ class ProfileSettings(BaseModel):
     def _some_iterations(cls, value: int) -> int:
         if value < 1:
             raise ValueError(f"--iterations must be >= 1, got {value}: pass --iterations 1 or more")
-        return value
+        return check_count("--iterations", value, 1, MAX_CALLS)
 
     @field_validator("warmup")
     @classmethod
     def _no_negative_warmup(cls, value: int) -> int:
         if value < 0:
             raise ValueError(f"--warmup must be >= 0, got {value}: pass --warmup 0 for no warm-up calls")
-        return value
+        return check_count("--warmup", value, 0, MAX_CALLS)
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, value: int) -> int:
+        return check_count("--seed", value, 0, MAX_SEED)
 
 
 def check_problem(problem: Problem) -> torch.device:

@@ -37,3 +37,26 @@ def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
         return True
     return any(word in str(exc).lower() for word in OOM_WORDS)
+
+
+RANKS_PER_CORE = 4  # gloo ranks are processes: past a few per core they only wait on each other
+MIN_RANK_LIMIT = 8
+
+
+def max_spawned_ranks() -> int:
+    """The most ranks dattn starts on this machine for one process group: RANKS_PER_CORE x the CPU cores
+    (at least MIN_RANK_LIMIT), so a typo like --world-size 1000000 is refused instead of forking that many."""
+    import os
+
+    return max(MIN_RANK_LIMIT, RANKS_PER_CORE * (os.cpu_count() or 1))
+
+
+def check_spawned_ranks(world_size: int, option: str = "--world-size") -> None:
+    """ValueError naming `option` when `world_size` ranks are more than this machine may spawn."""
+    import os
+
+    limit = max_spawned_ranks()
+    if world_size > limit:
+        raise ValueError(f"{option} {world_size:,}: at most {limit} ranks are spawned on this machine "
+                         f"({RANKS_PER_CORE} per CPU core, {os.cpu_count() or 1} cores); use fewer ranks, or "
+                         "'dattn plan --world-size' to plan for more devices")

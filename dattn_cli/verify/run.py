@@ -9,6 +9,8 @@ import torch
 from ..kernels.backends import available_backends
 from ..kernels.block_sparse.patterns import PATTERNS
 from ..kernels.registry import REGISTRY, names
+from ..runtime.limits import check_spawned_ranks
+from ..workload.parse import MAX_SECONDS, MAX_SEED, check_count, check_number, shown
 from .cases import Case, case_matrix
 from .checks import Checks, group_checks, impl_checks, semantics_skips, unavailable_here
 from .compare import DTYPES
@@ -46,8 +48,11 @@ def collect_checks(
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is unknown: use one of {', '.join(DTYPES)}")
     worlds = sorted(set(world_sizes))
-    if any(w < 1 for w in worlds):
-        raise ValueError(f"--world-size values must be >= 1, got {worlds}")
+    if not worlds or any(w < 1 for w in worlds):
+        raise ValueError(f"--world-size values must be >= 1, got {worlds or 'none'}: e.g. --world-size 1,2")
+    check_spawned_ranks(worlds[-1])
+    check_number("--dist-timeout", dist_timeout_s, 0, MAX_SECONDS, low_open=True)
+    check_count("--seed", seed, 0, MAX_SEED)
     distributed_run = worlds != [1]
     requested = list(impls or [])
     grid = _grid(dtype, semantics, causal, backends, device, patterns)
@@ -81,6 +86,8 @@ def run_checks(checks: Checks, on_result: Callable[[CaseResult], None] | None = 
     gen = torch.Generator().manual_seed(checks.seed)
     for variant in checks.single:
         record(check_one(variant, gen))
+    if not results:  # a verify that checked nothing must not pass
+        raise ValueError("verify ran no check: " + "; ".join(checks.skipped or ["nothing was collected"]))
     return VerifyReport(results=results, passed=all(r.passed for r in results), seed=checks.seed,
                         skipped=checks.skipped)
 
@@ -94,6 +101,9 @@ def _runnable(chosen: list[str], requested: bool, distributed_run: bool, device:
         reason = unavailable_here(name, where)
         if reason and requested:
             raise ValueError(f"--impl {name} cannot run here: {reason}")
+        if REGISTRY[name].baseline:  # dense attention computes another function than the dilated reference
+            raise ValueError(f"--impl {name} is a baseline, not a dilated attention: verify checks "
+                             f"{', '.join(names(lambda s: not s.baseline))}")
         if reason:
             skipped.append(f"{name}: {reason}")
         else:
@@ -122,7 +132,7 @@ def _grid(dtype: str, semantics: Iterable[str], causal: Iterable[bool], backends
 def _check_implementations(chosen: list[str]) -> None:
     for name in chosen:
         if name not in REGISTRY:
-            raise ValueError(f"--impl {name!r} is not registered: use one of {', '.join(REGISTRY)}")
+            raise ValueError(f"--impl {shown(name)} is not registered: use one of {', '.join(REGISTRY)}")
 
 
 def _check_backends(backends: list[str], device: str) -> None:

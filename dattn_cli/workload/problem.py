@@ -2,7 +2,9 @@
 profiled or planned. verify, bench, profile and plan all describe their work as a Problem; a bench
 sweep and a profile run add their measurement settings to it (bench/sweep_config.py, profile/config.py).
 
-A bad field is refused with one sentence naming the command-line option and the fix.
+A bad field is refused with one sentence naming the command-line option and the fix. Sizes have stated
+bounds (SIZE_LIMITS): far above any real problem, they keep a typo like --seq-len 10**30 from reaching
+torch or the planner's arithmetic (2**40 tokens is also where plan --max-seq stops searching).
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from pydantic import BaseModel, field_validator, model_validator
 
 from ..kernels.pattern import validate_pattern
 from ..kernels.registry import REGISTRY, ImplSpec, names
+from .parse import MAX_SEQ_LEN, shown
 
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+# The largest value of each size field (the smallest is 1).
+SIZE_LIMITS = {"batch": 2**20, "seq_len": MAX_SEQ_LEN, "heads": 2**16, "head_dim": 2**16, "world_size": 2**20,
+               "block_size": 2**30, "layers": 2**16, "vocab_size": 2**31, "embed_dim": 2**24}
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 Target = Literal["attention", "layer", "model"]
 
@@ -56,14 +62,37 @@ class Problem(BaseModel):
     @classmethod
     def _registered(cls, value: str) -> str:
         if value not in REGISTRY:
-            raise ValueError(f"--impl {value!r} is unknown: use one of {', '.join(REGISTRY)} (see 'dattn impls')")
+            raise ValueError(f"--impl {shown(value)} is unknown: use one of {', '.join(REGISTRY)} (see 'dattn impls')")
         return value
 
-    @field_validator("batch", "heads", "head_dim", "seq_len", "world_size", "block_size", "layers", "vocab_size")
+    @field_validator(*SIZE_LIMITS)
     @classmethod
-    def _positive(cls, value: int, info) -> int:
+    def _positive(cls, value: int | None, info) -> int | None:
+        if value is None:  # embed_dim: heads x head_dim
+            return value
+        option, limit = "--" + info.field_name.replace("_", "-"), SIZE_LIMITS[info.field_name]
         if value <= 0:
-            raise ValueError(f"--{info.field_name.replace('_', '-')} must be >= 1, got {value}")
+            raise ValueError(f"{option} must be >= 1, got {value}")
+        if value > limit:
+            raise ValueError(f"{option} {value:,} is more than dattn handles ({limit:,} = 2**{limit.bit_length() - 1}): "
+                             f"give {option} between 1 and {limit:,}")
+        return value
+
+    @field_validator("window", "global_blocks", "levels")
+    @classmethod
+    def _block_counts(cls, value: int | None, info) -> int | None:
+        """Block-pattern counts: the pattern checks their meaning, here only that they are sane numbers."""
+        limit = 64 if info.field_name == "levels" else 2**30
+        if value is not None and not 0 <= value <= limit:
+            option = "--" + info.field_name.replace("_", "-")
+            raise ValueError(f"{option} must be from 0 to {limit:,}, got {value:,}")
+        return value
+
+    @field_validator("mlp_ratio")
+    @classmethod
+    def _finite_ratio(cls, value: float) -> float:
+        if not 0 < value <= 1024:  # NaN fails too
+            raise ValueError(f"mlp_ratio must be in (0, 1024], got {value}")
         return value
 
     @model_validator(mode="after")
@@ -74,6 +103,9 @@ class Problem(BaseModel):
                 raise ValueError("--checkpointing and --amp apply to --target layer or model")
         else:
             self._check_layer_target()
+        if self.world_size > self.seq_len:
+            raise ValueError(f"--world-size {self.world_size:,} is more than N={self.seq_len:,}: each rank needs at "
+                             "least one position; use fewer ranks or a longer --seq-len")
         if self.world_size > 1 and not self.spec.distributed:
             raise ValueError(f"--world-size {self.world_size}: {self.impl} runs on one process; use a distributed "
                              f"implementation ({', '.join(names(lambda s: s.distributed))}) or --world-size 1")

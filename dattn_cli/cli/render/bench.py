@@ -18,7 +18,7 @@ def _title(rows: list) -> str:
     if rows:
         r = rows[0]
         distributed = any(row.world_size > 1 for row in rows)
-        title += (f" ({r.mode}, {r.dtype}, {r.device}, B={r.batch} H={r.heads} D={r.head_dim}"
+        title += (f" ({escape(r.mode)}, {escape(r.dtype)}, {escape(r.device)}, B={r.batch} H={r.heads} D={r.head_dim}"
                   + (f", {r.world_size} ranks: time of the slowest rank, memory and bytes of the largest rank" if distributed else "")
                   + "; time = median of repeats; TFLOP/s counts attended pairs only)")
     return title
@@ -28,7 +28,7 @@ def _cells(r, ratio: float | None, columns: tuple[bool, bool, bool]) -> list[str
     patterned, distributed, ratioed = columns
     pattern_cells = [escape(r.pattern or "-"), f"{r.element_density:.3f}" if r.element_density is not None else "-"]
     cells = [
-        r.impl, *(pattern_cells if patterned else []), f"{r.seq_len:,}",
+        escape(r.impl), *(pattern_cells if patterned else []), f"{r.seq_len:,}",
         f"{r.time_ms:.1f}" if r.time_ms is not None else "-",
         *([f"{ratio:.2f}" if ratio is not None else "-"] if ratioed else []),
         f"{r.tokens_per_s:,.0f}" if r.tokens_per_s is not None else "-",
@@ -62,7 +62,7 @@ def bench_table(result: SweepResult) -> Table:
         table.add_row(*_cells(r, ratio, shape))
     for s in result.summaries:
         table.add_section()
-        lead = [s.impl] + ([escape(s.pattern or "-"), ""] if patterned else [])
+        lead = [escape(s.impl)] + ([escape(s.pattern or "-"), ""] if patterned else [])
         table.add_row(*lead, *[""] * (len(columns) - len(lead) - 1), escape(s.summary))
     return table
 
@@ -93,7 +93,7 @@ def regression_table(regressions: list[Regression], matched: int, threshold: flo
     for col in ("impl", "N", "mode", "baseline ms", "current ms", "change"):
         table.add_column(col)
     for r in regressions:
-        table.add_row(r.impl, str(r.seq_len), r.mode, f"{r.baseline_ms:.1f}", f"{r.current_ms:.1f}", f"[red]+{r.change_pct:.1f}%[/]")
+        table.add_row(escape(r.impl), str(r.seq_len), escape(r.mode), f"{r.baseline_ms:.1f}", f"{r.current_ms:.1f}", f"[red]+{r.change_pct:.1f}%[/]")
     return table
 
 

@@ -3,19 +3,36 @@
 Tables and summaries go to stdout, unless machine output (`--json -`, `--csv -`) claims stdout: then they go
 to stderr, so that `dattn plan ... --json - | python -m json.tool` reads JSON alone. Progress always goes to
 stderr: rich bars on a terminal, one line per step when stderr is a log or a pipe, nothing with --quiet.
+
+User text (names from profiles, reports and plugins, paths, error messages) is never read as rich markup:
+notes and progress lines print literally, and renderers pass such text through `literal` into table cells
+and titles, so a name like "[/bold]" prints as written instead of raising MarkupError.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 WIDTH = 120  # logs and pipes get full tables
+
+
+def tolerant(stream: Any) -> Any:
+    """`stream`, set to replace what its encoding cannot write (a name in Unicode on an ASCII terminal prints
+    with '?' instead of failing the command after its work is done)."""
+    if getattr(stream, "encoding", "utf-8").lower().replace("-", "") != "utf8" and hasattr(stream, "reconfigure"):
+        try:
+            stream.reconfigure(errors="replace")
+        except (OSError, ValueError):
+            pass
+    return stream
 
 
 class _Tables:
@@ -26,7 +43,7 @@ class _Tables:
         self.quiet = False
 
     def console(self) -> Console:
-        stream = sys.stderr if self.to_stderr else sys.stdout
+        stream = tolerant(sys.stderr if self.to_stderr else sys.stdout)
         return Console(file=stream, width=None if stream.isatty() else WIDTH)
 
     def print(self, *objects: Any, **options: Any) -> None:
@@ -46,12 +63,17 @@ def set_quiet(quiet: bool) -> None:
 
 
 def stderr_console() -> Console:
-    return Console(stderr=True, width=None if sys.stderr.isatty() else WIDTH)
+    return Console(file=tolerant(sys.stderr), width=None if sys.stderr.isatty() else WIDTH)
 
 
-def note(text: str) -> None:
-    """A line for people on stderr (rich markup allowed)."""
-    stderr_console().print(text)
+def note(text: str, style: str | None = None) -> None:
+    """A line for people on stderr, printed literally (no markup: it often holds paths and names), in `style`."""
+    stderr_console().print(text, style=style, markup=False)
+
+
+def literal(value: object) -> str:
+    """User text for a markup string (a table cell or title): shown as written, never read as markup."""
+    return escape(str(value))
 
 
 class LineProgress:
@@ -90,15 +112,15 @@ def progress(quiet: bool | None = None) -> Progress | LineProgress:
     if quiet or not sys.stderr.isatty():
         return LineProgress(quiet=quiet)
     return Progress(
-        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=stderr_console(), transient=True,
+        TextColumn("{task.description}", markup=False, style="progress.description"), BarColumn(),
+        MofNCompleteColumn(), TimeElapsedColumn(), console=stderr_console(), transient=True,
     )
 
 
 def emit(target: str, text: str) -> None:
     """Text to a file, or to stdout for '-'."""
     if target == "-":
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        tolerant(sys.stdout).write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
     else:
         Path(target).write_text(text)
@@ -113,8 +135,15 @@ def fmt_error(x: float) -> str:
 
 
 def size(nbytes: int | None) -> str:
+    """Bytes in the largest binary unit; "-" for none, "n/a" for a value that is not a size (NaN, infinite,
+    negative), so such a figure never reaches a table as a number."""
     if nbytes is None:
         return "-"
+    try:
+        if not math.isfinite(float(nbytes)) or nbytes < 0:
+            return "n/a"
+    except (OverflowError, TypeError, ValueError):
+        return "n/a"
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
@@ -122,4 +151,9 @@ def size(nbytes: int | None) -> str:
 
 
 def num(value: float | None) -> str:
-    return "-" if value is None else f"{value:g}"
+    if value is None:
+        return "-"
+    try:
+        return f"{value:g}" if math.isfinite(float(value)) else "n/a"
+    except (OverflowError, TypeError, ValueError):
+        return "n/a"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from .common import size
+from .common import literal, size
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -18,34 +19,39 @@ TIME_LABELS = {"attention": "time per call", "layer": "time per block call", "mo
 
 def _what(s) -> str:
     if s.target == "attention":
-        return f"{s.impl} ({s.strategy})"
+        return f"{literal(s.impl)} ({s.strategy})"
     options = ", ".join(o for o in ("checkpointing" if s.checkpointing else "", f"autocast {s.amp}" if s.amp else "") if o)
     depth = f"LongNetLM {s.layers} x " if s.target == "model" else ""
-    return (f"{depth}DilatedTransformerBlock E={s.embed_dim} around {s.impl}" + (f" ({options})" if options else "")
+    return (f"{depth}DilatedTransformerBlock E={s.embed_dim} around {literal(s.impl)}" + (f" ({options})" if options else "")
             + (f", vocabulary {s.vocab_size:,}" if s.target == "model" else ""))
+
+
+def _ms(seconds: float, digits: int = 1) -> str:
+    """Seconds as milliseconds; "n/a" for a figure that is not finite (it never reaches a table as 'inf ms')."""
+    return f"{seconds * 1e3:,.{digits}f} ms" if math.isfinite(seconds) else "n/a"
 
 
 def _time_rows(table: Table, result: Plan) -> None:
     s, t = result.problem, result.time
     table.add_section()
     table.add_row("FLOPs (docs/semantics.md convention)", f"{t.flops:.3e}")
-    table.add_row("compute time", f"{t.compute_s * 1e3:,.1f} ms" + (f" ({t.note})" if s.target != "attention" else ""))
+    table.add_row("compute time", _ms(t.compute_s) + (f" ({literal(t.note)})" if s.target != "attention" else ""))
     if s.target == "attention":
-        table.add_row(f"communication ({t.link}, {t.messages} messages)", f"{size(t.comm_bytes)}, {t.comm_s * 1e3:,.2f} ms")
-        table.add_row("communication hidden under compute", ("yes" if t.comm_hidden else "no") + f" ({t.note})")
+        table.add_row(f"communication ({t.link}, {t.messages} messages)", f"{size(t.comm_bytes)}, {_ms(t.comm_s, 2)}")
+        table.add_row("communication hidden under compute", ("yes" if t.comm_hidden else "no") + f" ({literal(t.note)})")
     label = "time per forward" if s.target == "model" and s.mode == "fwd" else TIME_LABELS[s.target]
-    table.add_row(f"[bold]{label}[/]", f"[bold]{t.total_s * 1e3:,.1f} ms[/]")
+    table.add_row(f"[bold]{label}[/]", f"[bold]{_ms(t.total_s)}[/]")
 
 
 def plan_table(result: Plan, solved: str | None, advice: str) -> Table:
     s = result.problem
-    title = (f"dattn plan: {_what(s)} on {result.devices} x {result.profile}, N={s.seq_len:,}, B={s.batch} "
+    title = (f"dattn plan: {_what(s)} on {result.devices} x {literal(result.profile)}, N={s.seq_len:,}, B={s.batch} "
              f"H={s.heads} D={s.head_dim}, {s.dtype}, {s.mode}" + (", causal" if s.causal else ""))
     table = Table(title=title, show_header=True)
     table.add_column("item")
     table.add_column("per device", justify="right")
     for name, value in result.memory.items.items():
-        table.add_row(name, size(value))
+        table.add_row(literal(name), size(value))
     table.add_section()
     phase = getattr(result.memory, "phase", None)
     table.add_row("[bold]peak memory[/]" + (f" (during: {phase})" if phase else ""),
@@ -54,11 +60,11 @@ def plan_table(result: Plan, solved: str | None, advice: str) -> Table:
         _time_rows(table, result)
     table.add_section()
     verdict = "[green]feasible[/]" if result.feasible else "[red]infeasible[/]"
-    table.add_row("verdict", f"{verdict}: {result.reason}")
+    table.add_row("verdict", f"{verdict}: {literal(result.reason)}")
     if solved:
-        table.add_row("solver", solved)
+        table.add_row("solver", literal(solved))
     if s.target == "attention":
-        table.add_row("ring chunk advice", advice)
+        table.add_row("ring chunk advice", literal(advice))
     return table
 
 
@@ -69,6 +75,7 @@ def _pct(v) -> str:
 def check_table(frame: pd.DataFrame, profile: str, stats: dict) -> Table:
     med, worst = stats["mem_error_pct_median_abs"], stats["mem_error_pct_max_abs"]
     tmed, tworst = stats["time_error_pct_median_abs"], stats["time_error_pct_max_abs"]
+    profile = literal(profile)
     title = (f"dattn plan --check against {profile}: memory error median {med:.1f}% max {worst:.1f}%; "
              f"time error median {tmed:.1f}% max {tworst:.1f}%" if med is not None and tmed is not None
              else f"dattn plan --check against {profile}")
@@ -79,7 +86,8 @@ def check_table(frame: pd.DataFrame, profile: str, stats: dict) -> Table:
     for col in columns:
         table.add_column(col, justify="left" if col in ("impl", "target", "mode") else "right", overflow="fold")
     for r in frame.to_dict(orient="records"):
-        table.add_row(r["impl"], *([r["target"]] if layered else []), str(r["seq_len"]), r["mode"], str(r["world_size"]),
+        table.add_row(literal(r["impl"]), *([literal(r["target"])] if layered else []), str(r["seq_len"]),
+                      literal(r["mode"]), str(r["world_size"]),
                       size(r["measured_mem_bytes"]), size(r["predicted_mem_bytes"]), _pct(r["mem_error_pct"]),
                       f"{r['measured_ms']:,.1f}" if r["measured_ms"] else "-",
                       f"{r['predicted_ms']:,.1f}" if r["predicted_ms"] else "-", _pct(r["time_error_pct"]))

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Callable
 
 from rich.table import Table
 
-from .common import size
+from .common import literal, size
 
 if TYPE_CHECKING:
     from ...profile import ProfileReport
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def _title(report: ProfileReport) -> str:
     p, c = report.config.problem, report.config
-    return (f"dattn profile {p.impl} ({p.mode}, {p.dtype}, {p.device}, B={p.batch} N={p.seq_len} "
+    return (f"dattn profile {literal(p.impl)} ({p.mode}, {p.dtype}, {p.device}, B={p.batch} N={p.seq_len} "
             f"H={p.heads} D={p.head_dim}, {c.iterations} iterations; speed-up on/off {report.speedup_on_vs_off:.2f}x)")
 
 
@@ -38,7 +38,7 @@ def _rows(on) -> list[tuple[str, Callable]]:
             ("cuda alloc retries / OOMs",
              lambda s: f"{s.memory.cuda_allocator.num_alloc_retries} / {s.memory.cuda_allocator.num_ooms}"),
         ]
-    rows.append(("backend", lambda s: s.backend or "-"))
+    rows.append(("backend", lambda s: literal(s.backend or "-")))
     if on.block_pattern is not None:
         rows += _block_rows()
     return rows
@@ -49,9 +49,9 @@ def _block_rows() -> list[tuple[str, Callable]]:
         return lambda s: fn(s.block_pattern) if s.block_pattern else "-"
 
     return [
-        ("block pattern", get(lambda b: b.description)),
+        ("block pattern", get(lambda b: literal(b.description))),
         ("density: blocks / (query, key) pairs", get(lambda b: f"{b.block_density:.4f} / {b.element_density:.4f}")),
-        ("executor", get(lambda b: b.executor or "-")),
+        ("executor", get(lambda b: literal(b.executor or "-"))),
         ("block table / cached pattern bytes", get(lambda b: f"{size(b.block_table_bytes)} / {size(b.cached_bytes)}")),
     ]
 
@@ -64,7 +64,7 @@ def profile_table(report: ProfileReport) -> Table:
     on, off = report.caches_on, report.caches_off
     for name, get in _rows(on):
         table.add_row(name, get(on), get(off))
-    table.caption = f"memory: {on.memory.memory_method}" + (f"; trace: {report.trace_path}" if report.trace_path else "")
+    table.caption = literal(f"memory: {on.memory.memory_method}" + (f"; trace: {report.trace_path}" if report.trace_path else ""))
     return table
 
 

@@ -6,14 +6,15 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from .common import fmt_error
+from .common import fmt_error, literal
 
 if TYPE_CHECKING:
     from ...verify import CaseResult, VerifyReport
 
 
 def _label(impl: str, world: int) -> str:
-    return impl if world == 1 else f"{impl} (p={world})"
+    """The implementation of a row, as a table cell (escaped: plugin names are user text)."""
+    return literal(impl if world == 1 else f"{impl} (p={world})")
 
 
 def verify_table(report: VerifyReport, details: bool = False) -> Table:
@@ -32,7 +33,7 @@ def verify_table(report: VerifyReport, details: bool = False) -> Table:
         worst = {q: max((e.rel for r in rows for k, e in r.errors.items() if k == q or (q == "grads" and k.startswith("d"))),
                         default=None) for q in ("out", "lse", "grads")}
         bad = sum(not r.passed for r in rows)
-        table.add_row(_label(impl, world), pattern or "-", str(len(rows)),
+        table.add_row(_label(impl, world), literal(pattern or "-"), str(len(rows)),
                       *(fmt_error(worst[q]) if worst[q] is not None else "-" for q in ("out", "lse", "grads")),
                       "[green]ok[/]" if not bad else f"[red]{bad} failed[/]")
     return table
@@ -44,10 +45,10 @@ def _verify_cases(report: VerifyReport, details: bool) -> Table:
         table.add_column(col, justify="right" if col in ("out", "lse", "grads") else "left", overflow="fold")
     for r in report.results if details else report.failures:
         grads = [e for k, e in r.errors.items() if k.startswith("d")]
-        status = "[green]ok[/]" if r.passed else f"[red]FAIL[/] {r.message}".strip()
+        status = "[green]ok[/]" if r.passed else f"[red]FAIL[/] {literal(r.message or '')}".strip()
         table.add_row(
-            _label(r.impl, r.world_size), r.pattern or "-", r.case, r.semantics, "yes" if r.causal else "no", r.backend,
-            r.dtype,
+            _label(r.impl, r.world_size), literal(r.pattern or "-"), literal(r.case), r.semantics,
+            "yes" if r.causal else "no", literal(r.backend), r.dtype,
             fmt_error(r.errors["out"].rel) if "out" in r.errors else "-",
             fmt_error(r.errors["lse"].rel) if "lse" in r.errors else "-",
             fmt_error(max(e.rel for e in grads)) if grads else "-",
@@ -58,7 +59,8 @@ def _verify_cases(report: VerifyReport, details: bool) -> Table:
 
 def check_line(r: CaseResult) -> str:
     """One finished check, for progress: "ImprovedDilatedAttention 'ragged N' longnet causal ok"."""
-    parts = [_label(r.impl, r.world_size), f"'{r.case}'", r.semantics, *([f"pattern {r.pattern}"] if r.pattern else []),
+    label = r.impl if r.world_size == 1 else f"{r.impl} (p={r.world_size})"  # progress prints it literally
+    parts = [label, f"'{r.case}'", r.semantics, *([f"pattern {r.pattern}"] if r.pattern else []),
              "causal" if r.causal else "non-causal", *([r.backend] if r.backend != "auto" else [])]
     return " ".join(parts) + (" ok" if r.passed else " FAILED")
 
@@ -88,9 +90,10 @@ def verify_summary(report: VerifyReport, own: bool = False) -> str:
     n, bad = len(report.results), len(report.failures)
     what = f"{n} check{'' if n == 1 else 's'}" + (f" of {_configuration(report)}" if own and report.results else "")
     if not bad:
-        return f"[green]verify passed[/]: {what}, seed {report.seed}"
+        return f"[green]verify passed[/]: {literal(what)}, seed {report.seed}"
     names = sorted({f"{r.impl} ({r.case}, {r.semantics}, causal={r.causal})" for r in report.failures})
-    return f"[red]verify FAILED[/]: {bad} of {what}; " + "; ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+    failed = "; ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+    return f"[red]verify FAILED[/]: {bad} of {literal(what)}; " + literal(failed)
 
 
 def _configuration(report: VerifyReport) -> str:
