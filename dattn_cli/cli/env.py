@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from .options import JsonOption
-from .render.common import emit_json, machine_output, stdout
+from .options import CsvOption, JsonOption
+from .render.common import emit_csv, emit_json, machine_output, stdout
 from .render.env import env_table
 
 
-def env(json_out: JsonOption = None) -> None:
+def env(json_out: JsonOption = None, csv_out: CsvOption = None) -> None:
     """torch, devices (via NVML), attention backends found here."""
     from ..runtime.envinfo import collect_environment
 
-    machine_output(json_out)
+    machine_output(json_out, csv_out)
     info = collect_environment()
     stdout.print(env_table(info))
     if json_out:
         emit_json(json_out, info.model_dump())
+    if csv_out:
+        emit_csv(csv_out, [info.model_dump()])

@@ -9,10 +9,10 @@ import typer
 
 from .options import (DEFAULT_MODE, AmpOption, BatchOption, CalibrateOption, CausalOption, CheckOption, CheckpointingOption,
                       DevicesOption, DilationsOption, DTypeOption, EmbedDimOption, FailIfInfeasibleOption,
-                      HeadDimOption, HeadsOption, ImplOption, JsonOption, LayersOption, MaxSeqOption, MemoryOption,
+                      HeadDimOption, HeadsOption, ImplOption, JsonOption, CsvOption, LayersOption, MaxSeqOption, MemoryOption,
                       MinDevicesOption, ModeOption, ProfileOption, SaveOption, SegmentsOption, SemanticsOption,
                       SeqLenOption, TargetOption, VocabSizeOption, check_ranks)
-from .render.common import machine_output, emit_json, note, stdout
+from .render.common import machine_output, emit_csv, emit_json, note, stdout
 from .render.plan import check_table, plan_table
 
 DEFAULT_IMPL = {"attention": "ImprovedDilatedAttention", "layer": "ImprovedMultiheadDilatedAttention",
@@ -44,17 +44,22 @@ def _calibrate(hw, report: Path, save: Path | None) -> None:
         note(f"{impl_name}: attention efficiency {value:.4f} of peak")
 
 
-def _check_files(check: Path | None, calibrate: Path | None, save: Path | None, json_out: str | None) -> None:
+def _check_files(check: Path | None, calibrate: Path | None, save: Path | None, json_out: str | None,
+                 csv_out: str | None) -> None:
     """Before any work: no output over an input (--save over the --calibrate report), outputs writable."""
     from ..workload.reportfile import check_distinct, check_output_path
 
-    check_distinct({"--check": check, "--calibrate": calibrate, "--save": save, "--json": json_out},
+    check_distinct({"--check": check, "--calibrate": calibrate, "--save": save, "--json": json_out,
+                    "--csv": csv_out},
                    inputs=("--check", "--calibrate"))
     check_output_path(save, "--save")
     check_output_path(json_out, "--json")
+    check_output_path(csv_out, "--csv")
+    if calibrate is not None and (json_out or csv_out):
+        raise ValueError("--json and --csv write a plan or a --check; --calibrate writes its profile with --save")
 
 
-def _check(hw, report: Path, json_out: str | None) -> None:
+def _check(hw, report: Path, json_out: str | None, csv_out: str | None) -> None:
     from ..plan import check
 
     frame = check.check_rows(check.ok_rows(report), hw)
@@ -62,6 +67,8 @@ def _check(hw, report: Path, json_out: str | None) -> None:
     stdout.print(check_table(frame, hw.name, stats))
     if json_out:
         emit_json(json_out, {"profile": hw.name, "rows": frame.to_dict(orient="records"), "summary": stats})
+    if csv_out:
+        emit_csv(csv_out, frame.to_dict(orient="records"))
 
 
 def _solve(problem, hw, max_seq: bool, min_devices: bool):
@@ -101,14 +108,14 @@ def plan(
     profile: ProfileOption = "cpu-host", memory: MemoryOption = None,
     max_seq: MaxSeqOption = False, min_devices: MinDevicesOption = False, check: CheckOption = None,
     calibrate: CalibrateOption = None, fail_if_infeasible: FailIfInfeasibleOption = False,
-    save: SaveOption = None, json_out: JsonOption = None,
+    save: SaveOption = None, json_out: JsonOption = None, csv_out: CsvOption = None,
 ) -> None:
     """Predict memory per device and time per call from a stated model (docs/plan.md), or check it against bench rows.
 
     Default --impl: ImprovedDilatedAttention, or ImprovedMultiheadDilatedAttention for --target layer|model.
     """
-    machine_output(json_out)
-    _check_files(check, calibrate, save, json_out)
+    machine_output(json_out, csv_out)
+    _check_files(check, calibrate, save, json_out, csv_out)
     from ..plan import solve
     from ..workload import Problem, parse_int_list, parse_seq_len
 
@@ -120,7 +127,7 @@ def plan(
     if calibrate is not None:
         return _calibrate(hw, calibrate, save)
     if check is not None:
-        return _check(hw, check, json_out)
+        return _check(hw, check, json_out, csv_out)
     if target == "attention":
         check_ranks([impl or DEFAULT_IMPL[target]], devices, "--world-size")
     problem = Problem(
@@ -135,5 +142,7 @@ def plan(
     stdout.print(plan_table(result, solved, advice))
     if json_out:
         emit_json(json_out, {**result.model_dump(), "solved": solved, "chunk_advice": advice})
+    if csv_out:
+        emit_csv(csv_out, [{**result.model_dump(), "solved": solved, "chunk_advice": advice}])
     if fail_if_infeasible and not result.feasible:
         raise typer.Exit(code=1)

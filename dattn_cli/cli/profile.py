@@ -6,10 +6,10 @@ from pathlib import Path
 
 from .options import (DEFAULT_MODE, BatchOption, BlockSizeOption, CausalOption, DensityOption, DeviceOption, DilationsOption,
                       DTypeOption, ExecutorOption, GlobalBlocksOption, HeadDimOption, HeadsOption, ImplOption,
-                      IterationsOption, JsonOption, LevelsOption, ModeOption, PatternOption, QuietOption, SeedOption,
+                      IterationsOption, JsonOption, CsvOption, LevelsOption, ModeOption, PatternOption, QuietOption, SeedOption,
                       SegmentsOption, SemanticsOption, SeqLenOption, ShowPatternOption, TraceOption, WarmupOption,
                       WindowOption)
-from .render.common import emit, machine_output, note, progress, set_quiet, stdout
+from .render.common import emit, emit_csv, machine_output, note, progress, set_quiet, stdout
 from .render.profile import pattern_title, profile_table, setting_line
 
 
@@ -44,10 +44,10 @@ def profile(
     density: DensityOption = None, global_blocks: GlobalBlocksOption = 1, levels: LevelsOption = 2,
     executor: ExecutorOption = "auto", show_pattern: ShowPatternOption = None,
     iterations: IterationsOption = 20, warmup: WarmupOption = 2, seed: SeedOption = 0,
-    trace: TraceOption = None, json_out: JsonOption = None, quiet: QuietOption = False,
+    trace: TraceOption = None, json_out: JsonOption = None, csv_out: CsvOption = None, quiet: QuietOption = False,
 ) -> None:
     """Pattern-cache and memory-pool hit rates, allocator stats, time and peak memory with caches on vs off."""
-    machine_output(json_out)
+    machine_output(json_out, csv_out)
     set_quiet(quiet)
     from ..profile import run_profile
     from ..workload import Problem, parse_int_list, parse_seq_len
@@ -73,3 +73,6 @@ def profile(
         note(f"note: {line}", style="yellow")
     if json_out:
         emit(json_out, report.model_dump_json(indent=1))
+    if csv_out:  # one line per setting, the problem's fields repeated on each
+        problem = report.config.problem.model_dump()
+        emit_csv(csv_out, [{"problem": problem, **s.model_dump()} for s in (report.caches_on, report.caches_off)])

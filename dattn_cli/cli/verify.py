@@ -10,9 +10,9 @@ import typer
 
 from .options import (BackendsOption, BatchOption, BothOption, CausalFilterOption, DetailsOption, DeviceOption,
                       DilationsOption, DistTimeoutOption, DTypeOption, FullOption, HeadDimOption, HeadsOption,
-                      ImplsOption, JsonOption, PatternsOption, QuietOption, SeedOption, SegmentsOption,
+                      ImplsOption, JsonOption, CsvOption, PatternsOption, QuietOption, SeedOption, SegmentsOption,
                       SemanticsSetOption, SeqLenOption, WorldSizeOption)
-from .render.common import emit, machine_output, note, progress, set_quiet, stdout
+from .render.common import emit, emit_csv, machine_output, note, progress, set_quiet, stdout
 from .render.verify import check_line, verify_summary, verify_table, verify_warnings
 
 
@@ -64,7 +64,17 @@ def _note_slow_reference(cases: list, device: str) -> None:
     scores = max(reference_scores(case) for case in cases)
     if scores > SLOW_REFERENCE_SCORES and not device.startswith("cuda"):
         note(f"note: each check computes a dense float64 reference of B x H x N^2 = {scores:.1e} scores, with "
-             "gradients: expect minutes per check on a CPU (--impl checks fewer implementations)")
+             "gradients: expect a minute or more per check on a CPU (--impl checks fewer implementations)")
+
+
+def _note_distributed(impl: list[str] | None, world_sizes: list[int]) -> None:
+    """Your configuration on one process: say how the distributed implementations get the same check."""
+    from ..kernels import REGISTRY
+
+    ranked = [s.name for s in REGISTRY.values() if s.distributed and not s.single_device and not s.baseline]
+    if not impl and world_sizes == [1] and ranked:
+        note(f"note: {', '.join(ranked)} run on rank groups: add --world-size 2 (or 1,2,4) to check them on this "
+             "configuration")
 
 
 def verify(
@@ -76,7 +86,8 @@ def verify(
     pattern: PatternsOption = None,
     full: FullOption = False, seed: SeedOption = 0,
     world_size: WorldSizeOption = "1", dist_timeout: DistTimeoutOption = 120.0,
-    json_out: JsonOption = None, details: DetailsOption = False, quiet: QuietOption = False,
+    json_out: JsonOption = None, csv_out: CsvOption = None, details: DetailsOption = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Equivalence of every implementation against the dense reference, forward and gradients.
 
@@ -90,7 +101,7 @@ def verify(
 
     Default --impl: every single-device implementation, or every distributed one with --world-size > 1.
     """
-    machine_output(json_out)
+    machine_output(json_out, csv_out)
     set_quiet(quiet)
     from ..runtime.envinfo import collect_environment
     from ..verify import OWN_PATTERNS, collect_checks, run_checks
@@ -105,6 +116,7 @@ def verify(
     )
     if own:
         _note_slow_reference(cases, device)
+        _note_distributed(impl, parse_int_list(world_size, "--world-size"))
     with progress() as bar:
         task = bar.add_task("verify", total=checks.total)
         report = run_checks(checks, on_result=lambda r: bar.update(task, advance=1, description=check_line(r)))
@@ -115,5 +127,7 @@ def verify(
     if json_out is not None:
         report.environment = {**collect_environment().model_dump(), "command": ["dattn", *sys.argv[1:]]}
         emit(json_out, report.model_dump_json(indent=1))
+    if csv_out is not None:
+        emit_csv(csv_out, [result.model_dump() for result in report.results])
     if not report.passed:
         raise typer.Exit(code=1)

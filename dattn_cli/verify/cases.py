@@ -53,7 +53,7 @@ def case_matrix(full: bool = False) -> list[Case]:
 OWN_CASE = "your configuration"
 OWN_DEFAULTS = dict(seq_len=4096)  # unset shape options: Problem's defaults, but N 4k (a quick dense reference)
 OWN_PATTERNS = USES_SEGMENTS  # block-sparse checks of the user's configuration: the patterns built from it
-SLOW_REFERENCE_SCORES = 1 << 27  # B x H x N^2 beyond which a note says each check takes a while on a CPU
+SLOW_REFERENCE_SCORES = 1 << 25  # B x H x N^2 beyond which a note says each check takes a while on a CPU
 
 
 def own_cases(seq_lens: list[int] | None = None, **shape) -> list[Case]:

@@ -55,6 +55,8 @@ stdout = _Tables()
 
 def machine_output(*targets: str | None) -> None:
     """Call before printing: a '-' among the machine-output targets moves tables and notes to stderr."""
+    if sum(target == "-" for target in targets) > 1:
+        raise ValueError("--json - and --csv - both want stdout: send one of them to a file")
     stdout.to_stderr = any(target == "-" for target in targets)
 
 
@@ -128,6 +130,13 @@ def emit(target: str, text: str) -> None:
 
 def emit_json(target: str, payload: object) -> None:
     emit(target, json.dumps(payload, indent=1, default=str))
+
+
+def emit_csv(target: str, records: list[dict]) -> None:
+    """One CSV line per record; nested fields become dotted columns (errors.out.rel), lists stay one cell."""
+    import pandas as pd
+
+    emit(target, pd.json_normalize(records).to_csv(index=False))
 
 
 def fmt_error(x: float) -> str:
