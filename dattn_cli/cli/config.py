@@ -11,11 +11,11 @@ from pathlib import Path
 
 import typer
 
-from ..workload.parse import clip, shown
-from ..workload.yaml_input import read_yaml
-
 
 def load_config(path: Path) -> dict:
+    from ..workload.parse import clip  # here, not above: the workload package imports torch
+    from ..workload.yaml_input import read_yaml
+
     data = read_yaml(path, f"--config {clip(path)}")
     if data is None:
         return {}
@@ -26,6 +26,8 @@ def load_config(path: Path) -> dict:
 
 def config_default_map(ctx: typer.Context, data: dict, path: Path) -> dict:
     """click's default_map for `data`: {command: {parameter name: value}}, every name checked."""
+    from ..workload.parse import clip, shown
+
     commands = getattr(ctx.command, "commands", {})
     path = clip(path)
     default_map = {}
@@ -35,13 +37,15 @@ def config_default_map(ctx: typer.Context, data: dict, path: Path) -> dict:
             raise ValueError(f"--config {path}: unknown command {shown(command)}; use one of {', '.join(commands)}")
         if not isinstance(options, dict):
             raise ValueError(f"--config {path}: '{command}' must map option names to values")
-        params = {p.name: p for p in sub.params}
+        params = {p.name: p for p in sub.params}  # by parameter name, and by option name (seq_len for --seq-len)
+        params.update({opt.lstrip("-").replace("-", "_"): p for p in sub.params for opt in getattr(p, "opts", ())
+                       if opt.startswith("--")})
         entry = {}
         for key, value in options.items():
-            name = str(key).replace("-", "_")
-            if name not in params:
+            param = params.get(str(key).lstrip("-").replace("-", "_"))
+            if param is None:
                 raise ValueError(f"--config {path}: '{command}' has no option {shown(key)}; see 'dattn {command} --help'")
-            entry[name] = _value(params[name], value, f"--config {path}: '{command}' option {name}")
+            entry[param.name] = _value(param, value, f"--config {path}: '{command}' option {key}")
         default_map[command] = entry
     return default_map
 
@@ -54,6 +58,8 @@ def _value(param, value: object, where: str) -> object:
         raise ValueError(f"{where}: {value} is not a value for it; write the value as on the command line")
     if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)):
         raise ValueError(f"{where}: a nested value; write it as on the command line, e.g. 2048,4096")
-    if isinstance(value, list) and not getattr(param, "multiple", False):
+    if getattr(param, "multiple", False):
+        return value if isinstance(value, list) else [value]  # impl: sdpa is one repeat
+    if isinstance(value, list):
         return ",".join(str(v) for v in value)
     return value

@@ -9,7 +9,16 @@ import typer
 from .render.common import stdout
 from .render.env import profiles_table
 
-profiles_app = typer.Typer(help="Hardware profiles: list, show, validate (shipped ones or your own YAML).", no_args_is_help=True)
+profiles_app = typer.Typer(help="Hardware profiles: list, show, validate (shipped ones or your own YAML).",
+                           invoke_without_command=True)
+
+
+@profiles_app.callback()
+def profiles_group(ctx: typer.Context) -> None:
+    """Hardware profiles: list, show, validate (shipped ones or your own YAML)."""
+    if ctx.invoked_subcommand is None:  # plain `dattn profiles`: the help, exit 0 (as plain `dattn`)
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
 
 
 @profiles_app.command("list")

@@ -216,3 +216,14 @@ def test_spawned_runs_are_bounded_before_anything_is_spawned():
 
 def test_verify_refuses_a_baseline_instead_of_failing_on_it(capsys):
     assert "baseline" in error_line(*run_cli(["verify", "--impl", "sdpa", *TINY], capsys)[::2])
+
+
+def test_a_command_group_without_its_command_prints_its_help(capsys):
+    code, out, err = run_cli(["profiles"], capsys)  # IndexError on an empty usage message before
+    assert code == 0 and "list" in out and "validate" in out, err
+
+
+@pytest.mark.parametrize("command", [["impls"], ["env"]])
+def test_an_output_file_that_cannot_be_written_is_one_line(command, tmp_path, capsys):
+    line = error_line(*run_cli([*command, "--json", str(tmp_path / "missing" / "out.json")], capsys)[::2])
+    assert "cannot write" in line

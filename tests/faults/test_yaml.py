@@ -161,3 +161,22 @@ def test_config_values_are_read_as_the_command_line_would(tmp_path, capsys):
     dtype = tmp_path / "dtype.yaml"
     dtype.write_text("plan: {dtype: float128}\n")
     assert "float128" in one_error_line(*run_cli(["--config", str(dtype), "plan"], capsys)[::2])
+
+
+def test_config_keys_are_option_names_too_and_a_single_repeat_is_a_list(tmp_path, capsys):
+    by_option = tmp_path / "by_option.yaml"  # plan's --world-size is the parameter `devices`; bench's --seq-len `seq_lens`
+    by_option.write_text('plan: {world_size: 4, impl: RingDilatedAttention, "--seq-len": 64k}\n')
+    code, out, err = run_cli(["--config", str(by_option), "plan"], capsys)
+    assert code == 0 and "on 4 x" in out, err
+    scalar = tmp_path / "scalar.yaml"  # impl: sdpa (not [sdpa]) was "Value must be an iterable"
+    scalar.write_text("bench: {impl: sdpa, seq_len: 256, max_seconds: .nan}\n")
+    assert "--max-seconds" in one_error_line(*run_cli(["--config", str(scalar), "bench"], capsys)[::2])
+
+
+def test_reading_options_does_not_import_torch():
+    """--config is read by the app's root callback: its YAML reader must not drag torch into `dattn --version`."""
+    import subprocess
+    import sys
+
+    code = "import sys, dattn_cli.cli.app; assert 'torch' not in sys.modules, 'torch imported'"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0

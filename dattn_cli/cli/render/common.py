@@ -125,7 +125,11 @@ def emit(target: str, text: str) -> None:
         tolerant(sys.stdout).write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
     else:
-        Path(target).write_text(text)
+        try:
+            Path(target).write_text(text)
+        except OSError as exc:  # a missing folder, a directory, no permission, a full disk: one line, exit 2
+            raise ValueError(f"{target}: cannot write it ({exc.strerror or exc}); give a file in a folder that "
+                             "exists and can be written, or '-' for stdout") from None
 
 
 def emit_json(target: str, payload: object) -> None:
