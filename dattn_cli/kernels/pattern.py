@@ -96,13 +96,9 @@ def head_sets(
     shard, as in head-parallel attention); offsets and groups follow the global head index.
     """
     total = num_heads if total_heads is None else total_heads
-    if semantics == "longnet":
-        sets = []
-        for o in range(rate):
-            start = (o - first_head) % rate
-            if start < num_heads:
-                sets.append((o, start, rate, -(-(num_heads - start) // rate)))
-        return sets
+    if semantics == "longnet":  # offset o: the local heads start, start + rate, ... with (first_head + start) % rate == o
+        starts = range(min(rate, num_heads))  # not range(rate): a rate of 2**30 would loop that long
+        return sorted(((first_head + start) % rate, start, rate, -(-(num_heads - start) // rate)) for start in starts)
     base, extra = divmod(total, num_pairs)
     group_start = pair * base + min(pair, extra)
     group_end = group_start + base + (1 if pair < extra else 0)

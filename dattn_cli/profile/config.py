@@ -67,6 +67,21 @@ def check_problem(problem: Problem) -> torch.device:
     return device
 
 
+def check_memory(problem: Problem, device: torch.device) -> None:
+    """Refuse (one line) a CPU problem whose tensors cannot fit in the memory available now: profile runs in
+    this process, so an allocation failure would end it halfway. About 12 B x N x H x D tensors: q, k, v, the
+    output and their gradients, and the memory pool's gathered copies."""
+    from ..runtime.limits import available_memory_bytes
+
+    available = available_memory_bytes()
+    p = problem
+    need = 12 * p.batch * p.seq_len * p.heads * p.head_dim * p.element_bytes
+    if device.type == "cpu" and available is not None and need > available:
+        raise ValueError(f"--seq-len/--batch/--heads/--head-dim: B={p.batch} N={p.seq_len:,} H={p.heads} D={p.head_dim} "
+                         f"needs about {need / 2**30:,.1f} GiB, more than the {available / 2**30:,.1f} GiB available "
+                         "here: profile a smaller problem ('dattn plan' predicts what fits)")
+
+
 def check_trace(trace: str | Path | None) -> Path | None:
     if trace is None:
         return None

@@ -27,9 +27,10 @@ from ..kernels.cache import get_global_pattern_cache, reset_global_pattern_cache
 from ..kernels.pool import get_global_memory_pool, reset_global_memory_pool
 from ..kernels.registry import names
 from ..runtime.envinfo import cpu_name
+from ..runtime.limits import is_oom
 from ..workload.build import build_module
 from ..workload.problem import Problem
-from .config import ProfileSettings, check_problem, check_trace
+from .config import ProfileSettings, check_memory, check_problem, check_trace
 from .memory import measure, sync
 from .report import BlockPatternStats, MemoryPoolStats, PatternCacheStats, ProfileReport, SettingResult, TimeStats
 from .work import Workload, time_iterations
@@ -46,10 +47,17 @@ def run_profile(problem: Problem, *, iterations: int = 20, warmup: int = 2, seed
     """
     settings = ProfileSettings(problem=problem, iterations=iterations, warmup=warmup, seed=seed)
     device = check_problem(problem)
+    check_memory(problem, device)
     trace_path = check_trace(trace)
-    _prime(settings, device)
-    on = _run_setting(settings, device, caches=True, trace=trace_path)
-    off = _run_setting(settings, device, caches=False, trace=None)
+    try:
+        _prime(settings, device)
+        on = _run_setting(settings, device, caches=True, trace=trace_path)
+        off = _run_setting(settings, device, caches=False, trace=None)
+    except (RuntimeError, MemoryError) as exc:
+        if not is_oom(exc):
+            raise
+        raise ValueError(f"out of memory profiling B={problem.batch} N={problem.seq_len:,} H={problem.heads} "
+                         f"D={problem.head_dim}: profile a smaller problem ('dattn plan' predicts what fits)") from None
     return ProfileReport(
         config=settings,
         environment=_environment(device),

@@ -60,3 +60,15 @@ def check_spawned_ranks(world_size: int, option: str = "--world-size") -> None:
         raise ValueError(f"{option} {world_size:,}: at most {limit} ranks are spawned on this machine "
                          f"({RANKS_PER_CORE} per CPU core, {os.cpu_count() or 1} cores); use fewer ranks, or "
                          "'dattn plan --world-size' to plan for more devices")
+
+
+def available_memory_bytes() -> int | None:
+    """Memory the kernel says can be allocated now without swapping (MemAvailable); None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -9,7 +9,7 @@ import torch
 from ..kernels.backends import available_backends
 from ..kernels.block_sparse.patterns import PATTERNS
 from ..kernels.registry import REGISTRY, names
-from ..runtime.limits import check_spawned_ranks
+from ..runtime.limits import available_memory_bytes, check_spawned_ranks
 from ..workload.parse import MAX_SECONDS, MAX_SEED, check_count, check_number, shown
 from .cases import Case, case_matrix
 from .checks import Checks, group_checks, impl_checks, semantics_skips, unavailable_here
@@ -59,6 +59,7 @@ def collect_checks(
     _check_implementations(requested)
     _check_backends(grid.backends, device)
     checked = cases if cases is not None else case_matrix(full)
+    _check_memory(checked, device)
     skipped = semantics_skips(checked, grid.semantics)
     chosen = _runnable(_implementations(requested, distributed_run), bool(requested), distributed_run, device, skipped)
     sharded = [n for n in chosen if distributed_run and REGISTRY[n].distributed]
@@ -133,6 +134,29 @@ def _check_implementations(chosen: list[str]) -> None:
     for name in chosen:
         if name not in REGISTRY:
             raise ValueError(f"--impl {shown(name)} is not registered: use one of {', '.join(REGISTRY)}")
+
+
+def check_bytes(problem) -> int:
+    """Memory one check of `problem` takes, about: inputs, outputs and gradients in float64 for the reference
+    and in the input dtype for the implementation (12 B x N x H x D tensors of up to 8 bytes), the coverage
+    mask, and the reference's chunk of scores."""
+    p = problem
+    return p.batch * p.seq_len * p.heads * (p.head_dim * 12 * 8 + 1) + (1 << 22) * 8
+
+
+def _check_memory(cases: list[Case], device: str) -> None:
+    """Refuse a case no check of which can fit in this machine's memory (a CPU run): one line naming the shape,
+    rather than an allocation failure halfway through."""
+    available = available_memory_bytes()
+    if device.startswith("cuda") or available is None:
+        return
+    for case in cases:
+        need = check_bytes(case.problem)
+        if need > available:
+            p = case.problem
+            raise ValueError(f"--seq-len/--batch/--heads/--head-dim: a check of B={p.batch} N={p.seq_len:,} H={p.heads} "
+                             f"D={p.head_dim} needs about {need / 2**30:,.1f} GiB (a float64 reference with gradients), "
+                             f"more than the {available / 2**30:,.1f} GiB available here: check a smaller configuration")
 
 
 def _check_backends(backends: list[str], device: str) -> None:

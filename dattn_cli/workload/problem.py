@@ -21,6 +21,7 @@ ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 # The largest value of each size field (the smallest is 1).
 SIZE_LIMITS = {"batch": 2**20, "seq_len": MAX_SEQ_LEN, "heads": 2**16, "head_dim": 2**16, "world_size": 2**20,
                "block_size": 2**30, "layers": 2**16, "vocab_size": 2**31, "embed_dim": 2**24}
+MAX_PAIRS = 64  # (segment length, dilation) pairs of a pattern
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 Target = Literal["attention", "layer", "model"]
 
@@ -76,6 +77,17 @@ class Problem(BaseModel):
         if value > limit:
             raise ValueError(f"{option} {value:,} is more than dattn handles ({limit:,} = 2**{limit.bit_length() - 1}): "
                              f"give {option} between 1 and {limit:,}")
+        return value
+
+    @field_validator("segment_lengths", "dilation_rates")
+    @classmethod
+    def _pattern_sizes(cls, value: list[int], info) -> list[int]:
+        """The pattern's meaning is checked by kernels.pattern; here its size: a handful of pairs is the use."""
+        option = "--segments" if info.field_name == "segment_lengths" else "--dilations"
+        if len(value) > MAX_PAIRS:
+            raise ValueError(f"{option}: {len(value)} values, more than dattn takes ({MAX_PAIRS} pairs)")
+        if any(v > MAX_SEQ_LEN for v in value):
+            raise ValueError(f"{option}: {max(value):,} is more than dattn handles (2**40 = {MAX_SEQ_LEN:,})")
         return value
 
     @field_validator("window", "global_blocks", "levels")

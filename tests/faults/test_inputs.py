@@ -227,3 +227,27 @@ def test_a_command_group_without_its_command_prints_its_help(capsys):
 def test_an_output_file_that_cannot_be_written_is_one_line(command, tmp_path, capsys):
     line = error_line(*run_cli([*command, "--json", str(tmp_path / "missing" / "out.json")], capsys)[::2])
     assert "cannot write" in line
+
+
+def test_a_huge_dilation_rate_is_planned_without_looping_over_it():
+    """head_sets looped over range(rate): rates up to 2**33 hung plan; it now loops over min(rate, heads)."""
+    segments = ",".join(str(2**i) for i in range(6, 40))
+    dilations = ",".join(str(2**i) for i in range(34))
+    done = subprocess.run([sys.executable, "-m", "dattn_cli", "plan", "--segments", segments, "--dilations", dilations,
+                           "--seq-len", "1048576m"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_pattern_of_too_many_pairs_is_one_line(capsys):
+    many = ",".join(["64"] * 65)
+    assert "--segments" in error_line(*run_cli(["plan", "--segments", many, "--dilations", many], capsys)[::2])
+
+
+@pytest.mark.parametrize("command", [
+    ["verify", "--impl", "DilatedAttention", "--segments", "2048", "--dilations", "1"],
+    ["profile", "--segments", "2048", "--dilations", "1", "--iterations", "1", "--warmup", "0"],
+])
+def test_a_problem_far_beyond_this_machines_memory_is_refused_up_front(command, capsys):
+    """Both run in this process: an allocation of terabytes failed halfway, with a torch traceback."""
+    line = error_line(*run_cli([*command, "--seq-len", "1048576m"], capsys)[::2])
+    assert "--seq-len" in line and "GiB" in line
