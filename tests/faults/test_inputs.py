@@ -251,3 +251,14 @@ def test_a_problem_far_beyond_this_machines_memory_is_refused_up_front(command, 
     """Both run in this process: an allocation of terabytes failed halfway, with a torch traceback."""
     line = error_line(*run_cli([*command, "--seq-len", "1048576m"], capsys)[::2])
     assert "--seq-len" in line and "GiB" in line
+
+
+@pytest.mark.parametrize("args", [
+    ["bench", "--impl", "BlockSparseRingDilatedAttention", "--seq-len", "1048576m", "--block-size", "1", "--repeat", "1",
+     "--warmup", "0"],
+    ["profile", "--impl", "BlockSparseRingDilatedAttention", "--seq-len", "64m", "--heads", "1", "--head-dim", "1",
+     "--segments", "2048", "--dilations", "1", "--iterations", "1", "--warmup", "0"],
+])
+def test_a_block_table_too_large_to_build_is_one_line(args, capsys):
+    """The (N / block size)**2 block table: torch's 'Storage size calculation overflowed' before."""
+    assert "--block-size" in error_line(*run_cli(args, capsys)[::2])

@@ -32,6 +32,7 @@ from ..pattern import validate_pattern
 PATTERNS = ("local", "dilated", "global_local", "hierarchical", "longnet")
 USES_SEGMENTS = ("dilated", "longnet")
 USES_WINDOW = ("local", "global_local", "hierarchical")
+MAX_TABLE_BLOCKS = 1 << 16  # blocks per side of a (dense, bool) block table: 4 GiB at most
 
 
 def _distance(num_blocks: int) -> torch.Tensor:
@@ -192,8 +193,11 @@ class BlockPattern:
         return min(candidates, key=lambda w: abs(self._window_table(num_blocks, w).float().mean().item() - self.density))
 
     def table(self, seq_len: int, num_heads: int) -> torch.Tensor:
-        """(num_blocks, num_blocks) bool on the CPU."""
+        """(num_blocks, num_blocks) bool on the CPU; ValueError past MAX_TABLE_BLOCKS blocks per side."""
         nb = self.num_blocks(seq_len)
+        if nb > MAX_TABLE_BLOCKS:
+            raise ValueError(f"N={seq_len:,} in blocks of {self.block_size} is {nb:,} blocks per side: the block table "
+                             f"holds at most {MAX_TABLE_BLOCKS:,}; use a larger --block-size or a shorter --seq-len")
         if self.name in USES_WINDOW:
             return self._window_table(nb, self.resolved_window(nb))
         if self.name == "dilated":
