@@ -240,15 +240,26 @@ PLUGIN_VARIABLE = "DATTN_PLUGINS"
 ENTRY_POINT_GROUP = "dattn.implementations"
 
 
+class PluginError(ImportError, ValueError):
+    """A plugin that cannot be imported: bad input to dattn (the CLI's one line, exit 2), still an ImportError."""
+
+
 def load_plugins() -> None:
     """Import the modules that register implementations from outside dattn: DATTN_PLUGINS (module names,
     comma-separated; e.g. DATTN_PLUGINS=my_attention) and installed packages' 'dattn.implementations'
-    entry points. Each registers its ImplSpecs on import."""
+    entry points. Each registers its ImplSpecs on import; one that fails raises PluginError naming it."""
     for name in filter(None, (part.strip() for part in os.environ.get(PLUGIN_VARIABLE, "").split(","))):
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise ImportError(f"{PLUGIN_VARIABLE}: cannot import {name!r} ({exc}); fix the module name or "
+            raise PluginError(f"{PLUGIN_VARIABLE}: cannot import {name[:200]!r} ({exc}); fix the module name or "
                               "its PYTHONPATH") from None
+        except Exception as exc:  # the plugin's own code failed: --debug shows where
+            raise PluginError(f"{PLUGIN_VARIABLE}: importing {name[:200]!r} failed: {type(exc).__name__}: {exc} "
+                              "(--debug shows the traceback)") from exc
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        entry_point.load()
+        try:
+            entry_point.load()
+        except Exception as exc:
+            raise PluginError(f"entry point {entry_point.name!r} ({ENTRY_POINT_GROUP}) failed to load: "
+                              f"{type(exc).__name__}: {exc}; fix or uninstall the package that provides it") from exc

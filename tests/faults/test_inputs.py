@@ -262,3 +262,14 @@ def test_a_problem_far_beyond_this_machines_memory_is_refused_up_front(command, 
 def test_a_block_table_too_large_to_build_is_one_line(args, capsys):
     """The (N / block size)**2 block table: torch's 'Storage size calculation overflowed' before."""
     assert "--block-size" in error_line(*run_cli(args, capsys)[::2])
+
+
+@pytest.mark.parametrize("module, words", [("no_such_dattn_plugin", "cannot import"), ("broken_plugin", "RuntimeError")])
+def test_a_plugin_that_cannot_be_imported_is_one_line(module, words, tmp_path):
+    (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('[/bold] broken on import')\n")
+    env = {**os.environ, "DATTN_PLUGINS": module,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-m", "dattn_cli", "impls"], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "DATTN_PLUGINS" in done.stderr and words in done.stderr
