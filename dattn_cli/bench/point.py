@@ -115,7 +115,7 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
         return skipped
     memory = {} if sweep.cuda else _cpu_memory(sweep, step, start_rss, returns_memory)
     calls_before = module.comm_stats() if hasattr(module, "comm_stats") else None
-    times = sorted(step() for _ in range(sweep.repeat))
+    times = [step() for _ in range(sweep.repeat)]
     result = _timing_fields(problem, times)
     if problem.target != "attention":
         result["params"] = sum(p.numel() for p in module.parameters())
@@ -128,11 +128,28 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
 
 
 def _timing_fields(problem: Problem, times: list[float]) -> dict:
-    median = statistics.median(times)
+    """Summary fields of the timed calls (`times` in call order, seconds) and the samples themselves."""
+    ordered = sorted(times)
+    median = statistics.median(ordered)
     flops = total_flops(problem)
     return {"status": "ok", "time_ms": median * 1e3, "repeats": len(times),
-            "time_ms_p10": quantile(times, 0.1) * 1e3, "time_ms_p90": quantile(times, 0.9) * 1e3,
-            "tokens_per_s": problem.batch * problem.seq_len / median, "flops": flops, "tflops": flops / median / 1e12}
+            "time_ms_p10": quantile(ordered, 0.1) * 1e3, "time_ms_p90": quantile(ordered, 0.9) * 1e3,
+            "tokens_per_s": problem.batch * problem.seq_len / median, "flops": flops, "tflops": flops / median / 1e12,
+            "samples_ms": [t * 1e3 for t in times], **noise_fields(ordered)}
+
+
+NOISY_IQR = 0.10  # relative IQR above which a point's median alone is not trusted
+MIN_NOISE_SAMPLES = 4  # fewer samples have no meaningful quartiles
+
+
+def noise_fields(ordered: list[float]) -> dict:
+    """noise (relative IQR of the sorted samples) and the noisy flag with its reason."""
+    if len(ordered) < MIN_NOISE_SAMPLES:
+        return {"noise": None, "noisy": False, "noisy_reason": None}
+    noise = (quantile(ordered, 0.75) - quantile(ordered, 0.25)) / statistics.median(ordered)
+    noisy = noise > NOISY_IQR
+    reason = f"relative IQR {noise:.0%} of the median, over {NOISY_IQR:.0%}: other load or unsettled timings" if noisy else None
+    return {"noise": noise, "noisy": noisy, "noisy_reason": reason}
 
 
 def _bytes_moved(before: dict, after: dict, calls: int) -> dict:

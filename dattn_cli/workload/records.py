@@ -67,6 +67,10 @@ class BenchRow(BaseModel):
     comm_bytes_sent: int | None = None  # per rank per call (fwd, or fwd+bwd), the largest over ranks
     comm_bytes_received: int | None = None
     error: str | None = None
+    samples_ms: list[float] | None = None  # every timed call after the warm-up, in order (distributed: the slowest rank's)
+    noise: float | None = None  # relative IQR of samples_ms: (q75 - q25) / median
+    noisy: bool = False  # the samples are too spread to trust the median alone: noisy_reason says why
+    noisy_reason: str | None = None
     # measurement settings (None in reports written before they were recorded: read from the environment
     # record the sweep wrote before its rows, see rows_with_settings)
     repeat: int | None = None
