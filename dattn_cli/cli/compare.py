@@ -1,0 +1,57 @@
+"""`dattn compare`: two bench reports point by point, or two implementations of one report, with a statistical
+verdict (dattn_cli/compare). Exit 0 no regression, 1 a regression beyond --threshold that the test establishes,
+2 bad input, 3 inconclusive (too noisy, or the runs' environments differ)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .options import CsvOption, JsonOption, finite
+from .render.common import emit_csv, emit_json, machine_output, note, stdout
+from .render.compare import compare_summary, compare_table, shared_note
+
+ReportsArgument = Annotated[list[Path], typer.Argument(
+    help="BASE.jsonl NEW.jsonl (bench reports), or one RUN.jsonl with --a and --b.", metavar="REPORT...",
+    show_default=False)]
+ImplAOption = Annotated[Optional[str], typer.Option(
+    "--a", help="In one report: this implementation (ratio = a / b).", metavar="IMPL")]
+ImplBOption = Annotated[Optional[str], typer.Option("--b", help="In one report: against this one.", metavar="IMPL")]
+ThresholdOption = Annotated[float, typer.Option(
+    "--threshold", help="The smallest change that counts, in percent.", metavar="PCT",
+    callback=finite("--threshold", 0.0, 1000.0))]
+
+
+def compare(
+    reports: ReportsArgument, impl_a: ImplAOption = None, impl_b: ImplBOption = None, threshold: ThresholdOption = 5.0,
+    json_out: JsonOption = None, csv_out: CsvOption = None,
+) -> None:
+    """Compare two bench reports (NEW / BASE), or --a against --b in one report: ratio, 95% CI, p-value, verdict."""
+    from ..compare import compare_impls, compare_reports
+
+    machine_output(json_out, csv_out)
+    if impl_a or impl_b:
+        if not (impl_a and impl_b) or len(reports) != 1:
+            raise ValueError("--a IMPL --b IMPL compare two implementations of ONE report: dattn compare RUN.jsonl "
+                             "--a IMPL --b IMPL")
+        report, labels = compare_impls(reports[0], impl_a, impl_b, threshold), (impl_b, impl_a)
+    elif len(reports) == 2:
+        report, labels = compare_reports(reports[0], reports[1], threshold), ("base", "new")
+    else:
+        raise ValueError(f"give two reports (BASE.jsonl NEW.jsonl), or one with --a IMPL --b IMPL; got {len(reports)}")
+    stdout.print(compare_table(report, labels))
+    if shared_note(report):
+        note(f"note (every point): {shared_note(report)}")
+    for line in report.warnings:
+        note(f"warning: {line}", style="yellow")
+    stdout.print(compare_summary(report))
+    if json_out:
+        emit_json(json_out, report.model_dump(include={"points", "verdict", "warnings", "comparable", "threshold_pct",
+                                                       "alpha"}))
+    if csv_out:
+        emit_csv(csv_out, [p.model_dump() for p in report.points])
+    code = report.exit_code()
+    if code:
+        raise typer.Exit(code=code)
