@@ -35,6 +35,11 @@ class EnvironmentInfo(BaseModel):
     nvidia_devices: list[Device]
     nvml_status: str
     backends: dict[str, bool]
+    # what decides whether two runs' timings are comparable (dattn compare reads these)
+    hostname: str | None = None
+    load_average: list[float] | None = None  # 1, 5, 15 minutes, when the record was taken
+    cpu_affinity: list[int] | None = None  # the CPUs this process may run on
+    governor: str | None = None  # cpufreq scaling governor of CPU 0, where readable
 
 
 def cpu_name() -> str:
@@ -45,6 +50,23 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def comparability_facts() -> dict:
+    """Host, load average, CPU affinity and frequency governor: None where this system does not say."""
+    import os
+
+    def read(fn):
+        try:
+            return fn()
+        except (OSError, AttributeError, ValueError):
+            return None
+
+    governor = read(lambda: Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip())
+    return {"hostname": platform.node() or None,
+            "load_average": read(lambda: [round(x, 2) for x in os.getloadavg()]),
+            "cpu_affinity": read(lambda: sorted(os.sched_getaffinity(0))),
+            "governor": governor}
 
 
 def _git_commit() -> str | None:
@@ -110,4 +132,5 @@ def collect_environment() -> EnvironmentInfo:
         nvidia_devices=devices,
         nvml_status=status,
         backends=_backends(),
+        **comparability_facts(),
     )
