@@ -15,7 +15,10 @@ MAX_SEQ_LEN = 2**40  # the longest sequence a Problem takes (workload/problem.py
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:
     """`value` as text, cut to `limit` characters with '...' (a message never repeats a whole huge input)."""
-    text = str(value)
+    try:
+        text = str(value)
+    except ValueError:  # an int past Python's 4,300-digit conversion limit
+        text = f"an integer of {value.bit_length():,} bits" if isinstance(value, int) else type(value).__name__
     return text if len(text) <= limit else text[:limit] + "..."
 
 
@@ -93,7 +96,10 @@ def check_number(option: str, value: float, low: float, high: float, *, low_open
     """`value` if it is a finite number in [low, high] ((low, high] with `low_open`); else ValueError naming
     `option`, the range and the value (NaN, inf and booleans are refused)."""
     interval = f"{'(' if low_open else '['}{_plain(low)}, {_plain(high)}]"
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    try:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        ok = False
     if not ok or value < low or (low_open and value == low) or value > high:
         raise ValueError(f"{option} must be a finite number in {interval}, got {clip(value)}")
     return value

@@ -51,6 +51,8 @@ def load_yaml(text: str, source: str) -> Any:
         raise ValueError(f"{source}: not valid YAML{where}: {clip(why)}") from None
     except RecursionError:
         raise ValueError(f"{source}: not valid YAML: nested too deeply") from None
+    except ValueError as exc:  # a value the constructor cannot take, e.g. an integer of more than 4,300 digits
+        raise ValueError(f"{source}: not valid YAML: {clip(exc)}") from None
 
 
 def read_yaml(path: Path, source: str) -> Any:

@@ -180,3 +180,10 @@ def test_reading_options_does_not_import_torch():
 
     code = "import sys, dattn_cli.cli.app; assert 'torch' not in sys.modules, 'torch imported'"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0
+
+
+def test_a_value_yaml_cannot_construct_names_the_file(tmp_path, capsys):
+    path = tmp_path / "opts.yaml"
+    path.write_text("plan: {heads: " + "9" * 5000 + "}\n")  # past Python's 4,300-digit int conversion
+    line = one_error_line(*run_cli(["--config", str(path), "plan"], capsys)[::2])
+    assert str(path) in line and "not valid YAML" in line
