@@ -86,6 +86,8 @@ def check_trace(trace: str | Path | None) -> Path | None:
     if trace is None:
         return None
     path = Path(trace)
+    if str(trace).strip() in ("", ".") or path.is_dir():  # the profiler would fail to write it and say nothing
+        raise ValueError(f"--trace {str(trace)!r} is a directory: give a file name, e.g. --trace trace.json")
     if not path.parent.is_dir():
         raise ValueError(f"--trace {str(trace)!r}: directory {str(path.parent)!r} does not exist; create it first")
     return path

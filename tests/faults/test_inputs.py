@@ -273,3 +273,11 @@ def test_a_plugin_that_cannot_be_imported_is_one_line(module, words, tmp_path):
                           timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "DATTN_PLUGINS" in done.stderr and words in done.stderr
+
+
+@pytest.mark.parametrize("trace", ["", ".", "TMP"])
+def test_a_trace_that_names_a_directory_is_refused(trace, tmp_path, capsys):
+    """The profiler failed to write it (a C++ log line) and the report still named it as the trace."""
+    trace = str(tmp_path) if trace == "TMP" else trace
+    args = ["profile", *TINY, "--iterations", "1", "--warmup", "0", "--trace", trace]
+    assert "--trace" in error_line(*run_cli(args, capsys)[::2])
