@@ -9,6 +9,7 @@ from typing import Callable
 
 from pydantic import BaseModel
 
+from ..runtime.signals import Interrupted, deferred
 from ..workload.problem import Problem
 from ..workload.records import BenchRow, pattern_fields, point_key, row_fields, rows_with_settings, settings_mismatch
 from ..workload.reportfile import ReportFile
@@ -105,10 +106,11 @@ class _Sweeper:
             return row
         predicted = self.predict(problem) if self.predict else None
         row = make_row(problem, self._result(problem, predicted, blocked), predicted).model_copy(update=self.settings)
-        if self.report is not None:
-            self.report.append(row.model_dump())
-        self.rows.append(row)
-        self.done[key] = row
+        with deferred():  # a row is written and counted whole, or not at all, whenever a signal comes
+            if self.report is not None:
+                self.report.append(row.model_dump())
+            self.rows.append(row)
+            self.done[key] = row
         if self.on_row:
             self.on_row(row)
         return row
@@ -193,7 +195,8 @@ def run_sweep(
     being written by another process); `resume` continues it (points measured with other settings are
     refused, naming the setting). A failed write raises workload.reportfile.ReportWriteError, the rows before
     it intact. `on_report(report)` is called once the report is open: its `path` and `points` (point rows
-    now in it) stay current while the sweep runs, e.g. for a message after an interrupt."""
+    now in it) stay current while the sweep runs, e.g. for a message after an interrupt. A signal (Interrupted,
+    or KeyboardInterrupt) ends it with that exception, its `partial` the SweepResult of the rows so far."""
     if runner is None:
         runner = run_distributed_point if sweep.world_size > 1 else run_isolated
     report = ReportFile(out) if out is not None else None
@@ -210,10 +213,14 @@ def run_sweep(
 def _measure(sweeper: _Sweeper) -> SweepResult:
     sweep = sweeper.sweep
     summaries = []
-    for impl in sweep.impls:
-        for line in sweep.variants(impl):  # block-sparse: one line per target density
-            sweeper.line, first = line, len(sweeper.rows)
-            summary = sweeper.until_oom() if sweep.until_oom else sweeper.fixed()
-            fits = scaling_exponents(sweeper.rows[first:])
-            summaries.append(summary.model_copy(update={**pattern_fields(line, densities=False), **fits}))
+    try:
+        for impl in sweep.impls:
+            for line in sweep.variants(impl):  # block-sparse: one line per target density
+                sweeper.line, first = line, len(sweeper.rows)
+                summary = sweeper.until_oom() if sweep.until_oom else sweeper.fixed()
+                fits = scaling_exponents(sweeper.rows[first:])
+                summaries.append(summary.model_copy(update={**pattern_fields(line, densities=False), **fits}))
+    except (KeyboardInterrupt, Interrupted) as exc:  # the rows so far, each in `out` already, go with it
+        exc.partial = SweepResult(rows=sweeper.rows, summaries=summaries)
+        raise
     return SweepResult(rows=sweeper.rows, summaries=summaries)

@@ -1,32 +1,31 @@
 """The `dattn` command line: options in, one library call, a renderer out.
 
 Exit codes: 0 ok, 1 a check failed, 2 bad usage or bad input (one line on stderr; --debug for the
-traceback), 130 interrupted. Progress goes to stderr; tables to stdout, or to stderr when `--json -` or
+traceback), and when a signal stops it, 128 + the signal: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP (one line
+saying what was kept, no traceback). Progress goes to stderr; tables to stdout, or to stderr when `--json -` or
 `--csv -` puts machine output on stdout.
 
-Layout: app.py (the Typer app, --config/--debug/--version), options.py (every option, once), one module per
-command, render/ (the tables).
+Layout: app.py (the Typer app, --config/--debug/--version), commands.py (the app with its commands; loaded by
+main, after its signal handlers), options.py (every option, once), one module per command, render/ (the tables).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+from typing import Any
 
-import typer
-
-from . import bench, env, impls, plan, profile, profiles, verify
-from .app import app
-
-app.command("verify")(verify.verify)
-app.command("bench")(bench.bench)
-app.command("profile")(profile.profile)
-app.command("plan")(plan.plan)
-app.add_typer(profiles.profiles_app, name="profiles")
-app.command("impls")(impls.impls)
-app.command("env")(env.env)
+from ..runtime.signals import Interrupted, ignore_stopping_signals, raising_interrupted, take_pending
 
 __all__ = ["app", "main"]
-INTERRUPTED = 130
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # loaded on first use: main() installs its signal handlers first
+        from .commands import app
+
+        return app
+    raise AttributeError(name)
 
 
 ECHO_LIMIT = 200  # characters of one quoted input a message repeats (workload/parse.py: clip)
@@ -83,26 +82,50 @@ def rename_deprecated(args: list[str]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = rename_deprecated(sys.argv[1:] if argv is None else argv)
+def _run(args: list[str]) -> int:
+    import typer
+
+    from .commands import app
+
     debug = "--debug" in args
     command = typer.main.get_command(app)
     try:
         code = command.main(args=args, prog_name="dattn", standalone_mode=False)
     except Exception as exc:
         # Typer may vendor its own click, so click's exceptions are recognised by shape, not class.
-        if type(exc).__name__ == "Abort":
-            print("dattn: interrupted", file=sys.stderr)
-            sys.exit(INTERRUPTED)
+        if type(exc).__name__ == "Abort":  # click's form of a KeyboardInterrupt raised by other code
+            raise Interrupted(signal.SIGINT) from None
         usage = hasattr(exc, "format_message") and hasattr(exc, "exit_code")
+        if (signum := take_pending()) is not None:  # a signal some library swallowed, and what that broke
+            raise Interrupted(signum) from None
         if debug or not (usage or isinstance(exc, ValueError)):
             raise
         # ValueError: bad configuration or input, raised by the library with the fix in its text.
         message = _one_line(exc)
         print(f"dattn: error: {message.splitlines()[0]}", file=sys.stderr)
-        sys.exit(2)
+        return 2
     except KeyboardInterrupt:
-        code = INTERRUPTED
-    if code == INTERRUPTED:  # typer turns Ctrl-C into this exit code itself
-        print("dattn: interrupted", file=sys.stderr)
-    sys.exit(code if isinstance(code, int) else 0)
+        raise Interrupted(signal.SIGINT) from None
+    if (signum := take_pending()) is not None:  # the run went on past a signal that some library swallowed
+        raise Interrupted(signum)
+    return code if isinstance(code, int) else 0
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr gone with the terminal (SIGHUP) or a closed pipe
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `dattn` command. Ctrl-C, SIGTERM and SIGHUP raise Interrupted from the moment it starts: one line
+    ("dattn: interrupted: what was kept"), exit 128 + the signal number (130, 143, 129), never a traceback."""
+    with raising_interrupted():
+        try:
+            code = _run(rename_deprecated(sys.argv[1:] if argv is None else argv))
+        except Interrupted as exc:
+            ignore_stopping_signals()  # a second Ctrl-C while the message is printed changes nothing
+            _say(f"dattn: {exc.message()}")
+            code = exc.exit_code
+    sys.exit(code)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from ..runtime.signals import Interrupted, take_pending
 from .options import (DEFAULT_MODE, AmpOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption,
                       CsvOption, DensitiesOption, DeviceOption, DilationsOption, DistTimeoutOption, DTypeOption,
                       EmbedDimOption, ExecutorOption, FailOnRegressionOption, GlobalBlocksOption, HeadDimOption,
@@ -106,7 +107,7 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=1)
 
 
-def _write(sweep, result, csv_out: str | None, json_out: str | None) -> None:
+def _write(sweep, result, csv_out: str | None, json_out: str | None, interrupted: str | None = None) -> None:
     from ..bench import rows_frame
 
     if csv_out:
@@ -115,8 +116,31 @@ def _write(sweep, result, csv_out: str | None, json_out: str | None) -> None:
         from ..bench.sweep import environment_record
 
         emit_json(json_out, {"environment": environment_record(sweep, _command()),
+                             **({"interrupted": interrupted} if interrupted else {}),
                              "summaries": [s.model_dump() for s in result.summaries],
                              "rows": [r.model_dump() for r in result.rows]})
+
+
+def _points(n: int) -> str:
+    return f"{n} point{'' if n == 1 else 's'}"
+
+
+def _interrupted(sweep, exc: Interrupted, out: Path | None, csv_out: str | None, json_out: str | None) -> Interrupted:
+    """What a signal leaves: the rows measured before it (each already in --out), --csv/--json of those rows
+    (the JSON says "interrupted"), and the sentence saying what was kept."""
+    take_pending()  # caught: not delivered again while the files are written
+    if exc.partial is None:
+        return Interrupted(exc.signum, "before the first point, nothing measured")
+    rows = exc.partial.rows
+    if rows and (csv_out or json_out):
+        try:
+            _write(sweep, exc.partial, csv_out, json_out, interrupted=exc.name)
+        except OSError:
+            pass  # the --out report holds the rows; the message says so
+    if out is not None:
+        return Interrupted(exc.signum, f"{_points(len(rows))} kept in {out}; rerun with --resume")
+    return Interrupted(exc.signum, f"nothing kept ({_points(len(rows))} measured, no --out): pass --out FILE.jsonl "
+                                   "to keep points as they are measured, and --resume to continue")
 
 
 def _outputs(sweep, result, out: Path | None, csv_out: str | None, json_out: str | None, plot: tuple) -> None:
@@ -205,7 +229,10 @@ def bench(
         levels=levels, executor=executor, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
         checkpointing=checkpointing, amp=amp,
     )
-    result = _run(sweep, out, resume)
+    try:
+        result = _run(sweep, out, resume)
+    except Interrupted as exc:
+        raise _interrupted(sweep, exc, out, csv_out, json_out) from None
     stdout.print(bench_table(result))
     for line in scaling_lines(result):
         stdout.print(line, markup=False, highlight=False)

@@ -5,11 +5,15 @@ a result, never a hang or a lost sweep.
   parent kills it past its deadline or when its RSS grows past a limit.
 * run_distributed: a function on p ranks of a torch.distributed process group on this machine.
 
-
 Each rank is a process forked from a forkserver (torch preloaded), joins the group over TCP on a free
 loopback port (so two runs never collide), runs `fn(rank, world_size, *args)` and sends back its
 result or its error. The first rank that fails, or the deadline, ends every rank: the caller gets a
 DistributedError naming the rank and the cause, never a hang. The same functions run under torchrun.
+
+Every wait of the parent has a deadline: results are read through runtime.inbox, which never blocks on a
+child stopped halfway through a send. No child outlives the parent (runtime.orphans: the forkserver dies
+with the process that started it, workers and ranks with the forkserver), and an exception in the parent,
+Interrupted by a signal included, kills the children of the call it interrupts.
 """
 
 from __future__ import annotations
@@ -17,12 +21,22 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import os
+import signal
 import socket
+import threading
 import time
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+from .inbox import Inbox, wait_any
+from .orphans import PARENT_ENV, die_with_parent
+from .signals import check_pending, deferred
 
 DEFAULT_TIMEOUT_S = 120.0
+MAX_GRACE_S = 30.0  # past the group's own timeout, for the ranks to report theirs
+BLAME_WAIT_S = 2.0  # after a first error, for the errors of the other ranks (to tell cause from consequence)
+PRELOAD = ["dattn_cli.runtime.forkserver_init", "torch", "dattn_cli.kernels", "dattn_cli.workload.build"]
 _CONTEXT: Any = None
 
 
@@ -40,8 +54,60 @@ def _context():
     global _CONTEXT
     if _CONTEXT is None:
         _CONTEXT = mp.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["torch", "dattn_cli.kernels", "dattn_cli.workload.build"])
+        _CONTEXT.set_forkserver_preload(PRELOAD)
     return _CONTEXT
+
+
+def _forkserver() -> tuple[Any, int | None]:
+    """The context with its forkserver running, and the forkserver's pid (the parent of every worker and rank)."""
+    from multiprocessing import forkserver
+
+    ctx = _context()
+    # A death signal fires when the forking *thread* exits: only a forkserver started by the main thread
+    # (which lives as long as this process) arms one.
+    if threading.current_thread() is threading.main_thread():
+        os.environ[PARENT_ENV] = str(os.getpid())
+    else:
+        os.environ.pop(PARENT_ENV, None)
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is None:  # about to start it
+        with _sigint_ignored_by_new_processes():
+            server.ensure_running()
+    else:
+        server.ensure_running()
+    return ctx, getattr(server, "_forkserver_pid", None)
+
+
+@contextmanager
+def _sigint_ignored_by_new_processes() -> Iterator[None]:
+    """Ctrl-C reaches the whole process group, the forkserver and the resource tracker included: they start
+    with SIGINT ignored (a disposition exec keeps, and Python leaves), so neither prints a KeyboardInterrupt
+    traceback while it starts, and workers and ranks inherit it. Ctrl-C is this process's to handle. (A
+    Ctrl-C inside these few milliseconds of fork and exec is lost.)"""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _child_main(parent: int | None, target: Callable[..., None], *args: Any) -> None:
+    """Every worker and rank starts here: it dies with its parent, the forkserver."""
+    die_with_parent(parent)
+    target(*args)
+
+
+def process_state(pid: int | None) -> str:
+    """' (stopped ...)' when process `pid` is stopped (SIGSTOP, a debugger), else ''."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError, TypeError):
+        return ""
+    return " (its process is stopped, e.g. by SIGSTOP)" if state in ("T", "t") else ""
 
 
 def _pack(obj: Any) -> bytes:
@@ -83,119 +149,178 @@ def _rank_main(conn, rank: int, world_size: int, port: int, backend: str, timeou
 PEER_SYMPTOMS = ("connection closed by peer", "connection reset", "remote worker", "broken pipe", "timed out")
 
 
-def _blame(errors: dict[int, str], pipes, results, wait_s: float = 2.0) -> str:
-    """One failing rank takes its peers down with it; name the rank whose error is not a peer symptom."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        for rank, pipe in enumerate(pipes):
-            if rank in errors or rank in results:
-                continue
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+class _Group:
+    """The ranks of one run_distributed call as the parent sees them: what each has reported."""
+
+    def __init__(self, procs: list, inboxes: list[Inbox], timeout_s: float):
+        self.procs, self.inboxes = procs, inboxes
+        self.started = time.monotonic()
+        self.limit = timeout_s + min(MAX_GRACE_S, timeout_s)
+        self.results: dict[int, Any] = {}
+        self.errors: dict[int, str] = {}
+
+    def silent(self) -> list[int]:
+        return [r for r in range(len(self.procs)) if r not in self.results and r not in self.errors]
+
+    def read(self) -> None:
+        """Take what every rank that has not reported has sent; a rank gone without a result is an error."""
+        for rank in self.silent():
+            proc, inbox = self.procs[rank], self.inboxes[rank]
+            alive = proc.is_alive()
+            inbox.pump()  # after the liveness check: a rank that had exited has all its bytes in the pipe
             try:
-                if pipe.poll(0.01):
-                    status, value = _unpack(pipe.recv_bytes())
-                    if status == "error":
-                        errors[rank] = value
-            except (EOFError, OSError):
-                continue
-    causes = [r for r, m in errors.items() if not any(p in m.lower() for p in PEER_SYMPTOMS)] or sorted(errors)
-    first = min(causes)
-    others = [r for r in sorted(errors) if r != first]
-    suffix = f" (then ranks {others} failed as a consequence)" if others else ""
-    return f"rank {first} failed: {errors[first]}{suffix}"
+                message = inbox.take_bytes()
+            except EOFError:
+                message, alive = None, False
+            if message is not None:
+                status, value = _unpack(message)
+                (self.results if status == "ok" else self.errors)[rank] = value
+            elif not alive:
+                proc.join(5)
+                self.errors[rank] = f"exited with code {proc.exitcode} without a result"
+
+    def wait(self, seconds: float) -> None:
+        silent = self.silent()
+        wait_any([self.inboxes[r] for r in silent], [self.procs[r].sentinel for r in silent], seconds)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def not_reported(self, within: float) -> str:
+        silent = self.silent()
+        states = "".join(process_state(self.procs[r].pid) for r in silent[:1])
+        return f"{_ranks(silent)} did not report within {within:.0f} s{states}"
+
+    def blame(self) -> str:
+        """One failing rank takes its peers down with it: name the rank whose error is not a peer symptom, else
+        a rank that never reported (stopped or stuck, its peers timed out waiting for it)."""
+        until = min(time.monotonic() + BLAME_WAIT_S, self.started + self.limit)
+        while self.silent() and time.monotonic() < until:
+            self.wait(0.05)
+            self.read()
+        errors = self.errors
+        causes = [r for r, m in errors.items() if not any(p in m.lower() for p in PEER_SYMPTOMS)]
+        if not causes and self.silent():
+            return f"{self.not_reported(self.elapsed())}; the ranks waiting for it failed: {errors[min(errors)]}"
+        first = min(causes or errors)
+        others = [r for r in sorted(errors) if r != first]
+        suffix = f" (then ranks {others} failed as a consequence)" if others else ""
+        return f"rank {first} failed: {errors[first]}{suffix}"
+
+
+def _collect(group: _Group) -> list[Any]:
+    world = len(group.procs)
+    while len(group.results) < world:
+        group.read()
+        if group.errors:
+            raise DistributedError(group.blame())
+        if len(group.results) == world:
+            break
+        remaining = group.limit - group.elapsed()
+        if remaining <= 0:
+            raise DistributedError(group.not_reported(group.limit))
+        group.wait(min(0.5, remaining))
+    return [group.results[r] for r in range(world)]
 
 
 def run_distributed(
     fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> list[Any]:
-    """fn(rank, world_size, *args) on each rank; returns the results in rank order."""
+    """fn(rank, world_size, *args) on each rank; returns the results in rank order. Every wait is bounded: a
+    rank that has not reported within timeout_s plus a grace (at most 30 s) is named in a DistributedError."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    ctx = _context()
+    check_pending()
+    ctx, server = _forkserver()
     port = free_port()
-    pipes, procs = [], []
-    for rank in range(world_size):
-        receiver, sender = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_rank_main, args=(sender, rank, world_size, port, backend, timeout_s, fn, args),
-                           daemon=True)
-        proc.start()
-        sender.close()
-        pipes.append(receiver)
-        procs.append(proc)
-    results: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout_s + 30.0
+    procs: list = []
+    inboxes: list[Inbox] = []
+    finished = False
     try:
-        while len(results) < world_size:
-            for rank, (pipe, proc) in enumerate(zip(pipes, procs)):
-                if rank in results:
-                    continue
-                if pipe.poll(0.02):
-                    try:
-                        status, value = _unpack(pipe.recv_bytes())
-                    except EOFError:
-                        proc.join(5)
-                        raise DistributedError(f"rank {rank} exited with code {proc.exitcode} without a result") from None
-                    if status == "error":
-                        raise DistributedError(_blame({rank: value}, pipes, results))
-                    results[rank] = value
-                elif not proc.is_alive():
-                    raise DistributedError(f"rank {rank} exited with code {proc.exitcode} without a result")
-            if time.monotonic() > deadline:
-                waiting = [r for r in range(world_size) if r not in results]
-                raise DistributedError(f"timed out after {timeout_s:g} s; ranks {waiting} did not finish")
+        for rank in range(world_size):
+            receiver, sender = ctx.Pipe(duplex=False)
+            inboxes.append(Inbox(receiver))
+            proc = ctx.Process(target=_child_main, daemon=True,
+                               args=(server, _rank_main, sender, rank, world_size, port, backend, timeout_s, fn, args))
+            try:
+                proc.start()
+            finally:
+                sender.close()
+            procs.append(proc)
+        results = _collect(_Group(procs, inboxes, timeout_s))
+        finished = True
+        return results
     finally:
-        for proc in procs:
-            proc.join(timeout=5 if len(results) == world_size else 0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for pipe in pipes:
-            pipe.close()
-    return [results[r] for r in range(world_size)]
+        with deferred():  # a second Ctrl-C does not leave ranks behind
+            _end(procs, inboxes, wait_s=5 if finished else 0)
+
+
+def _end(procs: list, inboxes: list[Inbox], wait_s: float) -> None:
+    for proc in procs:
+        proc.join(timeout=wait_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+    for inbox in inboxes:
+        inbox.close()
 
 
 def run_isolated(target: Callable[..., None], args: tuple, *, deadline_s: float, deadline_text: str = "its deadline",
                  rss_limit: int | None = None, rss_limit_text: str = "") -> dict:
     """target(conn, *args) in a fresh worker; its dict, or a failure dict (status oom / error / skipped)."""
-    ctx = _context()
+    check_pending()
+    ctx, server = _forkserver()
     receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=target, args=(sender, *args), daemon=True)
-    proc.start()
-    sender.close()
+    inbox = Inbox(receiver)
+    proc = ctx.Process(target=_child_main, args=(server, target, sender, *args), daemon=True)
     try:
-        return _watch(proc, receiver, time.monotonic() + deadline_s, deadline_text, rss_limit, rss_limit_text)
+        try:
+            proc.start()
+        finally:
+            sender.close()
+        return _watch(proc, inbox, time.monotonic() + deadline_s, deadline_text, rss_limit, rss_limit_text)
     finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join(10)
-        receiver.close()
+        with deferred():
+            if proc.pid is not None:
+                _end([proc], [], wait_s=0)
+            inbox.close()
 
 
-def _watch(proc, receiver, deadline: float, deadline_text: str, rss_limit: int | None, rss_limit_text: str) -> dict:
+def _watch(proc, inbox: Inbox, deadline: float, deadline_text: str, rss_limit: int | None, rss_limit_text: str) -> dict:
     from .measure import rss_bytes
 
     base_rss = None
     while True:
-        if receiver.poll(0.05):
-            try:
-                return receiver.recv()
-            except EOFError:
-                proc.join(5)
-                return worker_died(proc.exitcode)
-        if not proc.is_alive():
-            proc.join()
+        alive = proc.is_alive()
+        inbox.pump()
+        try:
+            message = inbox.take()
+        except EOFError:
+            message, alive = None, False
+        if message is not None:
+            return message
+        if not alive:
+            proc.join(5)
             return worker_died(proc.exitcode)
         try:
             rss = rss_bytes(proc.pid)
         except (OSError, IndexError):
-            continue
-        base_rss = rss if base_rss is None else min(base_rss, rss)
-        if rss_limit is not None and rss - base_rss > rss_limit:
-            proc.kill()
-            return {"status": "oom", "reason": "out of memory",
-                    "error": f"worker RSS grew {(rss - base_rss) / 2**30:.2f} GiB, over {rss_limit_text}; killed"}
+            rss = None
+        if rss is not None:
+            base_rss = rss if base_rss is None else min(base_rss, rss)
+            if rss_limit is not None and rss - base_rss > rss_limit:
+                proc.kill()
+                return {"status": "oom", "reason": "out of memory",
+                        "error": f"worker RSS grew {(rss - base_rss) / 2**30:.2f} GiB, over {rss_limit_text}; killed"}
         if time.monotonic() > deadline:
+            state = process_state(proc.pid)
             proc.kill()
-            return {"status": "skipped", "reason": f"time: point ran past {deadline_text}; killed"}
+            return {"status": "skipped", "reason": f"time: point ran past {deadline_text}; killed{state}"}
+        wait_any([inbox], [proc.sentinel], 0.05)
 
 
 def worker_died(exitcode: int | None) -> dict:
