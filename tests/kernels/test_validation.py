@@ -60,7 +60,7 @@ def test_no_process_wide_torch_settings_touched():
         )
 
     before = flags()
-    import dattn_cli.cli  # noqa: F401  (importing everything)
+    import dattn_cli.cli.commands  # noqa: F401  (importing everything: the app and every command)
     from dattn_cli.kernels import ImprovedMultiheadDilatedAttention
 
     m = ImprovedMultiheadDilatedAttention(16, 2, segment_lengths=[8], dilation_rates=[1])
