@@ -11,7 +11,7 @@ from ..runtime.signals import Interrupted, take_pending
 from .options import (DEFAULT_MODE, AmpOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption,
                       CsvOption, DensitiesOption, DeviceOption, DilationsOption, DistTimeoutOption, DTypeOption,
                       EmbedDimOption, ExecutorOption, FailOnRegressionOption, GlobalBlocksOption, HeadDimOption,
-                      HeadsOption, ImplsOption, JsonOption, LayersOption, LevelsOption, MaxMemoryOption,
+                      HeadsOption, ImplsOption, JsonOption, LayersOption, LevelsOption, MarkdownOption, MaxMemoryOption,
                       MaxSecondsOption, ModeOption, OutOption, QuietOption, RanksOption, PatternOption, PlotOption, PlotXOption,
                       QuickOption, RepeatOption, ResumeOption, SeedOption, SegmentsOption, SemanticsOption,
                       SeqLensOption, StartOption, TargetOption, UntilOomOption, VocabSizeOption, WarmupOption,
@@ -143,13 +143,18 @@ def _interrupted(sweep, exc: Interrupted, out: Path | None, csv_out: str | None,
                                    "to keep points as they are measured, and --resume to continue")
 
 
-def _outputs(sweep, result, out: Path | None, csv_out: str | None, json_out: str | None, plot: tuple) -> None:
+def _outputs(sweep, result, out: Path | None, csv_out: str | None, json_out: str | None, plot: tuple,
+             markdown: str | None = None) -> None:
     """--csv, --json and --plot; a file that cannot be written (e.g. the disk filled up after the sweep) is one
     line and exit 1: the input was fine, and the --out report is complete."""
     try:
         _write(sweep, result, csv_out, json_out)
         if plot[0] is not None:
             _plot(sweep, result, *plot)
+        if markdown:
+            from .render.ci import bench_markdown, emit_markdown
+
+            emit_markdown(markdown, bench_markdown(result.rows))
     except OSError as exc:
         _fail(f"cannot write {exc.filename or 'an output file'}: {exc.strerror or exc}"
               + (f"; the report {out} is complete" if out is not None else ""))
@@ -197,12 +202,10 @@ def bench(
     baseline: BaselineOption = None, fail_on_regression: FailOnRegressionOption = None,
     world_size: RanksOption = 1, dist_timeout: DistTimeoutOption = 120.0,
     out: OutOption = None, resume: ResumeOption = False, csv_out: CsvOption = None, json_out: JsonOption = None,
-    plot: PlotOption = None, plot_x: PlotXOption = None, quiet: QuietOption = False,
+    plot: PlotOption = None, plot_x: PlotXOption = None, markdown: MarkdownOption = None, quiet: QuietOption = False,
 ) -> None:
     """Sweep sequence lengths: time, memory, TFLOP/s per implementation, each point in an isolated worker."""
-    if csv_out == "-" and json_out == "-":
-        raise ValueError("--csv - and --json - both want stdout: send one of them to a file")
-    machine_output(csv_out, json_out)
+    machine_output(csv_out, json_out, markdown)
     set_quiet(quiet)
     from ..bench import Sweep
     from ..workload import parse_float_list, parse_int_list, parse_seq_lens
@@ -216,7 +219,7 @@ def bench(
     if not impl:
         raise ValueError("--impl: give at least one, e.g. --impl ImprovedDilatedAttention --impl sdpa (or use --quick)")
     baseline_rows = _check_outputs(out, resume, baseline, fail_on_regression,
-                                   {"--csv": csv_out, "--json": json_out, "--plot": plot})
+                                   {"--csv": csv_out, "--json": json_out, "--plot": plot, "--markdown": markdown})
     check_ranks(impl, world_size, "--world-size")
     sweep = Sweep(
         impls=impl, seq_lens=parse_seq_lens(seq_lens) if seq_lens else [], until_oom=until_oom,
@@ -236,6 +239,6 @@ def bench(
     stdout.print(bench_table(result))
     for line in scaling_lines(result):
         stdout.print(line, markup=False, highlight=False)
-    _outputs(sweep, result, out, csv_out, json_out, (plot, plot_x))
+    _outputs(sweep, result, out, csv_out, json_out, (plot, plot_x), markdown)
     if baseline is not None:
         _gate(result, baseline, baseline_rows, fail_on_regression)

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .options import CsvOption, JsonOption, finite
+from .options import CsvOption, JsonOption, MarkdownOption, finite
 from .render.common import emit_csv, emit_json, machine_output, note, stdout
 from .render.compare import compare_summary, compare_table, shared_note
 
@@ -26,12 +26,12 @@ ThresholdOption = Annotated[float, typer.Option(
 
 def compare(
     reports: ReportsArgument, impl_a: ImplAOption = None, impl_b: ImplBOption = None, threshold: ThresholdOption = 5.0,
-    json_out: JsonOption = None, csv_out: CsvOption = None,
+    json_out: JsonOption = None, csv_out: CsvOption = None, markdown: MarkdownOption = None,
 ) -> None:
     """Compare two bench reports (NEW / BASE), or --a against --b in one report: ratio, 95% CI, p-value, verdict."""
     from ..compare import compare_impls, compare_reports
 
-    machine_output(json_out, csv_out)
+    machine_output(json_out, csv_out, markdown)
     if impl_a or impl_b:
         if not (impl_a and impl_b) or len(reports) != 1:
             raise ValueError("--a IMPL --b IMPL compare two implementations of ONE report: dattn compare RUN.jsonl "
@@ -52,6 +52,10 @@ def compare(
                                                        "alpha"}))
     if csv_out:
         emit_csv(csv_out, [p.model_dump() for p in report.points])
+    if markdown:
+        from .render.ci import compare_markdown, emit_markdown
+
+        emit_markdown(markdown, compare_markdown(report))
     code = report.exit_code()
     if code:
         raise typer.Exit(code=code)

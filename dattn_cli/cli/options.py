@@ -194,6 +194,12 @@ JsonOption = Annotated[Optional[str], typer.Option(
     "--json", help="Write the result as JSON to this file ('-' = stdout).", metavar="FILE", rich_help_panel=OUTPUT)]
 QuietOption = Annotated[bool, typer.Option(
     "--quiet", "-q", help="No progress on stderr (errors and results only).", rich_help_panel=OUTPUT)]
+MarkdownOption = Annotated[Optional[str], typer.Option(
+    "--markdown", help="Write a Markdown summary to this file ('-' = stdout); also appended to $GITHUB_STEP_SUMMARY "
+    "when that is set.", metavar="FILE", rich_help_panel=OUTPUT)]
+JunitOption = Annotated[Optional[str], typer.Option(
+    "--junit", help="Write JUnit XML to this file ('-' = stdout): one test case per implementation x check.",
+    metavar="FILE", rich_help_panel=OUTPUT)]
 CsvOption = Annotated[Optional[str], typer.Option(
     "--csv", help="Write all rows as CSV to this file ('-' = stdout).", metavar="FILE", rich_help_panel=OUTPUT)]
 OutOption = Annotated[Optional[Path], typer.Option(

@@ -10,7 +10,7 @@ import typer
 
 from .options import (BackendsOption, BatchOption, BothOption, CausalFilterOption, DetailsOption, DeviceOption,
                       DilationsOption, DistTimeoutOption, DTypeOption, FullOption, HeadDimOption, HeadsOption,
-                      ImplsOption, JsonOption, CsvOption, PatternsOption, QuietOption, SeedOption, SegmentsOption,
+                      ImplsOption, JsonOption, CsvOption, JunitOption, MarkdownOption, PatternsOption, QuietOption, SeedOption, SegmentsOption,
                       SemanticsSetOption, SeqLenOption, WorldSizeOption)
 from .render.common import emit, emit_csv, machine_output, note, progress, set_quiet, stdout
 from .render.verify import check_line, verify_summary, verify_table, verify_warnings
@@ -67,6 +67,15 @@ def _note_slow_reference(cases: list, device: str) -> None:
              "gradients: expect a minute or more per check on a CPU (--impl checks fewer implementations)")
 
 
+def _ci_outputs(report, junit: str | None, markdown: str | None) -> None:
+    from .render.ci import emit_markdown, junit_xml, verify_markdown
+
+    if junit:
+        emit(junit, junit_xml(report))
+    if markdown:
+        emit_markdown(markdown, verify_markdown(report))
+
+
 def _note_distributed(impl: list[str] | None, world_sizes: list[int]) -> None:
     """Your configuration on one process: say how the distributed implementations get the same check."""
     from ..kernels import REGISTRY
@@ -86,7 +95,8 @@ def verify(
     pattern: PatternsOption = None,
     full: FullOption = False, seed: SeedOption = 0,
     world_size: WorldSizeOption = "1", dist_timeout: DistTimeoutOption = 120.0,
-    json_out: JsonOption = None, csv_out: CsvOption = None, details: DetailsOption = False,
+    json_out: JsonOption = None, csv_out: CsvOption = None, junit: JunitOption = None, markdown: MarkdownOption = None,
+    details: DetailsOption = False,
     quiet: QuietOption = False,
 ) -> None:
     """Equivalence of every implementation against the dense reference, forward and gradients.
@@ -101,7 +111,7 @@ def verify(
 
     Default --impl: every single-device implementation, or every distributed one with --world-size > 1.
     """
-    machine_output(json_out, csv_out)
+    machine_output(json_out, csv_out, junit, markdown)
     set_quiet(quiet)
     from ..runtime.envinfo import collect_environment
     from ..verify import OWN_PATTERNS, collect_checks, run_checks
@@ -129,5 +139,6 @@ def verify(
         emit(json_out, report.model_dump_json(indent=1))
     if csv_out is not None:
         emit_csv(csv_out, [result.model_dump() for result in report.results])
+    _ci_outputs(report, junit, markdown)
     if not report.passed:
         raise typer.Exit(code=1)

@@ -74,4 +74,4 @@ def test_csv_to_stdout_pipes_into_pandas(args, lines, column):
 def test_json_and_csv_cannot_both_take_stdout():
     done = subprocess.run([sys.executable, "-m", "dattn_cli", "env", "--json", "-", "--csv", "-"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
-    assert done.returncode == 2 and "both want stdout" in done.stderr and not done.stdout
+    assert done.returncode == 2 and "wants stdout" in done.stderr and not done.stdout

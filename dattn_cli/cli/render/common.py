@@ -56,7 +56,8 @@ stdout = _Tables()
 def machine_output(*targets: str | None) -> None:
     """Call before printing: a '-' among the machine-output targets moves tables and notes to stderr."""
     if sum(target == "-" for target in targets) > 1:
-        raise ValueError("--json - and --csv - both want stdout: send one of them to a file")
+        raise ValueError("more than one output wants stdout ('-'): send all but one of --json, --csv, --junit and "
+                         "--markdown to a file")
     stdout.to_stderr = any(target == "-" for target in targets)
 
 
