@@ -23,9 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from ..workload.records import KEY_FIELDS, BenchRow, implausible, point_key
+from ..workload.records import KEY_FIELDS, BenchRow, parse_row, point_key
 from ..workload.reportfile import read_records
 from .stats import checked
 
@@ -51,41 +51,19 @@ class Loaded(BaseModel):
     environments: list[dict]
 
 
-def _noisy(data: dict) -> str | None:
-    noisy = data.get("noisy")
-    if isinstance(noisy, str) and noisy:
-        return noisy
-    if noisy is True:
-        return str(data.get("noisy_reason") or data.get("noise_reason") or "flagged noisy by the bench")
-    return None
+def _noisy(row: BenchRow) -> str | None:
+    return (row.noisy_reason or "flagged noisy by the bench") if row.noisy else None
 
 
-def side_of(row: BenchRow, where: str, data: dict | None = None) -> Side:
-    """`row` (its raw record `data`, where read from a file) with its samples checked."""
-    data = row.model_dump() if data is None else data
-    samples = getattr(row, "samples_ms", None)
-    samples = data.get("samples_ms") if samples is None else samples
-    if samples is not None:
-        if not isinstance(samples, list):
-            raise ValueError(f"{where}: samples_ms must be a list of milliseconds; remove or repair that line")
+def side_of(row: BenchRow, where: str) -> Side:
+    """`row` with its samples checked (positive, finite milliseconds)."""
+    samples = None
+    if row.samples_ms:
         try:
-            samples = [float(v) for v in checked(samples, f"{where}: samples_ms")] if samples else None
-        except (TypeError, ValueError) as exc:
+            samples = [float(v) for v in checked(row.samples_ms, f"{where}: samples_ms")]
+        except ValueError as exc:
             raise ValueError(f"{exc}; remove or repair that line") from None
-    return Side(row=row, samples=samples, where=where, flag=_noisy(data))
-
-
-def _row(where: str, data: dict) -> BenchRow:
-    try:
-        row = BenchRow.model_validate(data)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        field = ".".join(str(part) for part in error.get("loc", ())) or "row"
-        raise ValueError(f"{where}: not a dattn bench row ({field}: {error.get('msg', '')}); "
-                         f"remove or repair that line") from None
-    if reason := implausible(row):
-        raise ValueError(f"{where}: not a measurement: {reason}; remove or repair that line")
-    return row
+    return Side(row=row, samples=samples, where=where, flag=_noisy(row))
 
 
 def load_report(path: Path | str, option: str = "report") -> Loaded:
@@ -103,10 +81,10 @@ def load_report(path: Path | str, option: str = "report") -> Loaded:
             threads = config.get("threads", data.get("threads", data.get("torch_threads")))
         elif kind == "point":
             where = f"{path}:{number}"
-            row = _row(where, data)
+            row = parse_row(where, data)
             if row.threads is None and isinstance(threads, int):
                 row = row.model_copy(update={"threads": threads})
-            points.append(side_of(row, where, data))
+            points.append(side_of(row, where))
     if not points:
         raise ValueError(f"{option} {path} holds no point rows: pass a JSONL report written by dattn bench --out")
     return Loaded(path=str(path), points=points, environments=environments)

@@ -6,9 +6,7 @@ dilations; `row_fields` and `row_problem` are the two directions between a row a
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
 from typing import Iterable, Literal
 
@@ -88,15 +86,6 @@ def point_key(row: dict) -> tuple:
     return tuple(tuple(row.get(f)) if isinstance(row.get(f), list) else row.get(f) for f in KEY_FIELDS)
 
 
-def append_jsonl(path: Path, record: dict) -> None:
-    """Append one line and make it durable before returning (a killed sweep keeps it). A sweep writes its
-    report through workload.reportfile.ReportFile instead (locked, repaired, cut back on a failed write)."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 POSITIVE_TIMES = ("time_ms", "time_ms_p10", "time_ms_p90")
 NON_NEGATIVE = ("tokens_per_s", "flops", "tflops", "peak_mem_bytes", "nvml_used_bytes", "predicted_mem_bytes",
                 "comm_bytes_sent", "comm_bytes_received", "params")
@@ -122,16 +111,18 @@ def implausible(row: BenchRow) -> str | None:
     return None
 
 
-def _row(path: Path, number: int, data: dict) -> BenchRow:
+def parse_row(where: str, data: dict) -> BenchRow:
+    """The bench row of one report line (`where` = FILE:LINE in messages); a ValueError when it is not a row or
+    cannot be a measurement."""
     try:
         row = BenchRow.model_validate(data)
     except ValidationError as exc:
         error = exc.errors()[0]
         field = ".".join(str(part) for part in error.get("loc", ())) or "row"
-        raise ValueError(f"{path}:{number}: not a dattn bench row ({field}: {error.get('msg', '')}; "
+        raise ValueError(f"{where}: not a dattn bench row ({field}: {error.get('msg', '')}; "
                          f"{exc.error_count()} error(s)); remove or repair that line") from None
     if reason := implausible(row):
-        raise ValueError(f"{path}:{number}: not a measurement: {reason}; remove or repair that line")
+        raise ValueError(f"{where}: not a measurement: {reason}; remove or repair that line")
     return row
 
 
@@ -145,7 +136,7 @@ def rows_with_settings(path: Path) -> list[tuple[int, BenchRow]]:
         if kind == "environment":
             config = data.get("config") if isinstance(data.get("config"), dict) else {}
         elif kind == "point":
-            row = _row(Path(path), number, data)
+            row = parse_row(f"{path}:{number}", data)
             known = {name: config.get(name) for name in SETTINGS if getattr(row, name) is None and name in config}
             rows.append((number, row.model_copy(update=known) if known else row))
     return rows

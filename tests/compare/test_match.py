@@ -18,10 +18,6 @@ ENV = {"record": "environment", "cpu": "Test CPU", "cpu_count": 2, "torch_versio
        "nvidia_devices": [], "platform": "Linux", "config": {"threads": 2}}
 
 
-class SampledRow(BenchRow):  # a row as it will be once BenchRow gains samples_ms
-    samples_ms: list[float] | None = None
-
-
 def samples(seed: int, scale: float = 1.0, n: int = 15, ms: float = 10.0) -> list[float]:
     rng = np.random.default_rng(seed)
     times = rng.lognormal(math.log(ms), 0.03, n)
@@ -182,8 +178,8 @@ def test_failed_and_noisy_points_are_inconclusive(tmp_path):
 
 def test_bench_baseline_against_rows_in_memory(tmp_path):
     base, _ = pair(tmp_path)
-    rows = [SampledRow.model_validate(row("sdpa", 256, samples(23, 1.5))),
-            SampledRow.model_validate(row("sdpa", 512, samples(22, ms=30)))]
+    rows = [BenchRow.model_validate(row("sdpa", 256, samples(23, 1.5))),
+            BenchRow.model_validate(row("sdpa", 512, samples(22, ms=30)))]
     result = compare_rows(base, rows, threshold_pct=10, environment=ENV)
     assert [(p.seq_len, p.verdict) for p in result.points] == [(256, "slower"), (512, "same")]
     assert result.exit_code() == 1
@@ -224,8 +220,8 @@ def test_many_points_keep_alpha_as_a_whole():
     from dattn_cli.compare.match import side_of
     from dattn_cli.compare.report import compare_pairs
 
-    pairs = [(side_of(SampledRow.model_validate(row("sdpa", 256 * (i + 1), samples(100 + i))), "b"),
-              side_of(SampledRow.model_validate(row("sdpa", 256 * (i + 1), samples(200 + i))), "n")) for i in range(40)]
+    pairs = [(side_of(BenchRow.model_validate(row("sdpa", 256 * (i + 1), samples(100 + i))), "b"),
+              side_of(BenchRow.model_validate(row("sdpa", 256 * (i + 1), samples(200 + i))), "n")) for i in range(40)]
     points = compare_pairs(pairs, threshold_pct=0)
     assert sum(p.p_value < 0.05 for p in points) >= 1
     assert {p.verdict for p in points} == {"same"}
