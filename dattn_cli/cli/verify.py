@@ -78,9 +78,9 @@ def _ci_outputs(report, junit: str | None, markdown: str | None) -> None:
 
 def _note_distributed(impl: list[str] | None, world_sizes: list[int]) -> None:
     """Your configuration on one process: say how the distributed implementations get the same check."""
-    from ..kernels import REGISTRY
+    from ..kernels.registry import names
 
-    ranked = [s.name for s in REGISTRY.values() if s.distributed and not s.single_device and not s.baseline]
+    ranked = names(lambda s: s.distributed and not s.single_device and not s.baseline)
     if not impl and world_sizes == [1] and ranked:
         note(f"note: {', '.join(ranked)} run on rank groups: add --world-size 2 (or 1,2,4) to check them on this "
              "configuration")

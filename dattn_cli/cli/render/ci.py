@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from .common import emit
+from .compare import ms, point_cells
 
 if TYPE_CHECKING:
     from ...compare import CompareReport
@@ -59,14 +60,10 @@ def markdown_table(header: list[str], rows: Iterable[list[object]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.2f}"
-
-
 def bench_markdown(rows: list["BenchRow"]) -> str:
     table = markdown_table(
         ["impl", "N", "mode", "status", "median ms", "p10-p90 ms", "noise", "peak MiB"],
-        ([r.impl, f"{r.seq_len:,}", r.mode, r.status + (f" ({r.reason})" if r.reason else ""), _ms(r.time_ms),
+        ([r.impl, f"{r.seq_len:,}", r.mode, r.status + (f" ({r.reason})" if r.reason else ""), ms(r.time_ms),
           "-" if r.time_ms_p10 is None else f"{r.time_ms_p10:,.2f}-{r.time_ms_p90:,.2f}",
           "-" if r.noise is None else f"{r.noise:.0%}" + (" noisy" if r.noisy else ""),
           "-" if r.peak_mem_bytes is None else f"{r.peak_mem_bytes / 2**20:,.1f}"] for r in rows))
@@ -88,10 +85,7 @@ def verify_markdown(report: "VerifyReport") -> str:
 def compare_markdown(report: "CompareReport") -> str:
     table = markdown_table(
         ["impl", "N", "mode", "base ms", "new ms", "ratio", "95% CI", "p", "verdict"],
-        ([p.impl if p.impl == p.impl_base else f"{p.impl} / {p.impl_base}", f"{p.seq_len:,}", p.mode, _ms(p.base_ms),
-          _ms(p.new_ms), "-" if p.ratio is None else f"{p.ratio:.3f}",
-          "-" if p.ci_low is None else f"{p.ci_low:.3f}-{p.ci_high:.3f}",
-          "-" if p.p_value is None else f"{p.p_value:.2g}", p.verdict] for p in report.points))
+        ([*point_cells(p), p.verdict] for p in report.points))
     warnings = "".join(f"\n> warning: {_cell(w)}\n" for w in report.warnings)
     return f"### dattn compare: {report.verdict}\n\n" + table + warnings
 

@@ -14,12 +14,16 @@ if TYPE_CHECKING:
 COLOURS = {"faster": "green", "slower": "red", "same": "white", "inconclusive": "yellow"}
 
 
-def _ms(value: float | None) -> str:
+def ms(value: float | None) -> str:
     return "-" if value is None else f"{value:,.2f}"
 
 
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+def point_cells(p) -> list[str]:
+    """impl, N, mode, base ms, new ms, ratio, 95% CI, p: one compared point as text (table and Markdown)."""
+    impl = p.impl if p.impl == p.impl_base else f"{p.impl} / {p.impl_base}"
+    return [impl, f"{p.seq_len:,}", p.mode, ms(p.base_ms), ms(p.new_ms), "-" if p.ratio is None else f"{p.ratio:.3f}",
+            "-" if p.ci_low is None else f"{p.ci_low:.3f}-{p.ci_high:.3f}",
+            "-" if p.p_value is None else f"{p.p_value:.2g}"]
 
 
 def shared_note(report: "CompareReport") -> str | None:
@@ -36,11 +40,8 @@ def compare_table(report: "CompareReport", labels: tuple[str, str]) -> Table:
     for column in columns + ["note"] * per_point:
         table.add_column(column, justify="right" if column in ("N", "ratio", "p", "n") or column.endswith(" ms") else "left")
     for p in report.points:
-        impl = p.impl if p.impl == p.impl_base else f"{p.impl} / {p.impl_base}"
-        ci = "-" if p.ci_low is None else f"{p.ci_low:.3f}-{p.ci_high:.3f}"
-        pvalue = "-" if p.p_value is None else f"{p.p_value:.2g}"
-        table.add_row(literal(impl), f"{p.seq_len:,}", p.mode, _ms(p.base_ms), _ms(p.new_ms), _ratio(p.ratio), ci,
-                      pvalue, f"{p.n_base}/{p.n_new}", f"[{COLOURS[p.verdict]}]{p.verdict}[/]",
+        impl, *cells = point_cells(p)
+        table.add_row(literal(impl), *cells, f"{p.n_base}/{p.n_new}", f"[{COLOURS[p.verdict]}]{p.verdict}[/]",
                       *([literal(p.note or "")] if per_point else []))
     return table
 
