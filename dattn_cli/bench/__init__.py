@@ -3,10 +3,9 @@
 from ..workload.records import BenchRow, read_rows, rows_frame
 from .config import Sweep
 from .plot import fit_exponent, plot_rows
-from .regression import Regression, find_regressions
 from .sweep import ImplSummary, SweepResult, run_sweep
 
 __all__ = [
-    "Sweep", "fit_exponent", "plot_rows", "Regression", "find_regressions", "BenchRow", "read_rows", "rows_frame",
+    "Sweep", "fit_exponent", "plot_rows", "BenchRow", "read_rows", "rows_frame",
     "ImplSummary", "SweepResult", "run_sweep",
 ]

@@ -32,6 +32,15 @@ MAX_DOUBLINGS = 24
 class SweepResult(BaseModel):
     rows: list[BenchRow]
     summaries: list[ImplSummary]
+    environment: dict | None = None  # this run's environment record, with the load average at its end
+
+
+def end_record() -> dict:
+    """The record closing a run in its report: the load average at the end (the start's is in the environment
+    record), so `dattn compare` sees load that came during the run."""
+    from ..runtime.envinfo import comparability_facts
+
+    return {"record": "run_end", "load_average": comparability_facts()["load_average"]}
 
 
 def environment_record(cfg: Sweep, command: list[str] | None) -> dict:
@@ -70,7 +79,7 @@ def _would_measure(sweep: Sweep, row: BenchRow) -> bool:
     return False
 
 
-def _start_report(report: ReportFile, sweep: Sweep, resume: bool, command: list[str] | None) -> dict[tuple, BenchRow]:
+def _start_report(report: ReportFile, sweep: Sweep, resume: bool, environment: dict) -> dict[tuple, BenchRow]:
     """Read what `report` holds, refuse what cannot be continued, repair a cut-off last line, append this run's
     environment record; the points already measured (resume) by key."""
     rows = rows_with_settings(report.path)
@@ -84,7 +93,7 @@ def _start_report(report: ReportFile, sweep: Sweep, resume: bool, command: list[
                              f"{differs}: resume with the report's settings, or write a new --out")
     if note := report.repair_tail():
         print(f"dattn: note: {note}", file=sys.stderr)
-    report.append(environment_record(sweep, command))
+    report.append(environment)
     return {row.key(): row for _, row in rows}
 
 
@@ -200,11 +209,16 @@ def run_sweep(
     if runner is None:
         runner = run_distributed_point if sweep.world_size > 1 else run_isolated
     report = ReportFile(out) if out is not None else None
+    environment = environment_record(sweep, command)
     try:
-        done = _start_report(report, sweep, resume, command) if report is not None else {}
+        done = _start_report(report, sweep, resume, environment) if report is not None else {}
         if on_report is not None and report is not None:
             on_report(report)
-        return _measure(_Sweeper(sweep, report, done, on_row, runner, predict))
+        result = _measure(_Sweeper(sweep, report, done, on_row, runner, predict))
+        end = end_record()
+        if report is not None:
+            report.append(end)
+        return result.model_copy(update={"environment": {**environment, "load_average_end": end["load_average"]}})
     finally:
         if report is not None:
             report.close()

@@ -16,7 +16,7 @@ from .options import (DEFAULT_MODE, AmpOption, BaselineOption, BatchOption, Bloc
                       QuickOption, RepeatOption, ResumeOption, SeedOption, SegmentsOption, SemanticsOption,
                       SeqLensOption, StartOption, TargetOption, UntilOomOption, VocabSizeOption, WarmupOption,
                       WindowOption, check_ranks)
-from .render.bench import bench_table, point_line, regression_table, scaling_lines
+from .render.bench import bench_table, point_line, scaling_lines
 from .render.common import set_quiet, machine_output, emit, emit_json, note, progress, stdout
 
 QUICK = {"impls": ["DilatedAttention", "ImprovedDilatedAttention", "sdpa"], "seq_lens": "2k,4k,8k",
@@ -41,9 +41,9 @@ def _command() -> list[str]:
 
 
 def _check_outputs(out: Path | None, resume: bool, baseline: Path | None, fail_on_regression: float | None,
-                   files: dict[str, "str | Path | None"]) -> list:
-    """Every file option checked before anything is measured; the baseline's rows (empty without one)."""
-    from ..workload.records import read_rows
+                   files: dict[str, "str | Path | None"]):
+    """Every file option checked before anything is measured; the baseline report (None without one)."""
+    from ..compare import load_report
     from ..workload.reportfile import check_distinct, check_output_path, check_report_path
 
     if (fail_on_regression is None) != (baseline is None):
@@ -56,13 +56,11 @@ def _check_outputs(out: Path | None, resume: bool, baseline: Path | None, fail_o
     for option, path in files.items():
         check_output_path(path, option)
     if baseline is None:
-        return []
-    if not baseline.exists():
-        raise ValueError(f"--baseline {baseline}: no such file")
-    rows = [row for row in read_rows(baseline) if row.status == "ok"]
-    if not rows:
+        return None
+    loaded = load_report(baseline, "--baseline")
+    if not any(side.row.status == "ok" for side in loaded.points):
         raise ValueError(f"--baseline {baseline}: no ok point to compare against; give a report `dattn bench --out` wrote")
-    return rows
+    return loaded
 
 
 def _max_memory(max_memory: str | None, out: Path | None, resume: bool) -> int:
@@ -115,7 +113,8 @@ def _write(sweep, result, csv_out: str | None, json_out: str | None, interrupted
     if json_out:
         from ..bench.sweep import environment_record
 
-        emit_json(json_out, {"environment": environment_record(sweep, _command()),
+        environment = result.environment or environment_record(sweep, _command())  # interrupted: no end record
+        emit_json(json_out, {"environment": environment,
                              **({"interrupted": interrupted} if interrupted else {}),
                              "summaries": [s.model_dump() for s in result.summaries],
                              "rows": [r.model_dump() for r in result.rows]})
@@ -173,16 +172,16 @@ def _plot(sweep, result, plot: Path, plot_x: str | None) -> None:
     note(f"plot written to {plot}")
 
 
-def _gate(result, baseline: Path, baseline_rows: list, threshold: float) -> None:
-    from ..bench import find_regressions
+def _gate(result, baseline, threshold: float) -> None:
+    """The regression gate: dattn compare's test of this run against the baseline; exit 1 on an established
+    regression beyond the threshold, 3 when the comparison is inconclusive (noise, or other environments)."""
+    from ..compare import compare_rows
+    from .render.compare import show_report
 
-    regressions, matched = find_regressions(result.rows, baseline_rows, threshold)
-    if not matched:  # nothing compared is not a pass
-        raise ValueError(f"--baseline {baseline}: baseline has no point matching this sweep (same implementation, "
-                         f"shape and options, ok in both): compare against a report of the same sweep")
-    stdout.print(regression_table(regressions, matched, threshold))
-    if regressions:
-        raise typer.Exit(code=1)
+    report = compare_rows(baseline, result.rows, threshold, environment=result.environment)
+    show_report(report, ("baseline", "this run"), title=f"regression gate (--fail-on-regression {threshold:g}%): ")
+    if report.exit_code():
+        raise typer.Exit(code=report.exit_code())
 
 
 def bench(
@@ -218,7 +217,7 @@ def bench(
         seq_lens = seq_lens if seq_lens or until_oom else QUICK["seq_lens"]
     if not impl:
         raise ValueError("--impl: give at least one, e.g. --impl ImprovedDilatedAttention --impl sdpa (or use --quick)")
-    baseline_rows = _check_outputs(out, resume, baseline, fail_on_regression,
+    baseline_report = _check_outputs(out, resume, baseline, fail_on_regression,
                                    {"--csv": csv_out, "--json": json_out, "--plot": plot, "--markdown": markdown})
     check_ranks(impl, world_size, "--world-size")
     sweep = Sweep(
@@ -241,4 +240,4 @@ def bench(
         stdout.print(line, markup=False, highlight=False)
     _outputs(sweep, result, out, csv_out, json_out, (plot, plot_x), markdown)
     if baseline is not None:
-        _gate(result, baseline, baseline_rows, fail_on_regression)
+        _gate(result, baseline_report, fail_on_regression)

@@ -10,8 +10,8 @@ from typing import Annotated, Optional
 import typer
 
 from .options import CsvOption, JsonOption, MarkdownOption, finite
-from .render.common import emit_csv, emit_json, machine_output, note, stdout
-from .render.compare import compare_summary, compare_table, shared_note
+from .render.common import emit_csv, emit_json, machine_output
+from .render.compare import show_report
 
 ReportsArgument = Annotated[list[Path], typer.Argument(
     help="BASE.jsonl NEW.jsonl (bench reports), or one RUN.jsonl with --a and --b.", metavar="REPORT...",
@@ -41,12 +41,7 @@ def compare(
         report, labels = compare_reports(reports[0], reports[1], threshold), ("base", "new")
     else:
         raise ValueError(f"give two reports (BASE.jsonl NEW.jsonl), or one with --a IMPL --b IMPL; got {len(reports)}")
-    stdout.print(compare_table(report, labels))
-    if shared_note(report):
-        note(f"note (every point): {shared_note(report)}")
-    for line in report.warnings:
-        note(f"warning: {line}", style="yellow")
-    stdout.print(compare_summary(report))
+    show_report(report, labels)
     if json_out:
         emit_json(json_out, report.model_dump(include={"points", "verdict", "warnings", "comparable", "threshold_pct",
                                                        "alpha"}))

@@ -154,7 +154,7 @@ MaxSecondsOption = Annotated[float, typer.Option(
 BaselineOption = Annotated[Optional[Path], typer.Option(
     "--baseline", help="Earlier JSONL report to compare against.", rich_help_panel=MEASURE)]
 FailOnRegressionOption = Annotated[Optional[float], typer.Option(
-    "--fail-on-regression", help="Exit 1 if a point got slower by more than PCT percent.", metavar="PCT",
+    "--fail-on-regression", help="Exit 1 if a point is slower by more than PCT percent by dattn compare's test; 3 if too noisy to tell.", metavar="PCT",
     callback=finite("--fail-on-regression", 0, 1e6), rich_help_panel=MEASURE)]
 
 # --- distributed ------------------------------------------------------------------------------------

@@ -15,9 +15,9 @@ How the CLI uses this
   usual one line and exit 2.
 * `dattn compare RUN.jsonl --a IMPL --b IMPL`: `compare_impls(RUN, A, B, PCT)`; ratio = A/B, 'slower'
   means A is slower than B.
-* `bench --baseline FILE --fail-on-regression PCT`: after the sweep, `compare_rows(FILE, result.rows, PCT,
-  environment=environment_record(...))` (the record this run wrote to --out); the sweep fails (exit 1)
-  on `exit_code() == 1` and reports an inconclusive comparison (3) as such.
+* `bench --baseline FILE --fail-on-regression PCT`: the baseline is read before the sweep (`load_report`), and
+  after it `compare_rows(baseline, result.rows, PCT, environment=result.environment)`; bench exits with
+  `exit_code()`: 1 on an established regression, 3 when the comparison is inconclusive.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..workload.records import BenchRow
-from .match import environment_warnings, load_report, match_impls, match_reports, missing_environment, side_of
+from .match import Loaded, environment_warnings, load_report, match_impls, match_reports, missing_environment, side_of
 from .report import ComparePoint, CompareReport, build_report
 from .stats import band
 
@@ -53,16 +53,20 @@ def compare_impls(run: Path | str, impl_a: str, impl_b: str, threshold_pct: floa
     return build_report(pairs, warnings, [], threshold_pct, alpha)
 
 
-def compare_rows(baseline: Path | str, rows: list[BenchRow], threshold_pct: float, alpha: float = 0.05,
+def compare_rows(baseline: Loaded | Path | str, rows: list[BenchRow], threshold_pct: float, alpha: float = 0.05,
                  environment: dict | None = None) -> CompareReport:
-    """This run's `rows` (NEW) against the report `baseline` (BASE): bench --baseline. `environment` is
-    this run's environment record (None: not checked)."""
+    """This run's `rows` (NEW) against the report `baseline` (BASE, a path or the report load_report read):
+    bench --baseline. `environment` is this run's environment record (None: not checked)."""
     band(threshold_pct)
-    old = load_report(baseline, "--baseline")
-    pairs, warnings = match_reports(old.points, [side_of(r, f"this run ({r.impl} N={r.seq_len:,})") for r in rows])
+    old = baseline if isinstance(baseline, Loaded) else load_report(baseline, "--baseline")
+    try:
+        pairs, warnings = match_reports(old.points, [side_of(r, f"this run ({r.impl} N={r.seq_len:,})") for r in rows])
+    except ValueError:
+        raise ValueError(f"--baseline {old.path}: baseline has no point matching this sweep (same implementation, "
+                         "shape and options): compare against a report of the same sweep") from None
     differences = environment_warnings(old.environments, [environment] if environment else [], pairs)
     return build_report(pairs, warnings, differences, threshold_pct, alpha)
 
 
-__all__ = ["ComparePoint", "CompareReport", "DEFAULT_THRESHOLD_PCT", "compare_impls", "compare_reports",
-           "compare_rows"]
+__all__ = ["ComparePoint", "CompareReport", "DEFAULT_THRESHOLD_PCT", "Loaded", "compare_impls", "compare_reports",
+           "compare_rows", "load_report"]

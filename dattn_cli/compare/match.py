@@ -77,6 +77,8 @@ def load_report(path: Path | str, option: str = "report") -> Loaded:
         kind = data.get("record", "point")
         if kind == "environment":
             environments.append(data)
+        elif kind == "run_end" and environments:  # the load at the end of the run the last record opened
+            environments[-1] = {**environments[-1], "load_average_end": data.get("load_average")}
             config = data.get("config") if isinstance(data.get("config"), dict) else {}
             threads = config.get("threads", data.get("threads", data.get("torch_threads")))
         elif kind == "point":

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from dattn_cli.bench import find_regressions, fit_exponent, plot_rows
+from dattn_cli.bench import fit_exponent, plot_rows
 from dattn_cli.workload import Problem
 from dattn_cli.workload.records import BenchRow, row_fields
 
@@ -15,17 +15,6 @@ KEY = {k: v for k, v in row_fields(Problem(impl="sdpa", seq_len=1, heads=2, head
 def row(impl, n, ms, status="ok", mem=None):
     return BenchRow(impl=impl, seq_len=n, status=status, time_ms=ms if status == "ok" else None,
                     peak_mem_bytes=mem, **KEY)
-
-
-def test_regression_gate():
-    baseline = [row("a", 1024, 10.0), row("a", 2048, 20.0), row("b", 1024, 5.0)]
-    current = [row("a", 1024, 10.5), row("a", 2048, 23.0), row("b", 1024, 5.0), row("c", 1024, 1.0)]
-    found, matched = find_regressions(current, baseline, 10)
-    assert matched == 3
-    assert [(r.impl, r.seq_len) for r in found] == [("a", 2048)] and found[0].change_pct == pytest.approx(15.0)
-    assert find_regressions(current, baseline, 20)[0] == []
-    with pytest.raises(ValueError, match="--fail-on-regression"):
-        find_regressions(current, baseline, -1)
 
 
 def test_fit_exponent():

@@ -196,3 +196,23 @@ def test_summaries_carry_the_fitted_exponents():
     improved, sdpa = run_sweep(cfg, runner=runner).summaries
     assert improved.time_exponent == pytest.approx(1.0) and improved.memory_exponent == pytest.approx(1.0)
     assert sdpa.time_exponent == pytest.approx(2.0) and sdpa.stopped_by is None and sdpa.summary == "max N 1,024; all ok"
+
+
+def test_a_report_ends_with_the_load_at_the_end_of_the_run(tmp_path):
+    import json
+
+    from dattn_cli.bench.sweep import run_sweep
+
+    out = tmp_path / "r.jsonl"
+    result = run_sweep(_end_sweep(), out=out, runner=lambda sweep, problem: {"status": "skipped", "reason": "test"})
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["record"] for r in records] == ["environment", "point", "run_end"]
+    assert records[-1]["load_average"] == result.environment["load_average_end"]
+    assert result.environment["load_average"] is not None  # the start's, from the environment record
+
+
+def _end_sweep():
+    from dattn_cli.bench import Sweep
+
+    return Sweep(impls=["sdpa"], seq_lens=[256], heads=2, head_dim=16, segment_lengths=[64, 128], dilation_rates=[1, 2],
+                 max_memory=2**30, mode="fwd")

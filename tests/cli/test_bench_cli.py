@@ -107,23 +107,35 @@ def test_old_option_names_still_work_with_one_deprecation_note(tmp_path, capsys)
     assert [r.seq_len for r in read_rows(out)] == [256]
 
 
-def test_regression_gate_exit_codes(tmp_path, capsys):
+def _scaled(source, path, factor: float):
+    """A copy of report `source` with every point's times (samples included) multiplied by `factor`."""
+    with open(path, "w") as f:
+        for rec in (json.loads(line) for line in source.read_text().splitlines()):
+            if rec["record"] == "point":
+                rec = {**rec, "time_ms": rec["time_ms"] * factor, "samples_ms": [t * factor for t in rec["samples_ms"]]}
+            f.write(json.dumps(rec) + "\n")
+    return path
+
+
+def test_regression_gate_is_dattn_compare_exit_codes(tmp_path, capsys):
     out = tmp_path / "base.jsonl"
-    args = ["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "512", *SMALL]
+    args = ["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "512", *SMALL, "--repeat", "6"]
     assert run_cli([*args, "--out", str(out)], capsys)[0] == 0
-    faster = tmp_path / "faster.jsonl"  # a baseline 100x faster than this machine: every point regressed
-    slower = tmp_path / "slower.jsonl"  # 100x slower: none did, however loaded the machine is
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
-    for path, factor in ((faster, 0.01), (slower, 100.0)):
-        with open(path, "w") as f:
-            for rec in lines:
-                if rec["record"] == "point":
-                    rec = {**rec, "time_ms": rec["time_ms"] * factor}
-                f.write(json.dumps(rec) + "\n")
+    faster = _scaled(out, tmp_path / "faster.jsonl", 0.01)  # a baseline 100x faster: every point regressed
+    slower = _scaled(out, tmp_path / "slower.jsonl", 100.0)  # 100x slower: none did, however loaded the machine is
     code, stdout, _ = run_cli([*args, "--baseline", str(faster), "--fail-on-regression", "10"], capsys)
-    assert code == 1 and "1 of 1 matching points slower" in stdout
+    assert code == 1 and "verdict: slower (1 slower of 1 points)" in stdout and "p_value" not in stdout
     code, stdout, _ = run_cli([*args, "--baseline", str(slower), "--fail-on-regression", "10"], capsys)
-    assert code == 0 and "0 of 1 matching points" in stdout
+    assert code == 0 and "verdict: faster" in stdout
+
+
+def test_regression_gate_with_too_few_samples_is_inconclusive_exit_3(tmp_path, capsys):
+    out = tmp_path / "base.jsonl"
+    args = ["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "512", *SMALL, "--repeat", "2"]
+    assert run_cli([*args, "--out", str(out)], capsys)[0] == 0
+    code, stdout, err = run_cli([*args, "--baseline", str(_scaled(out, tmp_path / "f.jsonl", 0.5)),
+                               "--fail-on-regression", "10"], capsys)
+    assert code == 3 and "verdict: inconclusive" in stdout and "too few samples" in stdout + err
 
 
 @pytest.mark.parametrize(

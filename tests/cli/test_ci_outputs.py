@@ -55,7 +55,7 @@ def test_bench_and_compare_markdown(tmp_path):
     assert done.returncode == 0, done.stderr
     assert markdown.read_text().startswith("### dattn bench") and "| sdpa | 256 |" in markdown.read_text()
     rng = np.random.default_rng(0)
-    row = json.loads(out.read_text().splitlines()[-1])
+    row = [r for r in map(json.loads, out.read_text().splitlines()) if r["record"] == "point"][-1]
     for name, scale in (("a.jsonl", 1.0), ("b.jsonl", 1.0)):
         samples = list(10 * scale * rng.lognormal(0, 0.02, 15))
         (tmp_path / name).write_text(json.dumps(BenchRow(**{**row, "samples_ms": samples, "repeats": 15, "noisy": False, "noise": None,

@@ -237,3 +237,14 @@ def test_a_noisy_flag_on_an_old_row_makes_a_huge_change_inconclusive(tmp_path):
     new = report(tmp_path / "n.jsonl", [old([30.0, 31.0, 32.0], noisy=True, noisy_reason="load average 3.2 on 2 CPUs")])
     point = compare_reports(base, new, threshold_pct=10).points[0]
     assert point.verdict == "inconclusive" and "NEW flagged noisy: load average 3.2 on 2 CPUs" in point.note
+
+
+def test_load_that_came_during_a_run_is_seen_from_its_end_record(tmp_path):
+    """Quiet at the start of both runs, loaded at the end of NEW's: the run_end record bench writes carries it."""
+    base, new = pair(tmp_path, 1.0, {**ENV, "load_average": [0.1, 0.1, 0.1]}, {**ENV, "load_average": [0.1, 0.1, 0.1]})
+    assert compare_reports(base, new, threshold_pct=10).comparable
+    with new.open("a") as f:
+        f.write(json.dumps({"record": "run_end", "load_average": [2.5, 1.0, 0.4]}) + "\n")
+    result = compare_reports(base, new, threshold_pct=10)
+    assert not result.comparable and result.exit_code() == 3
+    assert any("load" in w and "2.5" in w for w in result.warnings), result.warnings

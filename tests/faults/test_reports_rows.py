@@ -210,11 +210,24 @@ def test_a_baseline_with_no_point_matching_the_sweep_does_not_pass(gate):
     assert code == 2 and "baseline has no point matching this sweep" in one_line_error(err)
 
 
-def test_a_matching_baseline_still_gates(gate):
-    slower = [json.dumps({**json.loads(line), "time_ms": json.loads(line)["time_ms"] / 2}) for line in _rows(256, 512)]
-    code, err, _ = gate(slower)
+class SampledRunner(Runner):
+    """ok rows with 8 timed samples around the usual time: what the gate's statistics need."""
+
+    def __call__(self, sweep, problem):
+        result = super().__call__(sweep, problem)
+        samples = [result["time_ms"] * (1 + 0.01 * i) for i in range(8)]
+        return {**result, "samples_ms": samples, "repeats": len(samples)}
+
+
+def test_a_matching_baseline_still_gates(gate, monkeypatch):
+    monkeypatch.setattr("dattn_cli.bench.sweep.run_isolated", SampledRunner())
+    base = [json.loads(line) for line in _rows(256, 512)]
+    for row in base:
+        row.update(samples_ms=[row["time_ms"] * (1 + 0.01 * i) for i in range(8)], repeats=8)
+    halved = [{**row, "time_ms": row["time_ms"] / 2, "samples_ms": [t / 2 for t in row["samples_ms"]]} for row in base]
+    code, err, _ = gate([json.dumps(row) for row in halved])
     assert code == 1, err
-    code, err, _ = gate(_rows(256, 512))
+    code, err, _ = gate([json.dumps(row) for row in base])
     assert code == 0, err
 
 

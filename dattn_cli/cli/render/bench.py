@@ -1,4 +1,4 @@
-"""`dattn bench`: the sweep table with per-implementation limits, and the regression gate."""
+"""`dattn bench`: the sweep table with per-implementation limits (the regression gate renders as dattn compare)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.table import Table
 from .common import size
 
 if TYPE_CHECKING:
-    from ...bench import Regression, SweepResult
+    from ...bench import SweepResult
 
 
 def _title(rows: list) -> str:
@@ -86,15 +86,6 @@ def point_line(row) -> str:
 
 def _ms(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
-
-
-def regression_table(regressions: list[Regression], matched: int, threshold: float) -> Table:
-    table = Table(title=f"regression gate: {len(regressions)} of {matched} matching points slower by > {threshold:g}%")
-    for col in ("impl", "N", "mode", "baseline ms", "current ms", "change"):
-        table.add_column(col)
-    for r in regressions:
-        table.add_row(escape(r.impl), str(r.seq_len), escape(r.mode), f"{r.baseline_ms:.1f}", f"{r.current_ms:.1f}", f"[red]+{r.change_pct:.1f}%[/]")
-    return table
 
 
 def exponent_lines(exponents: dict[str, dict[str, float | None]]) -> list[str]:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from .common import literal
+from .common import literal, note, stdout
 
 if TYPE_CHECKING:
     from ...compare import CompareReport
@@ -50,3 +50,14 @@ def compare_summary(report: "CompareReport") -> str:
     counts = {v: sum(p.verdict == v for p in report.points) for v in COLOURS}
     spread = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
     return f"[{COLOURS[report.verdict]}]verdict: {report.verdict}[/] ({spread} of {len(report.points)} points)"
+
+
+def show_report(report: "CompareReport", labels: tuple[str, str], title: str = "") -> None:
+    """The table, the note every point shares, the warnings (stderr) and the verdict line: dattn compare's
+    output, and bench's regression gate."""
+    stdout.print(compare_table(report, labels))
+    if shared_note(report):
+        note(f"note (every point): {shared_note(report)}")
+    for line in report.warnings:
+        note(f"warning: {line}", style="yellow")
+    stdout.print(title + compare_summary(report))
