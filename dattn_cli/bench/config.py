@@ -4,6 +4,7 @@ sweep's lengths and implementations and the measurement settings. One ValueError
 from __future__ import annotations
 
 import importlib.util
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -19,8 +20,11 @@ class Sweep(Problem):
     until_oom: bool = False
     start: int = 4096
     densities: list[float] = Field(default_factory=list)  # block-sparse: one line per target density
-    warmup: int = 1
-    repeat: int = 3
+    warmup: int | None = None  # None: until the timings settle (bench.sampling)
+    repeat: int | None = None  # None: until the median is known to --precision
+    precision: float = 3.0  # percent: the 95% CI of the median within +- this (adaptive repeats)
+    cache: Literal["warm", "cold"] = "warm"
+    interleave: bool = False  # the lines of each N timed round-robin in one worker
     max_memory: int
     max_seconds: float = 120.0
     seed: int = 0
@@ -36,7 +40,9 @@ class Sweep(Problem):
 
     @field_validator("start", "repeat")
     @classmethod
-    def _positive_setting(cls, value: int, info) -> int:
+    def _positive_setting(cls, value: int | None, info) -> int | None:
+        if value is None:
+            return None
         if value <= 0:
             raise ValueError(f"--{info.field_name.replace('_', '-')} must be >= 1, got {value}")
         if info.field_name == "start":
@@ -45,10 +51,17 @@ class Sweep(Problem):
 
     @field_validator("warmup")
     @classmethod
-    def _non_negative(cls, value: int) -> int:
+    def _non_negative(cls, value: int | None) -> int | None:
+        if value is None:
+            return None
         if value < 0:
             raise ValueError(f"--warmup must be >= 0, got {value}")
         return check_count("--warmup", value, 0, MAX_CALLS)
+
+    @field_validator("precision")
+    @classmethod
+    def _precision(cls, value: float) -> float:
+        return check_number("--precision", value, 0, 100, low_open=True)
 
     @field_validator("seed")
     @classmethod
@@ -69,6 +82,10 @@ class Sweep(Problem):
             raise ValueError("give exactly one of --seq-len and --until-oom")
         if self.world_size > 1:
             check_spawned_ranks(self.world_size)
+        if self.interleave and (self.until_oom or self.world_size > 1):
+            raise ValueError("--interleave times the lines of each --seq-len round-robin in one process: not with "
+                             + ("--until-oom (its lengths differ per implementation)" if self.until_oom else
+                                "--world-size > 1; compare the runs with dattn compare instead"))
         for impl in self.impls:
             for point in self.variants(impl):
                 point.with_(seq_len=self.seq_lens[0] if self.seq_lens else self.start)  # each refused here, by name

@@ -20,12 +20,15 @@ import time
 from typing import Any, Callable
 
 from ..runtime.limits import address_space_capped, cap_address_space
+from ..runtime.timings import median_ci_pct, relative_iqr
 from ..runtime.measure import (nvml_used_bytes, peak_rss_bytes, quantile, reset_peak_rss, return_freed_memory,
                                reuse_freed_memory, rss_bytes)
 from ..workload.build import build_call
 from ..workload.counts import total_flops
 from ..workload.problem import Problem
 from .config import Sweep
+from .probes import Probes
+from .sampling import Agree, Clock, alone, take_samples, warm_up
 
 CPU_MEM_METHOD = ("peak RSS of one call after the warm-up, freed memory returned to the OS (glibc mmap threshold "
                   "64 KiB from worker start-up), above the isolated worker's RSS after start-up, inputs included")
@@ -35,14 +38,18 @@ TIMING_HEADROOM = 2  # x --max-memory for the timed calls on CPU (see the module
 
 
 def _stepper(sweep: Sweep, problem: Problem, group: Any) -> tuple[Callable[[], float], Any]:
-    """One call of the point on fresh inputs, returning its seconds; and the module."""
+    """One call of the point on fresh inputs, returning its seconds (distributed: the slowest rank's, the same
+    on every rank); and the module. --cache cold: the last-level cache is overwritten before each call."""
     import torch
 
     world = 1 if group is None else torch.distributed.get_world_size(group)
     call = build_call(problem, problem.seq_len // world)
+    flush = _flusher(sweep)
 
     def step() -> float:
         inputs = call.make_inputs()  # fresh random inputs for every call, outside the timed region
+        if flush is not None:
+            flush()
         if group is not None:
             torch.distributed.barrier(group)
         if sweep.cuda:
@@ -60,30 +67,51 @@ def _stepper(sweep: Sweep, problem: Problem, group: Any) -> tuple[Callable[[], f
         if sweep.cuda:
             end.record()
             torch.cuda.synchronize()
-            return begin.elapsed_time(end) / 1e3
-        return time.perf_counter() - t0
+            seconds = begin.elapsed_time(end) / 1e3
+        else:
+            seconds = time.perf_counter() - t0
+        return seconds if group is None else _slowest(seconds, group)
     return step, call.module
 
 
-def _too_slow(sweep: Sweep, step: Callable[[], float], group: Any) -> dict | None:
-    """Run the warm-up; a 'skipped' result if the repeats would overrun --max-seconds (ranks agree)."""
+def _flusher(sweep: Sweep) -> Callable[[], None] | None:
+    if sweep.cache != "cold":
+        return None
+    from ..runtime.gpustate import CacheFlusher
+
+    return CacheFlusher(sweep.device).flush
+
+
+def _slowest(seconds: float, group: Any) -> float:
     import torch
 
-    began = time.perf_counter()
-    first = step()
-    for _ in range(sweep.warmup - 1):
-        step()
+    value = torch.tensor([seconds], dtype=torch.float64)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group)
+    return float(value.item())
+
+
+def _agreement(group: Any) -> Agree:
+    """Stop decisions every rank takes together: True on all ranks when True on any."""
+    if group is None:
+        return alone
+
+    def agree(flag: bool) -> bool:
+        return _slowest(1.0 if flag else 0.0, group) > 0.5
+    return agree
+
+
+def _too_slow(sweep: Sweep, first: float, clock: Clock) -> dict | None:
+    """A 'skipped' result if the calls still to come would overrun --max-seconds (the first call's time is
+    every rank's slowest, so the ranks agree). Adaptive repeats need only one timed call to fit."""
     untimed = 0 if sweep.cuda else 2  # CPU: the memory call and the heap-settling call
-    projected = time.perf_counter() - began + first * (sweep.repeat + untimed)
-    if group is not None:  # every rank must take the same branch, or the others wait in a barrier
-        worst = torch.tensor([projected], dtype=torch.float64)
-        torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX, group=group)
-        projected = float(worst.item())
-    if projected > sweep.max_seconds:
-        calls = f"{sweep.repeat} timed call{'s' if sweep.repeat > 1 else ''}" + (f" and {untimed} untimed" if untimed else "")
-        return {"status": "skipped", "reason": f"time: one call took {first:.2f} s; with the warm-up and {calls} the "
-                f"point would take about {projected:.1f} s, over --max-seconds {sweep.max_seconds:g}"}
-    return None
+    warmup = max(sweep.warmup - 1, 0) if sweep.warmup is not None else 0
+    timed = sweep.repeat or 1
+    projected = clock.spent() + first * (warmup + timed + untimed)
+    if projected <= sweep.max_seconds:
+        return None
+    calls = (f"{timed} timed call{'s' if timed > 1 else ''}" + (f" and {untimed + warmup} untimed" if untimed + warmup else ""))
+    return {"status": "skipped", "reason": f"time: one call took {first:.2f} s; with {calls} the point would take "
+            f"about {projected:.1f} s, over --max-seconds {sweep.max_seconds:g}"}
 
 
 def _cpu_memory(sweep: Sweep, step: Callable[[], float], start_rss: int, returns_memory: bool) -> dict:
@@ -110,13 +138,19 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
     step, module = _stepper(sweep, problem, group)
     if sweep.cuda:
         torch.cuda.reset_peak_memory_stats()
-    skipped = _too_slow(sweep, step, group)
+    probes = Probes(sweep, group)
+    clock = Clock(sweep.max_seconds)
+    skipped = _too_slow(sweep, step(), clock)
     if skipped:
         return skipped
     memory = {} if sweep.cuda else _cpu_memory(sweep, step, start_rss, returns_memory)
+    agree = _agreement(group)
+    warmup_calls, warm = warm_up([step], sweep.warmup, clock, agree)
     calls_before = module.comm_stats() if hasattr(module, "comm_stats") else None
-    times = [step() for _ in range(sweep.repeat)]
-    result = _timing_fields(problem, times)
+    probes.start_timing()
+    (times,), stopped_by = take_samples([step], sweep.repeat, sweep.precision, clock, agree)
+    result = {**timing_fields(problem, times, sweep, stopped_by, probes.fields()),
+              "warmup_calls": warmup_calls, "warmup_settled": warm}
     if problem.target != "attention":
         result["params"] = sum(p.numel() for p in module.parameters())
     if calls_before is not None:
@@ -127,29 +161,40 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
     return {**result, **memory}
 
 
-def _timing_fields(problem: Problem, times: list[float]) -> dict:
-    """Summary fields of the timed calls (`times` in call order, seconds) and the samples themselves."""
+def timing_fields(problem: Problem, times: list[float], sweep: Sweep, stopped_by: str, probed: dict) -> dict:
+    """Summary fields of the timed calls (`times` in call order, seconds), the samples themselves, and the
+    noisy flag with every reason found (spread, precision not reached, contention, throttling)."""
     ordered = sorted(times)
     median = statistics.median(ordered)
     flops = total_flops(problem)
+    ci_pct = median_ci_pct(times)
+    reasons = [noise_reason(ordered), probed.pop("contention", None), probed.pop("throttle", None)]
+    if stopped_by in ("max-seconds", "max-samples"):
+        reached = f"+-{ci_pct:.1f}%" if ci_pct is not None else "no 95% CI (fewer than 6 samples)"
+        reasons.append(f"stopped by {stopped_by} after {len(times)} samples with the median known to {reached}, "
+                       f"not --precision {sweep.precision:g}%")
+    reasons = [r for r in reasons if r]
     return {"status": "ok", "time_ms": median * 1e3, "repeats": len(times),
             "time_ms_p10": quantile(ordered, 0.1) * 1e3, "time_ms_p90": quantile(ordered, 0.9) * 1e3,
             "tokens_per_s": problem.batch * problem.seq_len / median, "flops": flops, "tflops": flops / median / 1e12,
-            "samples_ms": [t * 1e3 for t in times], **noise_fields(ordered)}
+            "samples_ms": [t * 1e3 for t in times], "noise": noise(ordered), "median_ci_pct": ci_pct,
+            "stopped_by": stopped_by, **probed, "noisy": bool(reasons), "noisy_reason": "; ".join(reasons) or None}
 
 
 NOISY_IQR = 0.10  # relative IQR above which a point's median alone is not trusted
 MIN_NOISE_SAMPLES = 4  # fewer samples have no meaningful quartiles
 
 
-def noise_fields(ordered: list[float]) -> dict:
-    """noise (relative IQR of the sorted samples) and the noisy flag with its reason."""
-    if len(ordered) < MIN_NOISE_SAMPLES:
-        return {"noise": None, "noisy": False, "noisy_reason": None}
-    noise = (quantile(ordered, 0.75) - quantile(ordered, 0.25)) / statistics.median(ordered)
-    noisy = noise > NOISY_IQR
-    reason = f"relative IQR {noise:.0%} of the median, over {NOISY_IQR:.0%}: other load or unsettled timings" if noisy else None
-    return {"noise": noise, "noisy": noisy, "noisy_reason": reason}
+def noise(ordered: list[float]) -> float | None:
+    """The relative IQR of the samples; None below MIN_NOISE_SAMPLES."""
+    return relative_iqr(ordered) if len(ordered) >= MIN_NOISE_SAMPLES else None
+
+
+def noise_reason(ordered: list[float]) -> str | None:
+    value = noise(ordered)
+    if value is None or value <= NOISY_IQR:
+        return None
+    return f"relative IQR {value:.0%} of the median, over {NOISY_IQR:.0%}: other load or unsettled timings"
 
 
 def _bytes_moved(before: dict, after: dict, calls: int) -> dict:

@@ -15,9 +15,10 @@ from ..workload.records import BenchRow, pattern_fields, point_key, row_fields, 
 from ..workload.reportfile import ReportFile
 from .config import Sweep
 from .summary import PREDICTED, ImplSummary, scaling_exponents, stop_reason, summarize
-from .worker import make_row, run_distributed_point, run_isolated
+from .worker import make_row, run_distributed_point, run_isolated, run_isolated_group
 
 Runner = Callable[[Sweep, Problem], dict]
+GroupRunner = Callable[[Sweep, list[Problem]], list[dict]]  # --interleave: the lines of one N together
 Predict = Callable[[Problem], "int | None"]
 
 FAILED = ("oom", "error", "skipped")
@@ -62,7 +63,8 @@ def measurement_settings(sweep: Sweep) -> dict:
         import torch
 
         threads = torch.get_num_threads()  # the forkserver's workers inherit this process's environment
-    return {"repeat": sweep.repeat, "warmup": sweep.warmup, "max_memory": sweep.max_memory,
+    return {"repeat": sweep.repeat, "warmup": sweep.warmup, "precision": sweep.precision if sweep.repeat is None else None,
+            "cache": sweep.cache, "max_memory": sweep.max_memory,
             "max_seconds": sweep.max_seconds, "seed": sweep.seed, "threads": threads}
 
 
@@ -99,8 +101,9 @@ def _start_report(report: ReportFile, sweep: Sweep, resume: bool, environment: d
 
 class _Sweeper:
     def __init__(self, sweep: Sweep, report: ReportFile | None, done: dict[tuple, BenchRow], on_row, runner: Runner,
-                 predict: Predict | None):
+                 predict: Predict | None, group_runner: GroupRunner = run_isolated_group):
         self.sweep, self.report, self.on_row, self.runner, self.predict = sweep, report, on_row, runner, predict
+        self.group_runner = group_runner
         self.line: Problem | None = None  # the problem of the line being measured (impl, density)
         self.rows: list[BenchRow] = []
         self.done = done
@@ -108,33 +111,44 @@ class _Sweeper:
 
     def point(self, n: int, blocked: str | None = None) -> BenchRow:
         problem = self.line.with_(seq_len=n)
-        key = point_key(row_fields(problem))
-        if key in self.done:  # measured by an earlier, interrupted run
-            row = self.done[key]
-            self.rows.append(row)
+        if (row := self.measured(problem)) is not None:
             return row
         predicted = self.predict(problem) if self.predict else None
-        row = make_row(problem, self._result(problem, predicted, blocked), predicted).model_copy(update=self.settings)
+        result = self.before_running(predicted, blocked) or self.checked(self.runner(self.sweep, problem))
+        return self.record(problem, result, predicted)
+
+    def measured(self, problem: Problem) -> BenchRow | None:
+        """The row of `problem` from an earlier, interrupted run (resume), counted as this run's; else None."""
+        row = self.done.get(point_key(row_fields(problem)))
+        if row is not None:
+            self.rows.append(row)
+        return row
+
+    def record(self, problem: Problem, result: dict, predicted: int | None) -> BenchRow:
+        row = make_row(problem, result, predicted).model_copy(update=self.settings)
         with deferred():  # a row is written and counted whole, or not at all, whenever a signal comes
             if self.report is not None:
                 self.report.append(row.model_dump())
             self.rows.append(row)
-            self.done[key] = row
+            self.done[row.key()] = row
         if self.on_row:
             self.on_row(row)
         return row
 
-    def _result(self, problem: Problem, predicted: int | None, blocked: str | None) -> dict:
+    def before_running(self, predicted: int | None, blocked: str | None) -> dict | None:
+        """The row result of a point not worth running (after a failure; predicted far above the cap); else None."""
         cap = self.sweep.max_memory
-        cpu = not self.sweep.cuda
         if blocked:
             return {"status": "skipped", "reason": blocked}
-        if cpu and predicted is not None and predicted > PREDICTION_MARGIN * cap:
+        if not self.sweep.cuda and predicted is not None and predicted > PREDICTION_MARGIN * cap:
             return {"status": "skipped", "reason": f"{PREDICTED} {predicted / 2**30:.2f} GiB, more than "
                     f"{PREDICTION_MARGIN:g} x --max-memory {cap / 2**30:.2f} GiB"}
-        result = self.runner(self.sweep, problem)
-        measured = result.get("peak_mem_bytes")
-        if cpu and result.get("status") == "ok" and measured and measured > cap:
+        return None
+
+    def checked(self, result: dict) -> dict:
+        """A CPU point whose measured peak is above --max-memory is an oom row."""
+        cap, measured = self.sweep.max_memory, result.get("peak_mem_bytes")
+        if not self.sweep.cuda and result.get("status") == "ok" and measured and measured > cap:
             result = {**result, "status": "oom", "reason": f"measured peak {measured / 2**30:.2f} GiB above "
                       f"--max-memory {cap / 2**30:.2f} GiB"}
         return result
@@ -195,6 +209,7 @@ def run_sweep(
     runner: Runner | None = None,
     predict: Predict | None = None,
     on_report: Callable[[ReportFile], None] | None = None,
+    group_runner: GroupRunner | None = None,
 ) -> SweepResult:
     """Measure every implementation over the configured lengths; rows go to `out` as they come.
     `predict(problem)`: predicted peak bytes for the row (the planner's, passed in by the caller); points
@@ -214,7 +229,7 @@ def run_sweep(
         done = _start_report(report, sweep, resume, environment) if report is not None else {}
         if on_report is not None and report is not None:
             on_report(report)
-        result = _measure(_Sweeper(sweep, report, done, on_row, runner, predict))
+        result = _measure(_Sweeper(sweep, report, done, on_row, runner, predict, group_runner or run_isolated_group))
         end = end_record()
         if report is not None:
             report.append(end)
@@ -228,13 +243,50 @@ def _measure(sweeper: _Sweeper) -> SweepResult:
     sweep = sweeper.sweep
     summaries = []
     try:
-        for impl in sweep.impls:
-            for line in sweep.variants(impl):  # block-sparse: one line per target density
-                sweeper.line, first = line, len(sweeper.rows)
-                summary = sweeper.until_oom() if sweep.until_oom else sweeper.fixed()
-                fits = scaling_exponents(sweeper.rows[first:])
-                summaries.append(summary.model_copy(update={**pattern_fields(line, densities=False), **fits}))
+        if sweep.interleave:
+            summaries = _interleaved(sweeper)
+        else:
+            for impl in sweep.impls:
+                for line in sweep.variants(impl):  # block-sparse: one line per target density
+                    sweeper.line, first = line, len(sweeper.rows)
+                    summary = sweeper.until_oom() if sweep.until_oom else sweeper.fixed()
+                    summaries.append(_with_fits(summary, line, sweeper.rows[first:]))
     except (KeyboardInterrupt, Interrupted) as exc:  # the rows so far, each in `out` already, go with it
         exc.partial = SweepResult(rows=sweeper.rows, summaries=summaries)
         raise
     return SweepResult(rows=sweeper.rows, summaries=summaries)
+
+
+def _with_fits(summary: ImplSummary, line: Problem, rows: list[BenchRow]) -> ImplSummary:
+    return summary.model_copy(update={**pattern_fields(line, densities=False), **scaling_exponents(rows)})
+
+
+def _interleaved(sweeper: _Sweeper) -> list[ImplSummary]:
+    """--interleave: at each N the lines not stopped yet are measured together (run_isolated_group); a line
+    that fails is skipped at the larger lengths, as in a fixed sweep."""
+    sweep = sweeper.sweep
+    lines = [line for impl in sweep.impls for line in sweep.variants(impl)]
+    rows: list[list[BenchRow]] = [[] for _ in lines]
+    best: list[int | None] = [None] * len(lines)
+    stop: list[BenchRow | None] = [None] * len(lines)
+    for n in sweep.seq_lens:
+        todo = []
+        for i, line in enumerate(lines):
+            problem = line.with_(seq_len=n)
+            if (row := sweeper.measured(problem)) is None:
+                predicted = sweeper.predict(problem) if sweeper.predict else None
+                blocked = f"after {stop[i].status} at N={stop[i].seq_len}" if stop[i] else None
+                if (result := sweeper.before_running(predicted, blocked)) is None:
+                    todo.append((i, problem, predicted))
+                    continue
+                row = sweeper.record(problem, result, predicted)
+            rows[i].append(row)
+        results = sweeper.group_runner(sweep, [problem for _, problem, _ in todo]) if todo else []
+        for (i, problem, predicted), result in zip(todo, results):
+            rows[i].append(sweeper.record(problem, sweeper.checked(result), predicted))
+        for i, line_rows in enumerate(rows):
+            if line_rows[-1].status == "ok":
+                best[i] = n if best[i] is None else max(best[i], n)
+            elif stop[i] is None:
+                stop[i] = line_rows[-1]
+    return [_with_fits(summarize(line.impl, best[i], stop[i]), line, rows[i]) for i, line in enumerate(lines)]

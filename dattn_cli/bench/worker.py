@@ -16,6 +16,7 @@ from ..runtime.measure import rss_bytes
 from ..workload.problem import Problem
 from ..workload.records import BenchRow, row_fields
 from .config import Sweep
+from .interleave import measure_group
 from .point import TIMING_HEADROOM, measure_point
 
 OOM_TEXT = ("memoryerror", "out of memory", "can't allocate", "cannot allocate", "code -9")
@@ -31,6 +32,19 @@ def _child(conn, sweep_data: dict, problem_data: dict) -> None:
     except BaseException as exc:  # every failure becomes a row; the sweep goes on
         result = failure_row(exc)
     conn.send(result)
+    conn.close()
+
+
+def _group_child(conn, sweep_data: dict, problems_data: list[dict]) -> None:
+    try:
+        sweep = Sweep.model_validate(sweep_data)
+        problems = [Problem.model_validate(p) for p in problems_data]
+        if not sweep.cuda:
+            cap_address_space(sweep.max_memory)
+        results = [failure_row(r) if isinstance(r, BaseException) else r for r in measure_group(sweep, problems)]
+    except BaseException as exc:  # every line gets the failure
+        results = [failure_row(exc)] * len(problems_data)
+    conn.send(results)
     conn.close()
 
 
@@ -54,6 +68,17 @@ def run_isolated(sweep: Sweep, problem: Problem, child: Callable = _child) -> di
     return launch_isolated(child, (sweep.model_dump(), problem.model_dump()), deadline_s=sweep.max_seconds + 30.0,
                            deadline_text=f"--max-seconds {sweep.max_seconds:g}", rss_limit=rss_limit,
                            rss_limit_text=f"{TIMING_HEADROOM}x --max-memory")
+
+
+def run_isolated_group(sweep: Sweep, problems: list[Problem]) -> list[dict]:
+    """--interleave: the problems of one N in one fresh worker (bench.interleave); a crash, OOM kill or time-out
+    of the worker becomes every line's row."""
+    rss_limit = None if sweep.cuda else int(TIMING_HEADROOM * sweep.max_memory + RLIMIT_SLACK)
+    result = launch_isolated(_group_child, (sweep.model_dump(), [p.model_dump() for p in problems]),
+                             deadline_s=sweep.max_seconds * len(problems) + 30.0,
+                             deadline_text=f"--max-seconds {sweep.max_seconds:g} per interleaved line",
+                             rss_limit=rss_limit, rss_limit_text=f"{TIMING_HEADROOM}x --max-memory")
+    return result if isinstance(result, list) else [result] * len(problems)
 
 
 def measure_rank(rank: int, world: int, sweep_data: dict, problem_data: dict) -> dict:

@@ -9,10 +9,10 @@ import typer
 
 from ..runtime.signals import Interrupted, take_pending
 from .options import (DEFAULT_MODE, AmpOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption,
-                      CsvOption, DensitiesOption, DeviceOption, DilationsOption, DistTimeoutOption, DTypeOption,
+                      CacheOption, CsvOption, DensitiesOption, DeviceOption, DilationsOption, DistTimeoutOption, DTypeOption,
                       EmbedDimOption, ExecutorOption, FailOnRegressionOption, GlobalBlocksOption, HeadDimOption,
-                      HeadsOption, ImplsOption, JsonOption, LayersOption, LevelsOption, MarkdownOption, MaxMemoryOption,
-                      MaxSecondsOption, ModeOption, OutOption, QuietOption, RanksOption, PatternOption, PlotOption, PlotXOption,
+                      HeadsOption, ImplsOption, InterleaveOption, JsonOption, LayersOption, LevelsOption, MarkdownOption, MaxMemoryOption,
+                      MaxSecondsOption, ModeOption, OutOption, PrecisionOption, QuietOption, RanksOption, PatternOption, PlotOption, PlotXOption,
                       QuickOption, RepeatOption, ResumeOption, SeedOption, SegmentsOption, SemanticsOption,
                       SeqLensOption, StartOption, TargetOption, UntilOomOption, VocabSizeOption, WarmupOption,
                       WindowOption, check_ranks)
@@ -21,6 +21,7 @@ from .render.common import set_quiet, machine_output, emit, emit_json, note, pro
 
 QUICK = {"impls": ["DilatedAttention", "ImprovedDilatedAttention", "sdpa"], "seq_lens": "2k,4k,8k",
          "segments": "512,1024,2048", "dilations": "1,2,4"}
+QUICK_MAX_SECONDS = 10.0  # --quick: adaptive repeats stop within 10 s a point on a noisy machine
 # --target layer/model without --impl: the multihead module a user would put in a model
 LAYER_DEFAULT_IMPL = "ImprovedMultiheadDilatedAttention"
 
@@ -196,8 +197,9 @@ def bench(
     target: TargetOption = "attention", embed_dim: EmbedDimOption = None, layers: LayersOption = 12,
     vocab_size: VocabSizeOption = 50304, checkpointing: CheckpointingOption = False, amp: AmpOption = None,
     quick: QuickOption = False, until_oom: UntilOomOption = False, start: StartOption = "4k",
-    warmup: WarmupOption = 1, repeat: RepeatOption = 3, seed: SeedOption = 0,
-    max_memory: MaxMemoryOption = None, max_seconds: MaxSecondsOption = 120.0,
+    warmup: WarmupOption = None, repeat: RepeatOption = None, precision: PrecisionOption = 3.0,
+    cache: CacheOption = "warm", interleave: InterleaveOption = False, seed: SeedOption = 0,
+    max_memory: MaxMemoryOption = None, max_seconds: MaxSecondsOption = None,
     baseline: BaselineOption = None, fail_on_regression: FailOnRegressionOption = None,
     world_size: RanksOption = 1, dist_timeout: DistTimeoutOption = 120.0,
     out: OutOption = None, resume: ResumeOption = False, csv_out: CsvOption = None, json_out: JsonOption = None,
@@ -225,7 +227,8 @@ def bench(
         start=parse_seq_lens(start)[0], batch=batch, heads=heads, head_dim=head_dim, dtype=dtype, mode=mode,
         segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
         semantics=semantics, causal=causal, device=device, warmup=warmup, repeat=repeat, seed=seed,
-        max_memory=_max_memory(max_memory, out, resume), max_seconds=max_seconds,
+        precision=precision, cache=cache, interleave=interleave, max_memory=_max_memory(max_memory, out, resume),
+        max_seconds=max_seconds or (QUICK_MAX_SECONDS if quick else 120.0),
         world_size=world_size, dist_timeout=dist_timeout, pattern=pattern or "dilated", block_size=block_size, window=window,
         densities=parse_float_list(density, "--density") if density else [], global_blocks=global_blocks,
         levels=levels, executor=executor, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,

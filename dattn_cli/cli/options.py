@@ -143,14 +143,28 @@ UntilOomOption = Annotated[bool, typer.Option(
     "--until-oom", help="Double N from --start-seq-len until a point fails, then bisect to 5% below a memory limit "
     "(measured, or predicted); a --max-seconds skip or an error stops the search there.", rich_help_panel=MEASURE)]
 StartOption = Annotated[str, typer.Option("--start-seq-len", help="First N for --until-oom.", rich_help_panel=MEASURE)]
-WarmupOption = Annotated[int, typer.Option("--warmup", help="Untimed calls before timing.", rich_help_panel=MEASURE)]
-RepeatOption = Annotated[int, typer.Option("--repeat", help="Timed calls per point (median, p10, p90).", rich_help_panel=MEASURE)]
+WarmupOption = Annotated[Optional[int], typer.Option(
+    "--warmup", help="Untimed calls before timing (bench's default: until the last 3 are within 10%).",
+    rich_help_panel=MEASURE, show_default=False)]
+RepeatOption = Annotated[Optional[int], typer.Option(
+    "--repeat", help="Timed calls per point, a fixed count (default: until --precision is reached).",
+    rich_help_panel=MEASURE, show_default=False)]
+PrecisionOption = Annotated[float, typer.Option(
+    "--precision", help="Without --repeat: sample until the 95% CI of the median is within +-PCT of it, or "
+    "--max-seconds.", metavar="PCT", callback=finite("--precision", 0, 100), rich_help_panel=MEASURE)]
+CacheOption = Annotated[str, _choice(
+    "--cache", ("warm", "cold"), "warm, or cold: the last-level cache (GPU L2) overwritten before every timed call.",
+    MEASURE)]
+InterleaveOption = Annotated[bool, typer.Option(
+    "--interleave", help="Time the implementations of each N round-robin in one worker (A, B, A, B...): their ratio "
+    "survives load that comes and goes.", rich_help_panel=MEASURE)]
 IterationsOption = Annotated[int, typer.Option("--iterations", help="Timed calls per setting.", rich_help_panel=MEASURE)]
 SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the random inputs.", rich_help_panel=MEASURE)]
 MaxMemoryOption = Annotated[Optional[str], typer.Option(
     "--max-memory", help="Memory cap per point, e.g. 2GiB (CPU default: half of available RAM).", rich_help_panel=MEASURE)]
-MaxSecondsOption = Annotated[float, typer.Option(
-    "--max-seconds", help="Time budget per point; beyond it the point is skipped (reason time).", rich_help_panel=MEASURE)]
+MaxSecondsOption = Annotated[Optional[float], typer.Option(
+    "--max-seconds", help="Time budget per point (default 120; --quick 10): a point that cannot fit one timed call "
+    "is skipped (reason time); adaptive repeats stop at it.", rich_help_panel=MEASURE, show_default=False)]
 BaselineOption = Annotated[Optional[Path], typer.Option(
     "--baseline", help="Earlier JSONL report to compare against.", rich_help_panel=MEASURE)]
 FailOnRegressionOption = Annotated[Optional[float], typer.Option(

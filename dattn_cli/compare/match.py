@@ -52,7 +52,12 @@ class Loaded(BaseModel):
 
 
 def _noisy(row: BenchRow) -> str | None:
-    return (row.noisy_reason or "flagged noisy by the bench") if row.noisy else None
+    """The bench's reason to distrust the row that the samples cannot show: other processes' CPU (contended)
+    or GPU throttling, which shift every call alike. Spread alone is not one: the CI of the ratio accounts for
+    it. A row without samples has only its flag to go by."""
+    if row.contended or row.throttled or (row.noisy and not row.samples_ms):
+        return row.noisy_reason or "flagged noisy by the bench"
+    return None
 
 
 def side_of(row: BenchRow, where: str) -> Side:

@@ -4,8 +4,8 @@ exit code.
 Per point, with samples on both sides (samples_ms): ratio = median(NEW) / median(BASE); ci_low/ci_high =
 the 95% CI of the ratio (Hodges-Lehmann/Moses on log samples, stats.py); p_value = two-sided Mann-Whitney
 U; verdict by stats.verdict with the p-values Holm-adjusted over all the points compared, so that the
-run as a whole keeps alpha. Then made inconclusive when a side was flagged noisy by the bench (its reason
-in the note: contention, throttling) or when the side that looks slower (faster) is far noisier than
+run as a whole keeps alpha. Then made inconclusive when the bench flagged a side contended or throttled (its
+reason in the note: other processes' CPU, GPU throttling; match._noisy) or when the side that looks slower (faster) is far noisier than
 the other (stats.spread_differs: the mark of load on one side, not of a code change).
 
 Without samples on a side (reports written before samples_ms) only the medians and p10/p90 of the

@@ -43,9 +43,10 @@ from typing import Literal, Sequence
 import numpy as np
 from pydantic import BaseModel
 
+from ..runtime.timings import CONFIDENCE, checked, median_ci, relative_iqr
+
 Verdict = Literal["faster", "slower", "same", "inconclusive"]
 
-CONFIDENCE = 0.95
 EXACT_LIMIT = 60  # n + m up to which U's null distribution is counted exactly (C(60, 30) fits in int64)
 PAIR_LIMIT = 4_000_000  # pairwise differences kept in memory; larger sides are thinned evenly
 SPREAD_ALPHA = 0.01  # level of the test that one side is more spread out than the other
@@ -60,40 +61,6 @@ class SampleStats(BaseModel):
     noise: float
     ci_low: float | None = None
     ci_high: float | None = None
-
-
-def checked(samples: Sequence[float], name: str = "samples") -> np.ndarray:
-    """`samples` as a float array; a ValueError naming `name` unless they are positive finite numbers."""
-    try:
-        values = np.asarray(samples, dtype=float)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a list of numbers (milliseconds)") from None
-    if values.ndim != 1 or values.size == 0:
-        raise ValueError(f"{name} must be a non-empty list of numbers")
-    bad = values[~(np.isfinite(values) & (values > 0))]
-    if bad.size:
-        raise ValueError(f"{name} must hold positive, finite times, got {float(bad[0])!r}")
-    return values
-
-
-def relative_iqr(samples: Sequence[float]) -> float:
-    """(q75 - q25) / median: the noise of one side, scale free."""
-    values = checked(samples)
-    q25, q50, q75 = np.percentile(values, [25, 50, 75])
-    return float((q75 - q25) / q50)
-
-
-def median_ci(samples: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
-    """Distribution-free CI of the median: order statistics j and n+1-j, j the largest with
-    P(Binomial(n, 1/2) < j) <= (1 - confidence)/2. None when n is too small for that confidence (n < 6 at 95%)."""
-    from scipy.stats import binom
-
-    values = np.sort(checked(samples))
-    n = values.size
-    tail = (1.0 - confidence) / 2
-    j = int(binom.ppf(tail, n, 0.5))  # the smallest with P(B <= j) >= tail
-    j = min(j + 1 if binom.cdf(j, n, 0.5) <= tail else j, (n + 1) // 2)
-    return None if j == 0 else (float(values[j - 1]), float(values[n - j]))
 
 
 def summarize(samples: Sequence[float]) -> SampleStats:

@@ -12,6 +12,7 @@ import torch
 from pydantic import BaseModel
 
 from .. import __version__
+from .gpustate import query
 
 
 class Device(BaseModel):
@@ -19,6 +20,9 @@ class Device(BaseModel):
     name: str
     memory_total_bytes: int
     memory_used_bytes: int
+    sm_clock_mhz: int | None = None  # when the record was taken; with the power limit: what bounds its speed
+    max_sm_clock_mhz: int | None = None
+    power_limit_w: float | None = None
 
 
 class EnvironmentInfo(BaseModel):
@@ -40,6 +44,7 @@ class EnvironmentInfo(BaseModel):
     load_average: list[float] | None = None  # 1, 5, 15 minutes, when the record was taken
     cpu_affinity: list[int] | None = None  # the CPUs this process may run on
     governor: str | None = None  # cpufreq scaling governor of CPU 0, where readable
+    torch_threads: int | None = None  # torch's intra-op threads in this process
 
 
 def cpu_name() -> str:
@@ -62,9 +67,10 @@ def comparability_facts() -> dict:
         except (OSError, AttributeError, ValueError):
             return None
 
+    from .contention import load_average
+
     governor = read(lambda: Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip())
-    return {"hostname": platform.node() or None,
-            "load_average": read(lambda: [round(x, 2) for x in os.getloadavg()]),
+    return {"hostname": platform.node() or None, "load_average": load_average(), "torch_threads": torch.get_num_threads(),
             "cpu_affinity": read(lambda: sorted(os.sched_getaffinity(0))),
             "governor": governor}
 
@@ -94,8 +100,10 @@ def _nvml() -> tuple[str | None, list[Device], str]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
             name = pynvml.nvmlDeviceGetName(handle)
+            state = query(pynvml, handle)
             devices.append(Device(index=i, name=name.decode() if isinstance(name, bytes) else name,
-                                  memory_total_bytes=mem.total, memory_used_bytes=mem.used))
+                                  memory_total_bytes=mem.total, memory_used_bytes=mem.used,
+                                  **{k: state[k] for k in ("sm_clock_mhz", "max_sm_clock_mhz", "power_limit_w")}))
         return (driver.decode() if isinstance(driver, bytes) else driver), devices, f"{len(devices)} NVIDIA device(s)"
     finally:
         pynvml.nvmlShutdown()

@@ -19,7 +19,8 @@ KEY_FIELDS = ("impl", "seq_len", "mode", "batch", "heads", "head_dim", "segments
               "causal", "dtype", "device", "world_size", "pattern", "target", "embed_dim", "layers", "checkpointing", "amp", "vocab_size")
 # The measurement settings that change what a point measures: a resumed point must have been measured with the
 # same ones (the problem is in KEY_FIELDS; the regression gate compares problems whatever their settings).
-SETTINGS = {"repeat": "--repeat", "warmup": "--warmup", "max_memory": "--max-memory", "max_seconds": "--max-seconds",
+SETTINGS = {"repeat": "--repeat", "warmup": "--warmup", "precision": "--precision", "cache": "--cache",
+            "max_memory": "--max-memory", "max_seconds": "--max-seconds",
             "seed": "--seed", "threads": "torch threads (OMP_NUM_THREADS)"}
 
 
@@ -69,10 +70,22 @@ class BenchRow(BaseModel):
     noise: float | None = None  # relative IQR of samples_ms: (q75 - q25) / median
     noisy: bool = False  # the samples are too spread to trust the median alone: noisy_reason says why
     noisy_reason: str | None = None
+    median_ci_pct: float | None = None  # the 95% CI of the median, +- this percentage of it (6 samples or more)
+    stopped_by: str | None = None  # why sampling stopped: repeat | precision | max-seconds | max-samples
+    warmup_calls: int | None = None
+    warmup_settled: bool | None = None  # the last 3 warm-up calls within 10% (None: a fixed --warmup)
+    other_cpus: float | None = None  # CPUs kept busy by other processes during the timed calls, on average
+    contended: bool = False  # they left too few CPUs for this point's threads (noisy_reason says so)
+    gpu_before: dict | None = None  # CUDA: clocks, temperature, power and throttle reasons before the point
+    gpu_after: dict | None = None
+    throttled: bool = False  # CUDA: a clock-limiting throttle reason before or after the point
+    interleaved: bool = False  # timed round-robin with the other lines at this N (bench --interleave)
     # measurement settings (None in reports written before they were recorded: read from the environment
     # record the sweep wrote before its rows, see rows_with_settings)
     repeat: int | None = None
     warmup: int | None = None
+    precision: float | None = None
+    cache: str | None = None
     max_memory: int | None = None
     max_seconds: float | None = None
     seed: int | None = None

@@ -214,3 +214,46 @@ def test_bench_world_size_measures_ranks_and_counts_bytes(tmp_path, capsys):
 def test_bench_world_size_refuses_single_device_impls(capsys):
     code, _, err = run_cli(["bench", "--impl", "sdpa", "--world-size", "2", "--seq-len", "256"], capsys)
     assert code == 2 and "--world-size 2 runs distributed implementations only" in err
+
+
+def test_interleaved_sweep_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    code, stdout, err = run_cli(["bench", "--interleave", "--impl", "ImprovedDilatedAttention", "--impl", "sdpa",
+                                 "--seq-len", "256,512", *SMALL, "--repeat", "4", "--mode", "fwd", "--out", str(out)],
+                                capsys)
+    assert code == 0, err
+    assert "round-robin (--interleave)" in stdout and "x sdpa" in stdout
+    rows = read_rows(out)
+    assert [(r.impl, r.seq_len) for r in rows] == [("ImprovedDilatedAttention", 256), ("sdpa", 256),
+                                                   ("ImprovedDilatedAttention", 512), ("sdpa", 512)]
+    assert all(r.interleaved and r.status == "ok" and len(r.samples_ms) == 4 and r.stopped_by == "repeat" for r in rows)
+
+
+def test_adaptive_repeats_and_a_cold_cache(tmp_path, capsys):
+    """Without --repeat: at least 10 timed calls, sampling stopped by the precision or the time budget (said
+    why); --cache cold runs the same point with the cache overwritten before each call."""
+    out = tmp_path / "r.jsonl"
+    args = ["bench", "--impl", "sdpa", "--seq-len", "256", "--heads", "2", "--head-dim", "16", "--mode", "fwd",
+            "--max-memory", "2GiB", "--max-seconds", "20"]
+    code, _, err = run_cli([*args, "--precision", "5", "--out", str(out)], capsys)
+    assert code == 0, err
+    (row,) = read_rows(out)
+    assert row.repeat is None and row.precision == 5 and row.warmup_calls >= 1
+    assert (row.stopped_by == "precision" and row.repeats >= 10 and row.median_ci_pct <= 5) or \
+        (row.stopped_by in ("max-seconds", "max-samples") and "not --precision 5%" in row.noisy_reason)
+    cold = tmp_path / "cold.jsonl"
+    code, _, err = run_cli([*args, "--repeat", "3", "--cache", "cold", "--out", str(cold)], capsys)
+    assert code == 0, err
+    assert read_rows(cold)[0].cache == "cold" and read_rows(cold)[0].repeats == 3
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--interleave", "--until-oom"], "--interleave times the lines"),
+    (["--precision", "nan"], "--precision"),
+    (["--precision", "0"], "--precision"),
+    (["--cache", "lukewarm"], "--cache"),
+])
+def test_sampling_options_refused_with_one_line(extra, needle, capsys):
+    args = ["bench", "--impl", "sdpa", "--heads", "2", "--head-dim", "16"]
+    code, _, err = run_cli([*args, *extra] + ([] if "--until-oom" in extra else ["--seq-len", "256"]), capsys)
+    assert code == 2 and needle in err and "Traceback" not in err

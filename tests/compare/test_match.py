@@ -167,7 +167,8 @@ def test_failed_and_noisy_points_are_inconclusive(tmp_path):
     base = report(tmp_path / "b.jsonl", [row("sdpa", 256, samples(1)), row("sdpa", 512, samples(2)),
                                          row("sdpa", 1024, status="oom", reason="memory")])
     new = report(tmp_path / "n.jsonl", [row("sdpa", 256, status="error", error="boom"),
-                                        row("sdpa", 512, samples(3), noisy=True, noisy_reason="other processes used 80% CPU"),
+                                        row("sdpa", 512, samples(3), noisy=True, contended=True,
+                                            noisy_reason="other processes used 80% CPU"),
                                         row("sdpa", 1024, status="oom", reason="memory")])
     result = compare_reports(base, new, threshold_pct=10)
     assert [(p.seq_len, p.verdict) for p in result.points] == [(256, "inconclusive"), (512, "inconclusive")]
@@ -248,3 +249,11 @@ def test_load_that_came_during_a_run_is_seen_from_its_end_record(tmp_path):
     result = compare_reports(base, new, threshold_pct=10)
     assert not result.comparable and result.exit_code() == 3
     assert any("load" in w and "2.5" in w for w in result.warnings), result.warnings
+
+
+def test_spread_alone_does_not_make_a_point_inconclusive(tmp_path):
+    """A row the bench called noisy for its IQR only: the CI of the ratio already carries the spread."""
+    spread = {"noisy": True, "noisy_reason": "relative IQR 29% of the median, over 10%"}
+    base = report(tmp_path / "b.jsonl", [row("sdpa", 256, samples(1, n=40), **spread)])
+    new = report(tmp_path / "n.jsonl", [row("sdpa", 256, samples(2, 2.0, n=40), **spread)])
+    assert compare_reports(base, new, threshold_pct=10).points[0].verdict == "slower"

@@ -20,7 +20,8 @@ def _title(rows: list) -> str:
         distributed = any(row.world_size > 1 for row in rows)
         title += (f" ({escape(r.mode)}, {escape(r.dtype)}, {escape(r.device)}, B={r.batch} H={r.heads} D={r.head_dim}"
                   + (f", {r.world_size} ranks: time of the slowest rank, memory and bytes of the largest rank" if distributed else "")
-                  + "; time = median of repeats; TFLOP/s counts attended pairs only)")
+                  + ("; lines timed round-robin (--interleave)" if any(row.interleaved for row in rows) else "")
+                  + "; time = median of the timed calls, +- its 95% CI; TFLOP/s counts attended pairs only)")
     return title
 
 
@@ -30,6 +31,7 @@ def _cells(r, ratio: float | None, columns: tuple[bool, bool, bool]) -> list[str
     cells = [
         escape(r.impl), *(pattern_cells if patterned else []), f"{r.seq_len:,}",
         f"{r.time_ms:.1f}" if r.time_ms is not None else "-",
+        f"{r.median_ci_pct:.1f}%" if r.median_ci_pct is not None else "-",
         *([f"{ratio:.2f}" if ratio is not None else "-"] if ratioed else []),
         f"{r.tokens_per_s:,.0f}" if r.tokens_per_s is not None else "-",
         f"{r.tflops:.3f}" if r.tflops is not None else "-",
@@ -37,7 +39,10 @@ def _cells(r, ratio: float | None, columns: tuple[bool, bool, bool]) -> list[str
     ]
     if distributed:
         cells += [size(r.comm_bytes_sent), size(r.comm_bytes_received)]
-    status = "[green]ok[/]" if r.status == "ok" else f"[yellow]{r.status}[/] " + escape(f"{r.reason or ''} {r.error or ''}".strip())
+    if r.status == "ok":
+        status = f"[yellow]ok, noisy:[/] {escape(r.noisy_reason or '')}" if r.noisy else "[green]ok[/]"
+    else:
+        status = f"[yellow]{r.status}[/] " + escape(f"{r.reason or ''} {r.error or ''}".strip())
     return [*cells, status]
 
 
@@ -51,7 +56,7 @@ def bench_table(result: SweepResult) -> Table:
     shape = (any(r.pattern for r in rows), any(r.world_size > 1 for r in rows), base is not None)
     patterned, distributed, _ = shape
     table = Table(title=_title(rows))
-    columns = (["impl"] + (["pattern", "density"] if patterned else []) + ["N", "time ms"] + ([f"x {base}"] if base else [])
+    columns = (["impl"] + (["pattern", "density"] if patterned else []) + ["N", "time ms", "+-"] + ([f"x {base}"] if base else [])
                + ["tokens/s", "TFLOP/s", "peak mem"] + (["sent/call", "recv/call"] if distributed else []) + ["status"])
     for col in columns:
         if col == "impl":
