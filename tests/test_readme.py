@@ -74,6 +74,12 @@ TOUR: dict[str, Small] = {
         set={"--seq-len": "1k"}, add=BENCH_SMALL, exit_codes=(3,), expect=r"regression gate.*inconclusive",
         why="N = 1k against r.jsonl's 1k row; one timed call a side is too few for a 95% CI, so the gate must say "
             "inconclusive (exit 3); tests/cli/test_bench_cli.py checks exits 0, 1 and 3 with enough samples"),
+    "dattn bench --interleave --impl ImprovedDilatedAttention --impl sdpa --seq-len 8k --out ab.jsonl": Small(
+        set={"--seq-len": "1k"}, add=("--repeat", "6", "--warmup", "1", "--mode", "fwd"), files=("ab.jsonl",),
+        expect=r"round-robin", why="N = 1k forward, 6 timed calls a line"),
+    "dattn compare ab.jsonl --a ImprovedDilatedAttention --b sdpa": Small(
+        exit_codes=(0, 1, 3), expect=r"verdict: ",
+        why="which is faster at 1k, and whether 6 calls can tell, depends on this machine; exit 2 or a crash fails"),
     "dattn bench --until-oom --max-memory 2GiB --impl math --impl ImprovedDilatedAttention": Small(
         set={"--max-memory": "64MiB"}, add=("--start-seq-len", "1k", *BENCH_SMALL),
         why="a 64 MiB cap: each search ends at its first point (math predicted over the cap, Improved measured "
