@@ -13,40 +13,47 @@ import os
 import time
 from dataclasses import dataclass
 
+PROC_STAT = "/proc/stat"
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal (steal: a hypervisor neighbour took it)
-MIN_WINDOW_S = 0.05  # /proc/stat counts in jiffies (10 ms at USER_HZ 100): shorter windows are mostly rounding
+# /proc/stat and os.times() count whole clock ticks (10 ms at USER_HZ 100), so each counter of a window is off
+# by up to a tick: on 2 CPUs up to 3 ticks, 0.3 CPU over 0.1 s. Measured here (another process spinning one
+# CPU), 0.05 s windows read 0.6 to 1.2 CPUs, 0.1 s windows 0.9 to 1.2: below 0.1 s the figure is rounding.
+MIN_WINDOW_S = 0.1
 TOLERANCE = 0.25  # CPUs of other work tolerated beyond the free ones (daemons, the parent's polling, rounding)
 
 
 @dataclass(frozen=True)
 class CpuSample:
-    wall_s: float
+    wall_s: float  # time.monotonic()
     busy_s: float  # busy time of the CPUs this process may run on, all processes
     own_s: float  # this process's CPU time, all threads
 
 
 def cpu_sample() -> CpuSample | None:
-    """Now's sample; None where /proc/stat cannot be read (not Linux)."""
+    """Now's sample; None where /proc/stat cannot be read or holds none of this process's CPUs (not Linux)."""
     try:
         cpus = os.sched_getaffinity(0)
         ticks = os.sysconf("SC_CLK_TCK")
-        with open("/proc/stat") as f:
+        with open(PROC_STAT) as f:
             lines = f.read().splitlines()
+        busy, seen = 0, 0
+        for line in lines:
+            name, *values = line.split() or [""]
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                busy += sum(int(values[i]) for i in BUSY_FIELDS if i < len(values))
+                seen += 1
     except (OSError, AttributeError, ValueError):
         return None
-    busy = 0
-    for line in lines:
-        name, *values = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
-            busy += sum(int(values[i]) for i in BUSY_FIELDS if i < len(values))
+    if not seen or ticks <= 0:
+        return None
     times = os.times()
     return CpuSample(wall_s=time.monotonic(), busy_s=busy / ticks, own_s=times.user + times.system)
 
 
 def others_busy_cpus(before: CpuSample, after: CpuSample, own_extra_s: float = 0.0) -> float | None:
     """CPUs of the affinity set kept busy by other processes between the samples, on average; `own_extra_s`:
-    CPU time of processes that are not "other" (a distributed point's other ranks). None for a window too
-    short to resolve."""
+    CPU time of processes that are not "other" (a distributed point's other ranks). None for a window shorter
+    than MIN_WINDOW_S, which clock ticks cannot resolve."""
     wall = after.wall_s - before.wall_s
     if wall < MIN_WINDOW_S:
         return None
@@ -55,17 +62,25 @@ def others_busy_cpus(before: CpuSample, after: CpuSample, own_extra_s: float = 0
 
 
 def contention_reason(others_cpus: float | None, threads: int, cpus: int) -> str | None:
-    """A sentence when other processes left fewer free CPUs than the point's threads (beyond TOLERANCE)."""
-    if others_cpus is None or others_cpus <= cpus - threads + TOLERANCE:
+    """A sentence when other processes left fewer free CPUs than the point's threads need (beyond TOLERANCE);
+    None when they left room, or when either figure is unknown. More threads than CPUs need all of them: the
+    oversubscription is the point's own, not other processes'."""
+    if others_cpus is None or cpus < 1:
         return None
-    plural = "s" if threads != 1 else ""
-    return (f"other processes kept {others_cpus:.1f} of {cpus} CPUs busy while this point ran its {threads} torch "
-            f"thread{plural}: its timings and ratios are not trustworthy; rerun on a quieter machine or with fewer "
-            f"threads (OMP_NUM_THREADS)")
+    needed = min(max(threads, 1), cpus)
+    if others_cpus <= cpus - needed + TOLERANCE:
+        return None
+    return (f"other processes kept {others_cpus:.1f} of {_count(cpus, 'CPU')} busy while this point ran its "
+            f"{_count(threads, 'torch thread')}, so its timings and ratios are not trustworthy: rerun on a quiet "
+            f"machine or with fewer threads (OMP_NUM_THREADS)")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def load_average() -> list[float] | None:
-    """1, 5 and 15 minute load averages, rounded; None where the system does not say."""
+    """1, 5 and 15 minute load averages, rounded to 2 places; None where the system does not say."""
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except (OSError, AttributeError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 import subprocess
 import sys
@@ -12,7 +13,8 @@ import torch
 from pydantic import BaseModel
 
 from .. import __version__
-from .gpustate import query
+from .contention import load_average
+from .gpustate import nvml_state
 
 
 class Device(BaseModel):
@@ -58,20 +60,17 @@ def cpu_name() -> str:
 
 
 def comparability_facts() -> dict:
-    """Host, load average, CPU affinity and frequency governor: None where this system does not say."""
-    import os
-
+    """Host, load average, torch threads, CPU affinity and frequency governor: None where this system does not
+    say."""
     def read(fn):
         try:
             return fn()
         except (OSError, AttributeError, ValueError):
             return None
 
-    from .contention import load_average
-
     governor = read(lambda: Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip())
-    return {"hostname": platform.node() or None, "load_average": load_average(), "torch_threads": torch.get_num_threads(),
-            "cpu_affinity": read(lambda: sorted(os.sched_getaffinity(0))),
+    return {"hostname": platform.node() or None, "load_average": load_average(),
+            "torch_threads": torch.get_num_threads(), "cpu_affinity": read(lambda: sorted(os.sched_getaffinity(0))),
             "governor": governor}
 
 
@@ -100,7 +99,7 @@ def _nvml() -> tuple[str | None, list[Device], str]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
             name = pynvml.nvmlDeviceGetName(handle)
-            state = query(pynvml, handle)
+            state = nvml_state(pynvml, handle)
             devices.append(Device(index=i, name=name.decode() if isinstance(name, bytes) else name,
                                   memory_total_bytes=mem.total, memory_used_bytes=mem.used,
                                   **{k: state[k] for k in ("sm_clock_mhz", "max_sm_clock_mhz", "power_limit_w")}))
@@ -123,8 +122,6 @@ def _backends() -> dict[str, bool]:
 
 
 def collect_environment() -> EnvironmentInfo:
-    import os
-
     driver, devices, status = _nvml()
     return EnvironmentInfo(
         dattn_version=__version__,

@@ -8,41 +8,56 @@ the L2 before each call so no call finds the previous call's data in cache.
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
+from typing import Any
 
-# NVML's clocks event (throttle) reason bits (nvml.h nvmlClocksEventReason*)
+# NVML's clocks event (throttle) reason bits (nvml.h nvmlClocksEventReason* / nvmlClocksThrottleReason*)
 REASONS = {0x1: "idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
-           0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks"}
-LIMITING = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")  # what slows a kernel
+           0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks",
+           0x200: "board_limit", 0x400: "reliability"}
+# what holds a busy GPU's clocks below what it would run at (idle, application clocks, display, sync boost: not)
+LIMITING = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake", "board_limit", "reliability")
+NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0  # nvml.h enum values
 CPU_CACHE_FALLBACK = 64 * 2**20
 CPU_CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
 
 
 def decode_reasons(mask: int) -> list[str]:
-    return [name for bit, name in REASONS.items() if mask & bit]
+    """Names of the bits set in an NVML clocks event reason mask; an unknown bit as its hex value."""
+    names = [name for bit, name in REASONS.items() if mask & bit]
+    return names + [hex(1 << i) for i in range(64) if mask & (1 << i) and (1 << i) not in REASONS]
 
 
-def query(nvml, handle) -> dict:
-    def ask(fn, *args, scale: float = 1.0):
+def nvml_state(nvml: Any, handle: Any) -> dict:
+    """gpu_state's fields for an NVML device handle (NVML initialized by the caller); a field None where its
+    query fails or is not supported."""
+    def ask(fn: str, *args: Any) -> Any:
         try:
-            value = getattr(nvml, fn)(handle, *args)
-        except Exception:  # one unsupported query leaves its field empty
+            return getattr(nvml, fn)(handle, *args)
+        except Exception:  # one unsupported query (or an old driver without it) leaves its field empty
             return None
-        return value / scale if scale != 1.0 else value
 
-    reasons_fn = ("nvmlDeviceGetCurrentClocksEventReasons" if hasattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons")
-                  else "nvmlDeviceGetCurrentClocksThrottleReasons")
-    mask = ask(reasons_fn)
-    return {"sm_clock_mhz": ask("nvmlDeviceGetClockInfo", 1), "mem_clock_mhz": ask("nvmlDeviceGetClockInfo", 2),
-            "max_sm_clock_mhz": ask("nvmlDeviceGetMaxClockInfo", 1),
-            "temperature_c": ask("nvmlDeviceGetTemperature", 0), "power_w": ask("nvmlDeviceGetPowerUsage", scale=1e3),
-            "power_limit_w": ask("nvmlDeviceGetEnforcedPowerLimit", scale=1e3),
+    def watts(milliwatts: Any) -> float | None:
+        return milliwatts / 1e3 if isinstance(milliwatts, (int, float)) else None
+
+    mask = ask("nvmlDeviceGetCurrentClocksEventReasons")  # the newer name; older drivers know only the other
+    if not isinstance(mask, int):
+        mask = ask("nvmlDeviceGetCurrentClocksThrottleReasons")
+    return {"sm_clock_mhz": ask("nvmlDeviceGetClockInfo", NVML_CLOCK_SM),
+            "mem_clock_mhz": ask("nvmlDeviceGetClockInfo", NVML_CLOCK_MEM),
+            "max_sm_clock_mhz": ask("nvmlDeviceGetMaxClockInfo", NVML_CLOCK_SM),
+            "temperature_c": ask("nvmlDeviceGetTemperature", NVML_TEMPERATURE_GPU),
+            "power_w": watts(ask("nvmlDeviceGetPowerUsage")),
+            "power_limit_w": watts(ask("nvmlDeviceGetEnforcedPowerLimit")),
             "throttle_reasons": decode_reasons(mask) if isinstance(mask, int) else None}
 
 
 def gpu_state(index: int) -> dict | None:
-    """Clocks (MHz), temperature (C), power and its limit (W) and throttle reasons of GPU `index`; None where
-    NVML is absent or unusable; a field None where its query is not supported. Never raises."""
+    """Clocks (MHz), temperature (C), power and its limit (W) and throttle reasons of CUDA device `index` as
+    torch numbers it (CUDA_VISIBLE_DEVICES applied); None where NVML is absent or unusable; a field None where
+    its query is not supported. Never raises."""
     try:
         import pynvml
     except ImportError:
@@ -52,7 +67,7 @@ def gpu_state(index: int) -> dict | None:
     except Exception:
         return None
     try:
-        return query(pynvml, pynvml.nvmlDeviceGetHandleByIndex(index))
+        return nvml_state(pynvml, _handle(pynvml, index))
     except Exception:
         return None
     finally:
@@ -62,21 +77,55 @@ def gpu_state(index: int) -> dict | None:
             pass
 
 
+def _handle(nvml: Any, index: int) -> Any:
+    """NVML's handle of torch's CUDA device `index`. NVML numbers every GPU of the machine; CUDA only the visible
+    ones, in its own order: match by UUID where torch has CUDA up, else through a CUDA_VISIBLE_DEVICES list of
+    indices."""
+    for uuid in _uuids(index):
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(uuid)
+        except Exception:
+            continue
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible and all(v.isdigit() for v in visible) and index < len(visible):
+        index = int(visible[index])
+    return nvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def _uuids(index: int) -> list[str]:
+    """NVML's spellings of the UUID torch gives device `index` (torch's has no GPU-/MIG- prefix); none where
+    torch has not started CUDA in this process (starting it here would break a parent that forks workers)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return []
+        bare = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+    except Exception:
+        return []
+    if not bare or bare.startswith(("GPU-", "MIG-")):
+        return [bare] if bare else []
+    return [f"GPU-{bare}", f"MIG-{bare}"]
+
+
 def throttle_reason(before: dict | None, after: dict | None) -> str | None:
-    """A sentence when the GPU's clocks were held down (power cap, thermal, hardware slowdown) before or after
-    the point; None otherwise (idle, application clocks and the like do not slow a kernel)."""
+    """A sentence when either snapshot shows the GPU's clocks held down (power cap, thermal, hardware slowdown,
+    power brake), naming the reasons, when, and the SM clock against its maximum; None otherwise (idle,
+    application clocks and the like do not slow a kernel)."""
     found = []
     for when, state in (("before", before), ("after", after)):
         limiting = [r for r in (state or {}).get("throttle_reasons") or [] if r in LIMITING]
         if limiting:
             clock, top = state.get("sm_clock_mhz"), state.get("max_sm_clock_mhz")
-            speed = f", SM clock {clock} of {top} MHz" if clock and top else ""
+            speed = f" (SM clock {clock} of {top} MHz)" if clock and top else ""
             found.append(f"{', '.join(limiting)} {when} the point{speed}")
-    return ("GPU throttled: " + "; ".join(found)) if found else None
+    if not found:
+        return None
+    return ("GPU throttled: " + " and ".join(found) + ", so its timings are not trustworthy: rerun once the GPU "
+            "is cool, or check its power limit (nvidia-smi -q -d PERFORMANCE)")
 
 
-def cpu_cache_bytes(cache_dir: Path = CPU_CACHE_DIR) -> int:
-    """The largest cache of CPU 0 (the last level), from sysfs; CPU_CACHE_FALLBACK where unreadable."""
+def cpu_cache_bytes(cache_dir: Path = CPU_CACHE_DIR) -> int | None:
+    """The largest cache of CPU 0 (the last level) from sysfs sizes such as "32768K"; None where unreadable."""
     sizes = []
     for entry in sorted(cache_dir.glob("index*/size")):
         try:
@@ -85,24 +134,27 @@ def cpu_cache_bytes(cache_dir: Path = CPU_CACHE_DIR) -> int:
             sizes.append(int(text.rstrip("KMG")) * scale)
         except (OSError, ValueError):
             continue
-    return max(sizes) if sizes else CPU_CACHE_FALLBACK
+    return max(sizes) if sizes and max(sizes) > 0 else None
 
 
 class CacheFlusher:
-    """Overwrites a buffer twice the last-level cache (GPU: L2) so the next call starts with a cold cache."""
+    """Overwrites a buffer twice the last-level cache (GPU: L2) so the next call starts with a cold cache.
+    `nbytes`: the buffer's size; `method`: how, in a sentence for the row's record."""
 
     def __init__(self, device: str, cache_dir: Path = CPU_CACHE_DIR):
         import torch
 
-        if device.startswith("cuda"):
-            cache = torch.cuda.get_device_properties(torch.device(device)).L2_cache_size
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            cache = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or None
             level = "L2"
         else:
             cache, level = cpu_cache_bytes(cache_dir), "last-level cache"
-        self.nbytes = 2 * cache
-        self.buffer = torch.empty(self.nbytes, dtype=torch.int8, device=device)
-        self.method = (f"{level} flushed before each timed call: a {self.nbytes / 2**20:.0f} MiB buffer zeroed "
-                       f"(2 x the {cache / 2**20:.0f} MiB {level})")
+        self.nbytes = 2 * cache if cache else CPU_CACHE_FALLBACK
+        self.buffer = torch.empty(self.nbytes, dtype=torch.int8, device=dev)
+        size = f"a {self.nbytes / 2**20:g} MiB buffer zeroed"
+        self.method = (f"{level} flushed before each timed call: {size} (2 x the {cache / 2**20:g} MiB {level})"
+                       if cache else f"{level} flushed before each timed call: {size} (its size was not readable)")
 
     def flush(self) -> None:
         self.buffer.zero_()
