@@ -16,7 +16,7 @@ from ..runtime.limits import address_space_capped, cap_address_space
 from ..runtime.measure import peak_rss_bytes, reset_peak_rss, return_freed_memory, reuse_freed_memory, rss_bytes
 from ..workload.problem import Problem
 from .config import Sweep
-from .point import TIMING_HEADROOM, _stepper, _too_slow, timing_fields
+from .point import TIMING_HEADROOM, ColdCache, _stepper, _too_slow, timing_fields
 from .probes import Probes
 from .sampling import Clock, take_samples, warm_up
 
@@ -46,13 +46,13 @@ class _Line:
         return step
 
 
-def _prepare(sweep: Sweep, line: _Line, returns_memory: bool) -> dict | None:
+def _prepare(sweep: Sweep, line: _Line, returns_memory: bool, cold: ColdCache) -> dict | None:
     """Build the line, make its first call (the time projection) and its memory call; a skip result or None."""
     import torch
 
     before = rss_bytes()
     torch.manual_seed(sweep.seed)
-    line.step, line.module = _stepper(sweep, line.problem, None)
+    line.step, line.module = _stepper(sweep, line.problem, None, cold)
     own = Clock(sweep.max_seconds)  # this line's projection, as if it ran alone
     skipped = _too_slow(sweep, line.step(), own)
     if skipped:
@@ -73,18 +73,20 @@ def measure_group(sweep: Sweep, problems: list[Problem]) -> list[dict | BaseExce
     returns_memory = not sweep.cuda and return_freed_memory()
     lines = [_Line(i, p) for i, p in enumerate(problems)]
     results: list[dict | BaseException | None] = [None] * len(lines)
+    cold = ColdCache(sweep)  # one flush buffer for every line, made after their memory calls
     for line in lines:
         try:
-            results[line.index] = _prepare(sweep, line, returns_memory)
+            results[line.index] = _prepare(sweep, line, returns_memory, cold)
         except Exception as exc:
             results[line.index] = exc
     active = [line for line in lines if results[line.index] is None]
     if returns_memory and reuse_freed_memory() and address_space_capped():
         cap_address_space(sweep.max_memory, TIMING_HEADROOM)
     clock = Clock(sweep.max_seconds * len(active))
+    cold.start()
     while active:
         try:
-            timed = _time_round_robin(sweep, active, clock)
+            timed = _time_round_robin(sweep, active, clock, cold.nbytes)
         except LineFailed as failed:
             results[failed.index] = failed.error
             active = [line for line in active if line.index != failed.index]
@@ -95,7 +97,7 @@ def measure_group(sweep: Sweep, problems: list[Problem]) -> list[dict | BaseExce
     return results
 
 
-def _time_round_robin(sweep: Sweep, lines: list[_Line], clock: Clock) -> list[dict]:
+def _time_round_robin(sweep: Sweep, lines: list[_Line], clock: Clock, flush_bytes: int) -> list[dict]:
     import torch
 
     steps = [line.guarded() for line in lines]
@@ -103,8 +105,8 @@ def _time_round_robin(sweep: Sweep, lines: list[_Line], clock: Clock) -> list[di
         for step in steps:
             step()  # untimed: the heap grows to its steady state under the timing setting
     probes = Probes(sweep)
+    probes.start()
     warmup_calls, warm = warm_up(steps, sweep.warmup, clock)
-    probes.start_timing()
     samples, stopped_by = take_samples(steps, sweep.repeat, sweep.precision, clock)
     probed = probes.fields()
     rows = []
@@ -114,7 +116,7 @@ def _time_round_robin(sweep: Sweep, lines: list[_Line], clock: Clock) -> list[di
         if line.problem.target != "attention":
             fields["params"] = sum(p.numel() for p in line.module.parameters())
         if sweep.cuda:
-            fields.update(peak_mem_bytes=torch.cuda.max_memory_allocated(),
+            fields.update(peak_mem_bytes=torch.cuda.max_memory_allocated() - flush_bytes,
                           mem_method="torch.cuda.max_memory_allocated over all interleaved lines (allocator view)")
         rows.append(fields)
     return rows

@@ -37,19 +37,41 @@ GPU_MEM_METHOD = "torch.cuda.max_memory_allocated after reset_peak_memory_stats 
 TIMING_HEADROOM = 2  # x --max-memory for the timed calls on CPU (see the module docstring)
 
 
-def _stepper(sweep: Sweep, problem: Problem, group: Any) -> tuple[Callable[[], float], Any]:
+class ColdCache:
+    """--cache cold: the last-level cache overwritten before each call from start() on (the warm-up and the
+    timed calls). The buffer is made then, after the memory call, so that call does not count it; on CUDA,
+    where the peak spans the whole point, `nbytes` is taken off it."""
+
+    def __init__(self, sweep: Sweep):
+        self.device = sweep.device if sweep.cache == "cold" else None
+        self.flusher = None
+
+    def start(self) -> None:
+        if self.device is not None and self.flusher is None:
+            from ..runtime.gpustate import CacheFlusher
+
+            self.flusher = CacheFlusher(self.device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.flusher.nbytes if self.flusher is not None else 0
+
+    def __call__(self) -> None:
+        if self.flusher is not None:
+            self.flusher.flush()
+
+
+def _stepper(sweep: Sweep, problem: Problem, group: Any, flush: ColdCache) -> tuple[Callable[[], float], Any]:
     """One call of the point on fresh inputs, returning its seconds (distributed: the slowest rank's, the same
-    on every rank); and the module. --cache cold: the last-level cache is overwritten before each call."""
+    on every rank); and the module. `flush` runs before each call (ColdCache)."""
     import torch
 
     world = 1 if group is None else torch.distributed.get_world_size(group)
     call = build_call(problem, problem.seq_len // world)
-    flush = _flusher(sweep)
 
     def step() -> float:
         inputs = call.make_inputs()  # fresh random inputs for every call, outside the timed region
-        if flush is not None:
-            flush()
+        flush()
         if group is not None:
             torch.distributed.barrier(group)
         if sweep.cuda:
@@ -72,14 +94,6 @@ def _stepper(sweep: Sweep, problem: Problem, group: Any) -> tuple[Callable[[], f
             seconds = time.perf_counter() - t0
         return seconds if group is None else _slowest(seconds, group)
     return step, call.module
-
-
-def _flusher(sweep: Sweep) -> Callable[[], None] | None:
-    if sweep.cache != "cold":
-        return None
-    from ..runtime.gpustate import CacheFlusher
-
-    return CacheFlusher(sweep.device).flush
 
 
 def _slowest(seconds: float, group: Any) -> float:
@@ -135,7 +149,8 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
     start_rss = rss_bytes() if start_rss is None else start_rss
     returns_memory = not sweep.cuda and return_freed_memory()  # before the first allocation (module docstring)
     torch.manual_seed(sweep.seed)
-    step, module = _stepper(sweep, problem, group)
+    cold = ColdCache(sweep)
+    step, module = _stepper(sweep, problem, group, cold)
     if sweep.cuda:
         torch.cuda.reset_peak_memory_stats()
     probes = Probes(sweep, group)
@@ -145,9 +160,10 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
         return skipped
     memory = {} if sweep.cuda else _cpu_memory(sweep, step, start_rss, returns_memory)
     agree = _agreement(group)
+    cold.start()
+    probes.start()
     warmup_calls, warm = warm_up([step], sweep.warmup, clock, agree)
     calls_before = module.comm_stats() if hasattr(module, "comm_stats") else None
-    probes.start_timing()
     (times,), stopped_by = take_samples([step], sweep.repeat, sweep.precision, clock, agree)
     result = {**timing_fields(problem, times, sweep, stopped_by, probes.fields()),
               "warmup_calls": warmup_calls, "warmup_settled": warm}
@@ -156,7 +172,7 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
     if calls_before is not None:
         result.update(_bytes_moved(calls_before, module.comm_stats(), len(times)))
     if sweep.cuda:
-        memory = dict(peak_mem_bytes=torch.cuda.max_memory_allocated(), mem_method=GPU_MEM_METHOD,
+        memory = dict(peak_mem_bytes=torch.cuda.max_memory_allocated() - cold.nbytes, mem_method=GPU_MEM_METHOD,
                       nvml_used_bytes=nvml_used_bytes(torch.cuda.current_device()))
     return {**result, **memory}
 

@@ -12,7 +12,9 @@ from .config import Sweep
 
 
 class Probes:
-    """Started before a point's first call; `start_timing()` right before its timed calls; `fields()` after."""
+    """Made before a point's first call (the GPU's state then); `start()` before its warm-up and timed calls, the
+    window other processes' CPU is measured over (a longer window than the timed calls alone: /proc/stat counts
+    10 ms ticks); `fields()` after."""
 
     def __init__(self, sweep: Sweep, group: Any = None):
         self.sweep, self.group = sweep, group
@@ -28,7 +30,7 @@ class Probes:
 
         return gpu_state(torch.cuda.current_device())
 
-    def start_timing(self) -> None:
+    def start(self) -> None:
         from ..runtime.contention import cpu_sample
 
         self.cpu_before = cpu_sample()
