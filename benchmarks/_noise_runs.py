@@ -42,13 +42,14 @@ def last_line(log: Path) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def run_logged(cmd: list[str], log: Path, timeout_s: float) -> int:
-    """Run `cmd` with its output appended to `log`; its exit code. Stopped by SIGTERM (then SIGKILL) when the
-    time limit passes or this process is interrupted meanwhile."""
+def run_logged(cmd: list[str], log: Path, timeout_s: float, env: dict | None = None) -> int:
+    """Run `cmd` (with `env` added to this environment) with its output appended to `log`; its exit code.
+    Stopped by SIGTERM (then SIGKILL) when the time limit passes or this process is interrupted meanwhile."""
     with open(log, "ab") as sink:
         sink.write(f"$ {shown(cmd)}\n".encode())
         sink.flush()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
+                                env={**os.environ, **env} if env else None)
         try:
             return proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -117,12 +118,27 @@ def report_facts(path: Path) -> dict:
             "noisy": sum(bool(r.get("noisy")) for r in rows), "points": len(rows)}
 
 
+def statistical_exit(base: Path, new: Path, threshold_pct: float) -> int:
+    """The exit code dattn compare's statistics alone give (0, 1 or 3): its library on the same reports with the
+    bench's contention/throttle flags and the environment check left out. A diagnostic beside the CLI's answer:
+    it shows whether the test or the flags keep a false alarm away."""
+    from dattn_cli.compare.match import load_report, match_reports
+    from dattn_cli.compare.report import EXIT_CODES, compare_pairs, overall
+
+    pairs, _ = match_reports(load_report(base).points, load_report(new).points)
+    bare = [(b.model_copy(update={"flag": None}), n.model_copy(update={"flag": None})) for b, n in pairs]
+    return EXIT_CODES[overall(compare_pairs(bare, threshold_pct), True)]
+
+
 class Runner:
     """Runs bench and compare for one script run; reports and logs go to `runs_dir`."""
 
-    def __init__(self, workload: list[str], common: list[str], runs_dir: Path, timeout_s: float):
-        """`workload`: --impl and --seq-len of the A/A runs; `common`: the options of every bench run."""
+    def __init__(self, workload: list[str], common: list[str], runs_dir: Path, timeout_s: float,
+                 env: dict | None = None):
+        """`workload`: --impl and --seq-len of the A/A runs; `common`: the options of every bench run; `env`:
+        what every bench run's environment adds (e.g. OMP_NUM_THREADS)."""
         self.workload, self.common, self.runs_dir, self.timeout_s = workload, common, runs_dir, timeout_s
+        self.env = env or {}
         runs_dir.mkdir(parents=True, exist_ok=True)
 
     def path(self, name: str) -> Path:
@@ -135,12 +151,12 @@ class Runner:
         cmd = [*DATTN, "bench", *(workload or self.workload), *self.common, "--out", str(out), "-q"]
         log = out.with_suffix(".log")
         with load if load is not None else contextlib.nullcontext():
-            code = run_logged(cmd, log, self.timeout_s)
+            code = run_logged(cmd, log, self.timeout_s, self.env)
         if code == 2:
             raise BadInput(last_line(log))
         if code != 0 or not complete(out):
             raise Failed(f"{shown(cmd)} exited {code}: {last_line(log)}")
-        return shown(cmd)
+        return " ".join([*(f"{k}={v}" for k, v in self.env.items()), shown(cmd)])
 
     def compare(self, base: Path, new: Path, name: str, threshold_pct: float) -> tuple[int, dict, str]:
         """`dattn compare BASE NEW --threshold T --json FILE`: its exit code, its JSON and its command line."""

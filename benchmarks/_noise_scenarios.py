@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from _noise_load import Intermittent, Spinners
-from _noise_runs import Runner, complete, point_rows, report_facts, write_slowed
+from _noise_runs import Runner, complete, point_rows, report_facts, statistical_exit, write_slowed
 
 SCENARIOS = ("quiet", "loaded", "slowdown", "interleave")
 FALSE_ALARM_MAX = 0.05
@@ -60,7 +60,8 @@ def pair_aa(runner: Runner, plan: Plan, scenario: str, i: int) -> dict:
     load = Spinners(plan.load_procs, plan.load_deadline_s) if scenario == "loaded" else None
     commands = [runner.bench(base), runner.bench(new, load=load)]
     code, data, cmd = runner.compare(base, new, f"{scenario}-{i}", plan.threshold)
-    record = {"scenario": scenario, "pair": i, **_compared(code, data), "commands": commands + [cmd],
+    record = {"scenario": scenario, "pair": i, **_compared(code, data),
+              "exit_code_unflagged": statistical_exit(base, new, plan.threshold), "commands": commands + [cmd],
               "facts": {"base": report_facts(base), "new": report_facts(new)}}
     if load is not None:
         record["load"] = {"kind": "steady", "procs": plan.load_procs, "side": "new"}
@@ -79,13 +80,14 @@ def pair_slowdown(runner: Runner, plan: Plan, i: int) -> dict:
     """Scenario slowdown: NEW of a quiet pair slowed by S% (detected: exit 1) and by the small S% (exit 1: a
     false alarm), each compared with its BASE."""
     base, new, commands = _quiet_reports(runner, i)
-    results = {}
+    results, unflagged = {}, {}
     for name, pct in (("slow", plan.slowdown), ("small", plan.small_slowdown)):
         slowed = runner.path(f"slowdown-{i}-new-x{1 + pct / 100:g}")
         write_slowed(new, slowed, 1 + pct / 100)
         code, data, cmd = runner.compare(base, slowed, f"slowdown-{i}-{name}", plan.threshold)
         commands += [f"(copy of {new.name} with every point's times x{1 + pct / 100:g} -> {slowed.name})", cmd]
         results[name] = (code, data)
+        unflagged[name] = statistical_exit(base, slowed, plan.threshold)
     facts = {"base": report_facts(base), "new": report_facts(new)}
     flagged = any(f["contended"] or f["throttled"] for f in facts.values())
     code, data = results["slow"]
@@ -94,6 +96,7 @@ def pair_slowdown(runner: Runner, plan: Plan, i: int) -> dict:
             "comparable": bool(data.get("comparable")) and not flagged, "slowdown_pct": plan.slowdown,
             "small_slowdown_pct": plan.small_slowdown, "small_exit_code": small_code,
             "small_verdict": small_data.get("verdict"), "small_points": _points(small_data),
+            "exit_code_unflagged": unflagged["slow"], "small_exit_code_unflagged": unflagged["small"],
             "commands": commands, "facts": facts}
 
 
@@ -170,6 +173,8 @@ def _slowdown_targets(done: list[dict]) -> tuple[dict, list[dict]]:
     pct, small_pct = done[0]["slowdown_pct"], done[0]["small_slowdown_pct"]
     figures = {"comparable": len(comparable), "detected": detected,
                "detected_all": sum(r["exit_code"] == 1 for r in done),
+               "detected_unflagged": sum(r.get("exit_code_unflagged") == 1 for r in done),
+               "small_alarms_unflagged": sum(r.get("small_exit_code_unflagged") == 1 for r in done),
                "small_exit_codes": dict(Counter(str(r.get("small_exit_code")) for r in done))}
     targets = [_target(f"{pct:g}% slowdown detected", f"exit 1 in >= {DETECTION_MIN:.0%} of comparable pairs",
                        rate, None if rate is None else rate >= DETECTION_MIN, _share(detected, len(comparable))),
@@ -202,7 +207,8 @@ def summarize(scenario: str, records: list[dict]) -> dict:
         return {**summary, "figures": {}, "targets": [_target(scenario, "at least one pair", None, None, "0 pairs")]}
     if scenario in ("quiet", "loaded"):
         alarms = sum(r["exit_code"] == 1 for r in done)
-        figures = {"false_alarms": alarms}
+        figures = {"false_alarms": alarms, "false_alarms_unflagged": sum(r.get("exit_code_unflagged") == 1 for r in done),
+                   "exit_codes_unflagged": dict(Counter(str(r.get("exit_code_unflagged")) for r in done))}
         if scenario == "loaded":
             figures["inconclusive_load_named"] = sum(r["exit_code"] == 3 and r["load_named"] for r in done)
         targets = [_alarm_target(f"A/A false alarms ({scenario})", alarms, len(done))]

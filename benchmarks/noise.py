@@ -20,12 +20,14 @@ threshold; the slowdown detected in >= 95% of comparable pairs; no interleaved r
 without a flag.
 
     python benchmarks/noise.py                    # the defaults: ~45 min on 2 cores
+    python benchmarks/noise.py --threads 1 --scenario quiet --scenario slowdown   # threads that fit a busy machine
     python benchmarks/noise.py --scenario slowdown --pairs 1 --seq-len 512 --repeat 6   # a quick look
     python benchmarks/noise.py --out results/noise.jsonl --resume   # continue an interrupted run
 
 Every bench and compare runs as a user runs it, `python -m dattn_cli ...` in a subprocess; their reports and
 logs go to --runs-dir (default results/noise-runs/<report name>/). Results: a run record, one record per
-pair (exit codes, verdicts, command lines, load, what the bench flagged) and a summary per scenario, in
+pair (exit codes, verdicts, command lines, load, what the bench flagged, and as a diagnostic the exit code
+compare's statistics alone give with the bench's flags left out: exit_code_unflagged) and a summary per scenario, in
 results/noise-<time>.jsonl unless --out names it; a table per scenario on stderr. Exit 0 when every target
 holds; 1 when one misses or could not be tested (named); 2 on bad options; 128 + the signal when
 interrupted (the load stopped, the pairs kept for --resume).
@@ -50,7 +52,8 @@ from _reports import add_resume_option, report_path, script_command
 
 
 IMPLS = ["ImprovedDilatedAttention", "sdpa"]
-WORKLOAD = ("impl", "seq_len", "mode", "heads", "head_dim", "segments", "dilations", "repeat", "max_seconds")
+WORKLOAD = ("impl", "seq_len", "mode", "heads", "head_dim", "segments", "dilations", "repeat", "max_seconds",
+            "threads")
 TIMEOUT_S = 1800.0  # one bench or compare run; the steady load's own deadline too
 SETTINGS = WORKLOAD + ("interleave_seq_len", "threshold", "slowdown", "small_slowdown", "load_procs", "load_period")
 
@@ -88,6 +91,8 @@ def build_parser() -> Parser:
     p.add_argument("--repeat", type=int, default=None, help="timed calls per point (default: dattn's --precision)")
     p.add_argument("--max-seconds", type=float, default=30.0,
                    help="bench's time budget per point (per line with --interleave); default 30")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads of every bench run (OMP_NUM_THREADS; default: dattn's, one per CPU)")
     p.add_argument("--threshold", type=float, default=10.0, help="compare --threshold PCT (default 10)")
     p.add_argument("--slowdown", type=float, default=25.0, help="injected slowdown, percent (default 25)")
     p.add_argument("--small-slowdown", type=float, default=5.0, help="injected change below --threshold (default 5)")
@@ -110,7 +115,7 @@ def check_args(p: Parser, args: argparse.Namespace) -> argparse.Namespace:
     """Refuse bad options in one line naming the option (exit 2); fill the defaults that depend on others."""
     args.scenario = list(dict.fromkeys(args.scenario or SCENARIOS))
     args.impl = args.impl or list(IMPLS)
-    for option in ("--pairs", "--interleave-pairs", "--heads", "--head-dim", "--load-procs"):
+    for option in ("--pairs", "--interleave-pairs", "--heads", "--head-dim", "--load-procs", "--threads"):
         _positive(p, option, getattr(args, option[2:].replace("-", "_")))
     if args.load_procs > 4 * (os.cpu_count() or 1):
         p.error(f"--load-procs {args.load_procs}: at most 4 per CPU ({4 * (os.cpu_count() or 1)} here)")
@@ -266,7 +271,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
 def run_all(args: argparse.Namespace, results: Results, runs_dir: Path) -> list[str]:
     """Every scenario asked for; the targets that missed (empty: all hold)."""
     workload = [*(w for impl in args.impl for w in ("--impl", impl)), "--seq-len", args.seq_len]
-    runner = Runner(workload, bench_args(args), runs_dir, TIMEOUT_S)
+    env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
+    runner = Runner(workload, bench_args(args), runs_dir, TIMEOUT_S, env)
     plan = make_plan(args)
     missed = []
     for scenario in args.scenario:

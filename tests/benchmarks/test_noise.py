@@ -174,6 +174,7 @@ def test_slowdown_pair_detected_and_resume_measures_nothing(tmp_path):
     assert [r["record"] for r in records] == ["run", "pair", "summary"]
     pair = records[1]
     assert pair["exit_code"] in (0, 1, 3) and pair["small_exit_code"] in (0, 1, 3)
+    assert pair["exit_code_unflagged"] in (0, 1, 3)  # compare's statistics alone, flags left out
     if pair["comparable"]:
         assert pair["exit_code"] == 1, pair  # a clean pair with samples x1.25 at threshold 10%: established
     assert any(c.startswith("dattn bench ") for c in pair["commands"])
