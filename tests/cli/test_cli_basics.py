@@ -15,9 +15,15 @@ import dattn_cli
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def dattn(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dattn_cli", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})}, cwd=ROOT)
+def dattn(*args: str, env: dict | None = None, from_bash: bool = False) -> subprocess.CompletedProcess:
+    """`from_bash`: started by a bash process that stays its parent, as from a terminal. Typer detects the shell of
+    --show/--install-completion from the parent processes (shellingham), and a test run orphaned from its
+    shell (a background job whose shell exited) has none."""
+    command = [sys.executable, "-m", "dattn_cli", *args]
+    if from_bash:
+        command = ["bash", "-c", '"$0" "$@"; exit $?', *command]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})},
+                          cwd=ROOT)
 
 
 def test_plain_dattn_prints_the_help_and_exits_0():
@@ -40,14 +46,14 @@ def test_version_names_dattn_torch_and_the_commit():
 
 
 def test_show_completion_prints_a_bash_script():
-    done = dattn("--show-completion", "bash")
+    done = dattn("--show-completion", "bash", from_bash=True)
     assert done.returncode == 0, done.stderr
     assert "_DATTN_COMPLETE=complete_bash" in done.stdout
     assert "complete -o default -F _dattn_completion dattn" in done.stdout
 
 
 def test_install_completion_writes_the_script_and_hooks_bashrc(tmp_path):
-    done = dattn("--install-completion", "bash", env={"HOME": str(tmp_path)})
+    done = dattn("--install-completion", "bash", env={"HOME": str(tmp_path)}, from_bash=True)
     assert done.returncode == 0, done.stderr
     bashrc = (tmp_path / ".bashrc").read_text()
     sourced = re.search(r"source '?([^'\n]+)'?", bashrc)

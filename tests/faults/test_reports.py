@@ -62,10 +62,15 @@ def one_line_error(stderr: str) -> str:
 
 # --- 1. a torn last line -------------------------------------------------------------------------------------------
 
+def killed(out: Path) -> str:
+    """The report as a run killed after its last point leaves it: without the closing run_end record."""
+    return "".join(line for line in out.read_text().splitlines(True) if '"run_end"' not in line)
+
+
 def test_resume_removes_a_torn_last_line_and_measures_that_point_again(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     run_sweep(sweep(256, 512), out=out, runner=Runner())
-    text = out.read_text()
+    text = killed(out)
     out.write_text(text[: len(text) - 40])  # the last row cut off mid-line, as a killed write leaves it
     runner = Runner()
     result = run_sweep(sweep(256, 512, 1024), out=out, resume=True, runner=runner)
@@ -79,7 +84,7 @@ def test_resume_removes_a_torn_last_line_and_measures_that_point_again(tmp_path,
 def test_resume_keeps_a_whole_last_row_that_lost_only_its_newline(tmp_path):
     out = tmp_path / "r.jsonl"
     run_sweep(sweep(256, 512), out=out, runner=Runner())
-    out.write_text(out.read_text().rstrip("\n"))
+    out.write_text(killed(out).rstrip("\n"))
     runner = Runner()
     run_sweep(sweep(256, 512, 1024), out=out, resume=True, runner=runner)
     assert runner.calls == [1024]
@@ -91,7 +96,7 @@ def test_a_report_holding_only_a_torn_line_is_repaired_before_a_new_sweep(tmp_pa
     out.write_text('{"record": "environment", "dattn_version": "0"}\n{"record": "point", "impl": "Impr')
     run_sweep(sweep(256), out=out, runner=Runner())
     records = assert_whole_lines(out)
-    assert [r["record"] for r in records] == ["environment", "environment", "point"]
+    assert [r["record"] for r in records] == ["environment", "environment", "point", "run_end"]
 
 
 # --- 2. two writers ------------------------------------------------------------------------------------------------
