@@ -25,7 +25,7 @@ ThresholdOption = Annotated[float, typer.Option(
 
 
 def compare(
-    reports: ReportsArgument, impl_a: ImplAOption = None, impl_b: ImplBOption = None, threshold: ThresholdOption = 5.0,
+    reports: ReportsArgument, impl_a: ImplAOption = None, impl_b: ImplBOption = None, threshold: ThresholdOption = 10.0,
     json_out: JsonOption = None, csv_out: CsvOption = None, markdown: MarkdownOption = None,
 ) -> None:
     """Compare two bench reports (NEW / BASE), or --a against --b in one report: ratio, 95% CI, p-value, verdict."""

@@ -5,7 +5,10 @@ Per point, with samples on both sides (samples_ms): ratio = median(NEW) / median
 the 95% CI of the ratio (Hodges-Lehmann/Moses on log samples, stats.py); p_value = two-sided Mann-Whitney
 U; verdict by stats.verdict with the p-values Holm-adjusted over all the points compared, so that the
 run as a whole keeps alpha. Then made inconclusive when the bench flagged a side contended or throttled (its
-reason in the note: other processes' CPU, GPU throttling; match._noisy) or when the side that looks slower (faster) is far noisier than
+reason in the note: other processes' CPU, GPU throttling; match._noisy), when other processes' CPU during the
+point (`other_cpus`) differs by more than half a CPU between the sides (benchmarks/noise.py: load on one side
+moves the whole side, and the test alone called 9 of 10 such A/A pairs slower; with one torch thread on 2 CPUs a
+1-CPU neighbour is not contention by the bench's rule, so the flag alone would not catch it), or when the side that looks slower (faster) is far noisier than
 the other (stats.spread_differs: the mark of load on one side, not of a code change).
 
 Without samples on a side (reports written before samples_ms) only the medians and p10/p90 of the
@@ -34,6 +37,7 @@ from .stats import Verdict, band, holm, mann_whitney_p, ratio_ci, spread_differs
 
 MIN_REPEATS = 3  # summary rule: p10/p90 of fewer repeats are the extremes of one or two calls
 HUGE = 2.0  # summary rule: the smallest ratio that counts without samples
+OTHER_CPUS_DIFFER = 0.5  # CPUs: a load difference during the point that no test on the samples can tell from a change
 EXIT_CODES = {"same": 0, "faster": 0, "slower": 1, "inconclusive": 3}
 
 
@@ -140,8 +144,13 @@ def _decide(point: dict, base: Side, new: Side, p_adjusted: float | None, thresh
 
 
 def _flagged(point: dict, base: Side, new: Side) -> dict:
-    """A point a side of which the bench flagged noisy (contention, throttling) is inconclusive."""
+    """A point a side of which the bench flagged (contention, throttling), or whose sides saw clearly different
+    CPU use by other processes, is inconclusive."""
     flags = [f"{name} flagged noisy: {s.flag}" for name, s in (("BASE", base), ("NEW", new)) if s.flag]
+    others = (base.row.other_cpus, new.row.other_cpus)
+    if None not in others and abs(others[0] - others[1]) > OTHER_CPUS_DIFFER:
+        flags.append(f"other processes kept {others[0]:.1f} CPUs busy during BASE's point, {others[1]:.1f} during "
+                     "NEW's: load on one side shifts every call")
     if not flags:
         return point
     return {**point, "verdict": "inconclusive", "note": "; ".join(filter(None, [point.get("note"), *flags]))}

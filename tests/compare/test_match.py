@@ -257,3 +257,14 @@ def test_spread_alone_does_not_make_a_point_inconclusive(tmp_path):
     base = report(tmp_path / "b.jsonl", [row("sdpa", 256, samples(1, n=40), **spread)])
     new = report(tmp_path / "n.jsonl", [row("sdpa", 256, samples(2, 2.0, n=40), **spread)])
     assert compare_reports(base, new, threshold_pct=10).points[0].verdict == "slower"
+
+
+def test_other_processes_cpu_differing_between_the_sides_is_inconclusive(tmp_path):
+    """A 1-CPU neighbour on NEW's side only, below the bench's contention rule (1 thread on 2 CPUs): a slowdown the
+    samples show cannot be told from that load."""
+    base = report(tmp_path / "b.jsonl", [row("sdpa", 256, samples(1, n=40), other_cpus=0.05)])
+    new = report(tmp_path / "n.jsonl", [row("sdpa", 256, samples(2, 1.3, n=40), other_cpus=1.02)])
+    point = compare_reports(base, new, threshold_pct=10).points[0]
+    assert point.verdict == "inconclusive" and "1.0 during NEW's" in point.note
+    calm = report(tmp_path / "c.jsonl", [row("sdpa", 256, samples(2, 1.3, n=40), other_cpus=0.3)])
+    assert compare_reports(base, calm, threshold_pct=10).points[0].verdict == "slower"
