@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..runtime.limits import address_space_capped, cap_address_space
-from ..runtime.measure import peak_rss_bytes, reset_peak_rss, return_freed_memory, reuse_freed_memory, rss_bytes
+from ..runtime.measure import return_freed_memory, reuse_freed_memory, rss_bytes
 from ..workload.problem import Problem
 from .config import Sweep
-from .point import TIMING_HEADROOM, ColdCache, _stepper, _too_slow, timing_fields
+from .point import TIMING_HEADROOM, ColdCache, _stepper, _too_slow, peak_of_one_call, timing_fields
 from .probes import Probes
 from .sampling import Clock, take_samples, warm_up
 
@@ -59,10 +59,8 @@ def _prepare(sweep: Sweep, line: _Line, returns_memory: bool, cold: ColdCache) -
         return skipped
     if sweep.cuda:
         return None
-    exact = returns_memory and reset_peak_rss()
-    if exact:
-        line.step()
-    line.memory = {"peak_mem_bytes": max(0, peak_rss_bytes() - before),
+    peak, exact = peak_of_one_call(line.step, before, returns_memory)
+    line.memory = {"peak_mem_bytes": peak,
                    "mem_method": MEM_METHOD if exact else "peak RSS of the interleaved worker (all lines) above its "
                                                           "RSS before this line was built"}
     return None

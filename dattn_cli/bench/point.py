@@ -128,12 +128,18 @@ def _too_slow(sweep: Sweep, first: float, clock: Clock) -> dict | None:
             f"about {projected:.1f} s, over --max-seconds {sweep.max_seconds:g}"}
 
 
-def _cpu_memory(sweep: Sweep, step: Callable[[], float], start_rss: int, returns_memory: bool) -> dict:
+def peak_of_one_call(step: Callable[[], float], base_rss: int, returns_memory: bool) -> tuple[int, bool]:
+    """Peak RSS above base_rss of one more call, and whether it is exact (freed memory returned to the OS and
+    the peak reset first); not exact: the process's peak so far, no call made."""
     exact = returns_memory and return_freed_memory() and reset_peak_rss()
     if exact:
         step()
-    memory = dict(peak_mem_bytes=max(0, peak_rss_bytes() - start_rss),
-                  mem_method=CPU_MEM_METHOD if exact else CPU_MEM_METHOD_FALLBACK)
+    return max(0, peak_rss_bytes() - base_rss), exact
+
+
+def _cpu_memory(sweep: Sweep, step: Callable[[], float], start_rss: int, returns_memory: bool) -> dict:
+    peak, exact = peak_of_one_call(step, start_rss, returns_memory)
+    memory = dict(peak_mem_bytes=peak, mem_method=CPU_MEM_METHOD if exact else CPU_MEM_METHOD_FALLBACK)
     if returns_memory and reuse_freed_memory():
         if address_space_capped():  # capped by the worker (not when measuring in a caller's process)
             cap_address_space(sweep.max_memory, TIMING_HEADROOM)
@@ -183,8 +189,8 @@ def timing_fields(problem: Problem, times: list[float], sweep: Sweep, stopped_by
     ordered = sorted(times)
     median = statistics.median(ordered)
     flops = total_flops(problem)
-    ci_pct = median_ci_pct(times)
-    reasons = [noise_reason(ordered), probed.pop("contention", None), probed.pop("throttle", None)]
+    ci_pct, spread = median_ci_pct(times), noise(ordered)
+    reasons = [noise_reason(spread), probed.pop("contention", None), probed.pop("throttle", None)]
     if stopped_by in ("max-seconds", "max-samples"):
         reached = f"+-{ci_pct:.1f}%" if ci_pct is not None else "no 95% CI (fewer than 6 samples)"
         reasons.append(f"stopped by {stopped_by} after {len(times)} samples with the median known to {reached}, "
@@ -193,7 +199,7 @@ def timing_fields(problem: Problem, times: list[float], sweep: Sweep, stopped_by
     return {"status": "ok", "time_ms": median * 1e3, "repeats": len(times),
             "time_ms_p10": quantile(ordered, 0.1) * 1e3, "time_ms_p90": quantile(ordered, 0.9) * 1e3,
             "tokens_per_s": problem.batch * problem.seq_len / median, "flops": flops, "tflops": flops / median / 1e12,
-            "samples_ms": [t * 1e3 for t in times], "noise": noise(ordered), "median_ci_pct": ci_pct,
+            "samples_ms": [t * 1e3 for t in times], "noise": spread, "median_ci_pct": ci_pct,
             "stopped_by": stopped_by, **probed, "noisy": bool(reasons), "noisy_reason": "; ".join(reasons) or None}
 
 
@@ -206,11 +212,11 @@ def noise(ordered: list[float]) -> float | None:
     return relative_iqr(ordered) if len(ordered) >= MIN_NOISE_SAMPLES else None
 
 
-def noise_reason(ordered: list[float]) -> str | None:
-    value = noise(ordered)
-    if value is None or value <= NOISY_IQR:
+def noise_reason(spread: float | None) -> str | None:
+    """Why a point whose relative IQR is `spread` is noisy; None when it is not."""
+    if spread is None or spread <= NOISY_IQR:
         return None
-    return f"relative IQR {value:.0%} of the median, over {NOISY_IQR:.0%}: other load or unsettled timings"
+    return f"relative IQR {spread:.0%} of the median, over {NOISY_IQR:.0%}: other load or unsettled timings"
 
 
 def _bytes_moved(before: dict, after: dict, calls: int) -> dict:

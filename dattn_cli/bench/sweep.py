@@ -154,14 +154,10 @@ class _Sweeper:
         return result
 
     def fixed(self) -> ImplSummary:
-        best, stop = None, None
+        rows: list[BenchRow] = []
         for n in self.sweep.seq_lens:
-            row = self.point(n, blocked=f"after {stop.status} at N={stop.seq_len}" if stop else None)
-            if row.status == "ok":
-                best = n if best is None else max(best, n)
-            elif stop is None:
-                stop = row
-        return summarize(self.line.impl, best, stop)
+            rows.append(self.point(n, blocked=_blocked(rows)))
+        return _line_summary(self.line.impl, rows)
 
     def until_oom(self) -> ImplSummary:
         """Double N from --start-seq-len until a point fails; bisect to 5% only below a memory limit: a measured
@@ -189,6 +185,22 @@ class _Sweeper:
             else:  # e.g. over --max-seconds below the memory limit: report that, and the oom above it
                 return summarize(impl, ok, row, extra=f"; oom at N={oom.seq_len:,}")
         return summarize(impl, ok, oom)
+
+
+def _first_failure(rows: list[BenchRow]) -> BenchRow | None:
+    return next((r for r in rows if r.status != "ok"), None)
+
+
+def _blocked(rows: list[BenchRow]) -> str | None:
+    """Why a fixed sweep skips the line's next length: its first failure (None while every row is ok)."""
+    stop = _first_failure(rows)
+    return f"after {stop.status} at N={stop.seq_len}" if stop else None
+
+
+def _line_summary(impl: str, rows: list[BenchRow]) -> ImplSummary:
+    """How far a line of a fixed sweep got (its longest ok N) and what stopped it (its first failure)."""
+    longest = max((r.seq_len for r in rows if r.status == "ok"), default=None)
+    return summarize(impl, longest, _first_failure(rows))
 
 
 def _round_mid(lo: int, hi: int) -> int:
@@ -267,16 +279,13 @@ def _interleaved(sweeper: _Sweeper) -> list[ImplSummary]:
     sweep = sweeper.sweep
     lines = [line for impl in sweep.impls for line in sweep.variants(impl)]
     rows: list[list[BenchRow]] = [[] for _ in lines]
-    best: list[int | None] = [None] * len(lines)
-    stop: list[BenchRow | None] = [None] * len(lines)
     for n in sweep.seq_lens:
         todo = []
         for i, line in enumerate(lines):
             problem = line.with_(seq_len=n)
             if (row := sweeper.measured(problem)) is None:
                 predicted = sweeper.predict(problem) if sweeper.predict else None
-                blocked = f"after {stop[i].status} at N={stop[i].seq_len}" if stop[i] else None
-                if (result := sweeper.before_running(predicted, blocked)) is None:
+                if (result := sweeper.before_running(predicted, _blocked(rows[i]))) is None:
                     todo.append((i, problem, predicted))
                     continue
                 row = sweeper.record(problem, result, predicted)
@@ -284,9 +293,4 @@ def _interleaved(sweeper: _Sweeper) -> list[ImplSummary]:
         results = sweeper.group_runner(sweep, [problem for _, problem, _ in todo]) if todo else []
         for (i, problem, predicted), result in zip(todo, results):
             rows[i].append(sweeper.record(problem, sweeper.checked(result), predicted))
-        for i, line_rows in enumerate(rows):
-            if line_rows[-1].status == "ok":
-                best[i] = n if best[i] is None else max(best[i], n)
-            elif stop[i] is None:
-                stop[i] = line_rows[-1]
-    return [_with_fits(summarize(line.impl, best[i], stop[i]), line, rows[i]) for i, line in enumerate(lines)]
+    return [_with_fits(_line_summary(line.impl, rows[i]), line, rows[i]) for i, line in enumerate(lines)]

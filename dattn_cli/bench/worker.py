@@ -64,21 +64,24 @@ def failure_row(exc: BaseException) -> dict:
 
 def run_isolated(sweep: Sweep, problem: Problem, child: Callable = _child) -> dict:
     """Measure one point in a fresh worker; OOM, crash or time-out become a result, never an exception."""
-    rss_limit = None if sweep.cuda else int(TIMING_HEADROOM * sweep.max_memory + RLIMIT_SLACK)
-    return launch_isolated(child, (sweep.model_dump(), problem.model_dump()), deadline_s=sweep.max_seconds + 30.0,
-                           deadline_text=f"--max-seconds {sweep.max_seconds:g}", rss_limit=rss_limit,
-                           rss_limit_text=f"{TIMING_HEADROOM}x --max-memory")
+    return _launch(sweep, child, problem.model_dump(), lines=1)
 
 
 def run_isolated_group(sweep: Sweep, problems: list[Problem]) -> list[dict]:
     """--interleave: the problems of one N in one fresh worker (bench.interleave); a crash, OOM kill or time-out
     of the worker becomes every line's row."""
-    rss_limit = None if sweep.cuda else int(TIMING_HEADROOM * sweep.max_memory + RLIMIT_SLACK)
-    result = launch_isolated(_group_child, (sweep.model_dump(), [p.model_dump() for p in problems]),
-                             deadline_s=sweep.max_seconds * len(problems) + 30.0,
-                             deadline_text=f"--max-seconds {sweep.max_seconds:g} per interleaved line",
-                             rss_limit=rss_limit, rss_limit_text=f"{TIMING_HEADROOM}x --max-memory")
+    result = _launch(sweep, _group_child, [p.model_dump() for p in problems], lines=len(problems))
     return result if isinstance(result, list) else [result] * len(problems)
+
+
+def _launch(sweep: Sweep, child: Callable, problem_data: "dict | list[dict]", lines: int):
+    """A fresh worker running child(conn, sweep, problem_data): --max-seconds per line (plus 30 s to start), and
+    on CPU its RSS watched against twice --max-memory."""
+    rss_limit = None if sweep.cuda else int(TIMING_HEADROOM * sweep.max_memory + RLIMIT_SLACK)
+    per_line = " per interleaved line" if lines > 1 else ""
+    return launch_isolated(child, (sweep.model_dump(), problem_data), deadline_s=sweep.max_seconds * lines + 30.0,
+                           deadline_text=f"--max-seconds {sweep.max_seconds:g}{per_line}", rss_limit=rss_limit,
+                           rss_limit_text=f"{TIMING_HEADROOM}x --max-memory")
 
 
 def measure_rank(rank: int, world: int, sweep_data: dict, problem_data: dict) -> dict:
