@@ -39,9 +39,9 @@ class SweepResult(BaseModel):
 def end_record() -> dict:
     """The record closing a run in its report: the load average at the end (the start's is in the environment
     record), so `dattn compare` sees load that came during the run."""
-    from ..runtime.envinfo import comparability_facts
+    from ..runtime.contention import load_average
 
-    return {"record": "run_end", "load_average": comparability_facts()["load_average"]}
+    return {"record": "run_end", "load_average": load_average()}
 
 
 def environment_record(cfg: Sweep, command: list[str] | None) -> dict:
