@@ -92,7 +92,7 @@ def build_parser() -> Parser:
     p.add_argument("--max-seconds", type=float, default=30.0,
                    help="bench's time budget per point (per line with --interleave); default 30")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads of every bench run (OMP_NUM_THREADS; default: dattn's, one per CPU)")
+                   help="bench --threads of every run (default: bench's, which leaves a CPU free)")
     p.add_argument("--threshold", type=float, default=10.0, help="compare --threshold PCT (default 10)")
     p.add_argument("--slowdown", type=float, default=25.0, help="injected slowdown, percent (default 25)")
     p.add_argument("--small-slowdown", type=float, default=5.0, help="injected change below --threshold (default 5)")
@@ -156,7 +156,8 @@ def bench_args(args: argparse.Namespace) -> list[str]:
     """The options every bench run gets (the A/A runs add --impl and --seq-len, interleave its own)."""
     out = ["--mode", args.mode, "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--segments",
            args.segments, "--dilations", args.dilations, "--max-seconds", f"{args.max_seconds:g}"]
-    return out + (["--repeat", str(args.repeat)] if args.repeat else [])
+    return out + (["--repeat", str(args.repeat)] if args.repeat else []) + (
+        ["--threads", str(args.threads)] if args.threads else [])
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -271,8 +272,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
 def run_all(args: argparse.Namespace, results: Results, runs_dir: Path) -> list[str]:
     """Every scenario asked for; the targets that missed (empty: all hold)."""
     workload = [*(w for impl in args.impl for w in ("--impl", impl)), "--seq-len", args.seq_len]
-    env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
-    runner = Runner(workload, bench_args(args), runs_dir, TIMEOUT_S, env)
+    runner = Runner(workload, bench_args(args), runs_dir, TIMEOUT_S)
     plan = make_plan(args)
     missed = []
     for scenario in args.scenario:

@@ -9,8 +9,9 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from ..kernels.registry import REGISTRY
+from ..runtime.contention import measurement_threads
 from ..runtime.limits import check_spawned_ranks
-from ..workload.parse import MAX_CALLS, MAX_SECONDS, MAX_SEED, MAX_SEQ_LEN, check_count, check_number
+from ..workload.parse import MAX_CALLS, MAX_THREADS, MAX_SECONDS, MAX_SEED, MAX_SEQ_LEN, check_count, check_number
 from ..workload.problem import Problem
 
 
@@ -29,6 +30,7 @@ class Sweep(Problem):
     max_seconds: float = 120.0
     seed: int = 0
     dist_timeout: float = 120.0
+    threads: int | None = None  # torch threads per point (per rank); None: runtime.contention.measurement_threads
 
     @model_validator(mode="before")
     @classmethod
@@ -63,6 +65,11 @@ class Sweep(Problem):
     def _precision(cls, value: float) -> float:
         return check_number("--precision", value, 0, 100, low_open=True)
 
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, value: int | None) -> int | None:
+        return None if value is None else check_count("--threads", value, 1, MAX_THREADS)
+
     @field_validator("seed")
     @classmethod
     def _seed(cls, value: int) -> int:
@@ -82,6 +89,8 @@ class Sweep(Problem):
             raise ValueError("give exactly one of --seq-len and --until-oom")
         if self.world_size > 1:
             check_spawned_ranks(self.world_size)
+        if self.threads is None:
+            self.threads = measurement_threads(None, self.world_size)
         if self.interleave and (self.until_oom or self.world_size > 1):
             raise ValueError("--interleave times the lines of each --seq-len round-robin in one process: not with "
                              + ("--until-oom (its lengths differ per implementation)" if self.until_oom else

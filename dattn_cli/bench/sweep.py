@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -48,6 +47,7 @@ def environment_record(cfg: Sweep, command: list[str] | None) -> dict:
     from ..runtime.envinfo import collect_environment
 
     env = collect_environment().model_dump()
+    env["torch_threads"] = cfg.threads  # what the workers run with, not this process
     return {"record": "environment", **env, "seed": cfg.seed, "command": command or ["dattn", *sys.argv[1:]],
             "config": cfg.model_dump()}
 
@@ -57,15 +57,9 @@ MEMORY_LIMITS = ("memory", "prediction")  # what until-oom bisects towards
 
 def measurement_settings(sweep: Sweep) -> dict:
     """The settings each row records beside its problem; a resumed point must have been measured with them."""
-    if sweep.world_size > 1:  # as bench.worker.measure_rank sets them
-        threads = max(1, (os.cpu_count() or 1) // sweep.world_size)
-    else:
-        import torch
-
-        threads = torch.get_num_threads()  # the forkserver's workers inherit this process's environment
     return {"repeat": sweep.repeat, "warmup": sweep.warmup, "precision": sweep.precision if sweep.repeat is None else None,
             "cache": sweep.cache, "max_memory": sweep.max_memory,
-            "max_seconds": sweep.max_seconds, "seed": sweep.seed, "threads": threads}
+            "max_seconds": sweep.max_seconds, "seed": sweep.seed, "threads": sweep.threads}
 
 
 def _would_measure(sweep: Sweep, row: BenchRow) -> bool:

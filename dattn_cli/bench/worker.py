@@ -26,6 +26,7 @@ def _child(conn, sweep_data: dict, problem_data: dict) -> None:
     start_rss = rss_bytes()
     try:
         sweep, problem = Sweep.model_validate(sweep_data), Problem.model_validate(problem_data)
+        _set_threads(sweep)
         if not sweep.cuda:
             cap_address_space(sweep.max_memory)
         result = measure_point(sweep, problem, start_rss)
@@ -39,6 +40,7 @@ def _group_child(conn, sweep_data: dict, problems_data: list[dict]) -> None:
     try:
         sweep = Sweep.model_validate(sweep_data)
         problems = [Problem.model_validate(p) for p in problems_data]
+        _set_threads(sweep)
         if not sweep.cuda:
             cap_address_space(sweep.max_memory)
         results = [failure_row(r) if isinstance(r, BaseException) else r for r in measure_group(sweep, problems)]
@@ -46,6 +48,12 @@ def _group_child(conn, sweep_data: dict, problems_data: list[dict]) -> None:
         results = [failure_row(exc)] * len(problems_data)
     conn.send(results)
     conn.close()
+
+
+def _set_threads(sweep: Sweep) -> None:
+    import torch
+
+    torch.set_num_threads(sweep.threads)
 
 
 def failure_row(exc: BaseException) -> dict:
@@ -91,7 +99,7 @@ def measure_rank(rank: int, world: int, sweep_data: dict, problem_data: dict) ->
     import torch.distributed as dist
 
     sweep, problem = Sweep.model_validate(sweep_data), Problem.model_validate(problem_data)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # as torchrun would: no oversubscribed cores
+    _set_threads(sweep)
     if sweep.cuda:
         torch.cuda.set_device(rank % torch.cuda.device_count())
         device = f"cuda:{torch.cuda.current_device()}"

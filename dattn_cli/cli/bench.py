@@ -14,7 +14,7 @@ from .options import (DEFAULT_MODE, AmpOption, BaselineOption, BatchOption, Bloc
                       HeadsOption, ImplsOption, InterleaveOption, JsonOption, LayersOption, LevelsOption, MarkdownOption, MaxMemoryOption,
                       MaxSecondsOption, ModeOption, OutOption, PrecisionOption, QuietOption, RanksOption, PatternOption, PlotOption, PlotXOption,
                       QuickOption, RepeatOption, ResumeOption, SeedOption, SegmentsOption, SemanticsOption,
-                      SeqLensOption, StartOption, TargetOption, UntilOomOption, VocabSizeOption, WarmupOption,
+                      SeqLensOption, StartOption, TargetOption, ThreadsOption, UntilOomOption, VocabSizeOption, WarmupOption,
                       WindowOption, check_ranks)
 from .render.bench import bench_table, point_line, scaling_lines
 from .render.common import set_quiet, machine_output, emit, emit_json, note, progress, stdout
@@ -198,7 +198,7 @@ def bench(
     vocab_size: VocabSizeOption = 50304, checkpointing: CheckpointingOption = False, amp: AmpOption = None,
     quick: QuickOption = False, until_oom: UntilOomOption = False, start: StartOption = "4k",
     warmup: WarmupOption = None, repeat: RepeatOption = None, precision: PrecisionOption = 3.0,
-    cache: CacheOption = "warm", interleave: InterleaveOption = False, seed: SeedOption = 0,
+    cache: CacheOption = "warm", threads: ThreadsOption = None, interleave: InterleaveOption = False, seed: SeedOption = 0,
     max_memory: MaxMemoryOption = None, max_seconds: MaxSecondsOption = None,
     baseline: BaselineOption = None, fail_on_regression: FailOnRegressionOption = None,
     world_size: RanksOption = 1, dist_timeout: DistTimeoutOption = 120.0,
@@ -227,7 +227,7 @@ def bench(
         start=parse_seq_lens(start)[0], batch=batch, heads=heads, head_dim=head_dim, dtype=dtype, mode=mode,
         segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
         semantics=semantics, causal=causal, device=device, warmup=warmup, repeat=repeat, seed=seed,
-        precision=precision, cache=cache, interleave=interleave, max_memory=_max_memory(max_memory, out, resume),
+        precision=precision, cache=cache, threads=threads, interleave=interleave, max_memory=_max_memory(max_memory, out, resume),
         max_seconds=max_seconds or (QUICK_MAX_SECONDS if quick else 120.0),
         world_size=world_size, dist_timeout=dist_timeout, pattern=pattern or "dilated", block_size=block_size, window=window,
         densities=parse_float_list(density, "--density") if density else [], global_blocks=global_blocks,

@@ -152,6 +152,10 @@ RepeatOption = Annotated[Optional[int], typer.Option(
 PrecisionOption = Annotated[float, typer.Option(
     "--precision", help="Without --repeat: sample until the 95% CI of the median is within +-PCT of it, or "
     "--max-seconds.", metavar="PCT", callback=finite("--precision", 0, 100), rich_help_panel=MEASURE)]
+ThreadsOption = Annotated[Optional[int], typer.Option(
+    "--threads", help="Torch threads per point (per rank). Default: torch's (OMP_NUM_THREADS), but one CPU left "
+    "free when that would take them all: on small VMs all-CPU runs differ by up to 1.8x between identical runs.",
+    rich_help_panel=MEASURE, show_default=False)]
 CacheOption = Annotated[str, _choice(
     "--cache", ("warm", "cold"), "warm, or cold: the last-level cache (GPU L2) overwritten before every timed call.",
     MEASURE)]

@@ -11,7 +11,8 @@ warning naming it, and makes the comparison inconclusive:
 * host: `host`/`hostname`/`node` where recorded, the CPU model and count;
 * software: torch and CUDA versions;
 * device: the GPU models (the device itself is in the key);
-* threads: torch threads per point (rows' `threads`, else the environment's);
+* threads: torch threads per point (rows' `threads`, else the environment's), and multi-threaded points
+  that took every CPU of either run (such runs shift as a whole, measured: see _every_cpu_warning);
 * CPU affinity and frequency governor where recorded (`affinity`/`cpu_affinity`, `governor`);
 * load: every load-average figure the records hold (any key containing "load", numbers, lists (the
   first, 1-minute figure) or dicts of them, e.g. at start and end); a clear difference is one of at least
@@ -244,6 +245,22 @@ def _load_warning(base: list[dict], new: list[dict]) -> str | None:
             f"{busier} ran on a busier machine")
 
 
+def _every_cpu_warning(label: str, envs: list[dict]) -> str | None:
+    """Multi-threaded points on every CPU of the run: measured on a quiet 2-vCPU VM, identical runs of them
+    differed by factors 0.57-1.79 per point with tight CIs (a kernel waits for its slowest thread, and how often
+    the host holds a vCPU back differs between worker processes), so between two such runs a regression cannot
+    be told from the machine. Within one run (--a/--b) it does not matter."""
+    for env in envs:
+        threads, config = _threads(env), env.get("config") if isinstance(env.get("config"), dict) else {}
+        cpus = len(env["cpu_affinity"]) if isinstance(env.get("cpu_affinity"), list) else env.get("cpu_count")
+        ranks = config.get("world_size") if isinstance(config.get("world_size"), int) else 1
+        if isinstance(threads, int) and isinstance(cpus, int) and threads > 1 and threads * ranks >= cpus > 1:
+            return (f"{label} ran {threads} torch threads{f' x {ranks} ranks' if ranks > 1 else ''} on all {cpus} "
+                    f"CPUs: identical runs of that setup differ by up to 1.8x on small VMs, more than a regression; "
+                    f"rerun with dattn bench's default --threads (it leaves a CPU free)")
+    return None
+
+
 def environment_warnings(base: list[dict], new: list[dict], pairs: list[tuple[Side, Side]]) -> list[str]:
     """One warning per fact that differs between the two runs' environment records (or within one run's,
     e.g. a report resumed elsewhere) and per thread count that differs between matched rows; empty when
@@ -257,6 +274,7 @@ def environment_warnings(base: list[dict], new: list[dict], pairs: list[tuple[Si
             warnings.append(f"{name} differs: BASE {b[0]}, NEW {n[0]}")
     if load := _load_warning(base, new):
         warnings.append(load)
+    warnings += [w for label, envs in (("BASE", base), ("NEW", new)) if (w := _every_cpu_warning(label, envs))]
     threads = {(p[0].row.threads, p[1].row.threads) for p in pairs
                if None not in (p[0].row.threads, p[1].row.threads) and p[0].row.threads != p[1].row.threads}
     if threads and not any(w.startswith("torch threads") for w in warnings):

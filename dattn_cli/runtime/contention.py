@@ -72,7 +72,30 @@ def contention_reason(others_cpus: float | None, threads: int, cpus: int) -> str
         return None
     return (f"other processes kept {others_cpus:.1f} of {_count(cpus, 'CPU')} busy while this point ran its "
             f"{_count(threads, 'torch thread')}, so its timings and ratios are not trustworthy: rerun on a quiet "
-            f"machine or with fewer threads (OMP_NUM_THREADS)")
+            f"machine or with fewer --threads")
+
+
+def measurement_threads(requested: int | None, world_size: int = 1) -> int:
+    """Torch threads per point (per rank): `requested` when given, OMP_NUM_THREADS's when set (one process), else
+    torch's default (one process) or the CPUs shared out over the ranks, but never every CPU this process may use
+    while there are more CPUs than ranks: one stays free for the OS, the timer and the probes. Measured on a quiet
+    2-vCPU VM: with 2 threads, identical runs differed by factors 0.57-1.79 per point (a multi-threaded kernel waits
+    for its slowest thread, and how often the host holds a vCPU back differs between worker processes); with 1
+    thread, 0.88-1.07 (benchmarks/RESULTS.md, "Noise")."""
+    import torch
+
+    if requested is not None:
+        return requested
+    if world_size == 1 and os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    per_rank = torch.get_num_threads() if world_size == 1 else max(1, cpus // world_size)
+    if per_rank * world_size >= cpus > world_size:
+        per_rank = max(1, (cpus - 1) // world_size)
+    return per_rank
 
 
 def _count(n: int, noun: str) -> str:

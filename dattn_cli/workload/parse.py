@@ -89,6 +89,7 @@ def parse_float_list(text: str, option: str) -> list[float]:
 
 MAX_SECONDS = 1e6  # --max-seconds, --dist-timeout: 11 days, yet finite (a deadline must be one)
 MAX_CALLS = 10**6  # --repeat, --warmup, --iterations
+MAX_THREADS = 4096  # --threads: beyond any machine torch runs on
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit seed
 
 

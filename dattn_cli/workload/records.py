@@ -21,7 +21,7 @@ KEY_FIELDS = ("impl", "seq_len", "mode", "batch", "heads", "head_dim", "segments
 # same ones (the problem is in KEY_FIELDS; the regression gate compares problems whatever their settings).
 SETTINGS = {"repeat": "--repeat", "warmup": "--warmup", "precision": "--precision", "cache": "--cache",
             "max_memory": "--max-memory", "max_seconds": "--max-seconds",
-            "seed": "--seed", "threads": "torch threads (OMP_NUM_THREADS)"}
+            "seed": "--seed", "threads": "--threads"}
 
 
 class BenchRow(BaseModel):

@@ -104,3 +104,27 @@ def test_timed_calls_get_twice_the_cap_once_the_memory_call_fitted():
     first, raised = map(int, done.stdout.split())
     assert abs(first - 2**30) < 2**20  # the cap (+ slack) over the worker's address space when first capped
     assert raised == 2**30  # the timed calls: one more --max-memory, from the same base
+
+
+def test_the_worker_runs_with_the_sweeps_threads(monkeypatch):
+    import multiprocessing
+
+    import torch
+
+    from dattn_cli.bench import worker
+
+    sweep = cfg(threads=1)
+    seen = []
+    monkeypatch.setattr(worker, "cap_address_space", lambda limit: None)  # in this process: no cap
+    monkeypatch.setattr(worker, "measure_point", lambda *a: seen.append(torch.get_num_threads()) or {"status": "ok"})
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        parent, child = multiprocessing.Pipe()
+        worker._child(child, sweep.model_dump(), sweep.point("ImprovedDilatedAttention", 512).model_dump())
+        assert parent.recv() == {"status": "ok"} and seen == [1]
+    finally:
+        torch.set_num_threads(before)
+    assert Sweep(**{"impls": ["sdpa"], **SMALL}).threads >= 1  # resolved when not given
+    with pytest.raises(ValueError, match="--threads must be an integer from 1"):
+        cfg(threads=0)

@@ -15,7 +15,7 @@ from dattn_cli.compare import compare_impls, compare_reports, compare_rows
 from dattn_cli.workload.records import BenchRow
 
 ENV = {"record": "environment", "cpu": "Test CPU", "cpu_count": 2, "torch_version": "2.13.0", "cuda_version": None,
-       "nvidia_devices": [], "platform": "Linux", "config": {"threads": 2}}
+       "nvidia_devices": [], "platform": "Linux", "config": {"threads": 1}}
 
 
 def samples(seed: int, scale: float = 1.0, n: int = 15, ms: float = 10.0) -> list[float]:
@@ -99,7 +99,7 @@ def test_other_configurations_do_not_match(tmp_path):
     ("hostname", "other-host", None),  # only NEW records a host: not a difference
     ("cpu", "Other CPU", "CPU differs: BASE Test CPU, NEW Other CPU"),
     ("nvidia_devices", [{"name": "NVIDIA H100"}], "GPU differs"),
-    ("config", {"threads": 1}, "torch threads differ"),
+    ("config", {"threads": 2}, "torch threads differ"),
     ("load_average", {"start": [3.5, 1.0, 0.5], "end": [2.0, 1.0, 0.5]}, "load average differs: BASE up to 0.00, NEW up to 3.50"),
 ])
 def test_environment_differences_are_named_and_inconclusive(tmp_path, field, value, named):
@@ -131,6 +131,20 @@ def test_rows_with_other_thread_counts(tmp_path):
     result = compare_reports(base, new, threshold_pct=10)
     assert "torch threads differ: BASE 2, NEW 1" in result.warnings and result.exit_code() == 3
     assert any("BASE has no environment record" in w for w in result.warnings)
+
+
+def test_threads_on_every_cpu_make_runs_incomparable_but_not_implementations_of_one_run(tmp_path):
+    every = {**ENV, "torch_threads": 2, "cpu_affinity": [0, 1]}
+    result = compare_reports(*pair(tmp_path, 1.4, every, every), threshold_pct=10)
+    assert result.exit_code() == 3 and result.verdict == "inconclusive"
+    assert any(w.startswith("BASE ran 2 torch threads on all 2 CPUs") for w in result.warnings), result.warnings
+    ranks = {**ENV, "torch_threads": 2, "cpu_count": 4, "config": {"threads": 2, "world_size": 2}}
+    result = compare_reports(*pair(tmp_path, 1.4, ENV, ranks), threshold_pct=10)
+    assert any(w.startswith("NEW ran 2 torch threads x 2 ranks on all 4 CPUs") for w in result.warnings)
+    one_thread = {**ENV, "torch_threads": 1, "cpu_count": 2, "config": {"world_size": 2}}  # 1-thread ranks: not it
+    assert compare_reports(*pair(tmp_path, 1.4, one_thread, one_thread), threshold_pct=10).exit_code() == 1
+    run = report(tmp_path / "run.jsonl", [row("sdpa", 256, samples(1)), row("math", 256, samples(2, 1.4))], every)
+    assert compare_impls(run, "math", "sdpa", threshold_pct=10).exit_code() == 1
 
 
 def test_two_implementations_of_one_run(tmp_path):

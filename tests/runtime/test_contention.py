@@ -117,3 +117,23 @@ def test_load_average_is_three_rounded_figures(monkeypatch):
     assert contention.load_average() == [1.23, 0.5, 0.0]
     monkeypatch.delattr(os, "getloadavg")
     assert contention.load_average() is None
+
+
+@pytest.mark.parametrize("cpus, torch_default, world, omp, expected", [
+    (2, 2, 1, None, 1),  # a 2-vCPU runner: one CPU left free
+    (1, 1, 1, None, 1),  # nothing to leave free
+    (64, 32, 1, None, 32),  # torch's default (physical cores) already leaves CPUs free: kept
+    (8, 8, 1, None, 7),
+    (2, 2, 1, "2", 2),  # OMP_NUM_THREADS is the user's word
+    (16, 16, 2, None, 7),  # ranks share the CPUs, one left free
+    (2, 2, 2, None, 1),  # as many ranks as CPUs: one thread each, nothing to leave
+])
+def test_measurement_threads_leave_a_cpu_free(monkeypatch, cpus, torch_default, world, omp, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: torch_default)
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    assert contention.measurement_threads(None, world) == expected
+    assert contention.measurement_threads(3, world) == 3
