@@ -20,8 +20,10 @@ BASE's p10 / (1 + t)); inconclusive otherwise, never same. ci and p are then Non
 A point measured in one run but failed in the other (oom, error, skipped) is inconclusive, its status in
 the note; a point failed in both is left out.
 
-The report's verdict: slower when any point is slower; else inconclusive when any point is inconclusive;
-else faster when any point is faster; else same. When the environments differ (match.py) the verdict is
+The report's verdict: slower when any point is slower; else inconclusive when any point is inconclusive,
+except points whose CI lies wholly below 1 + t (`no_regression`: same or faster, not which, and a regression
+beyond the threshold excluded; unflagged only: load on BASE could hide one); else faster when any point is
+faster; else same. When the environments differ (match.py) the verdict is
 inconclusive whatever the points say (a slowdown cannot be told from the other machine or load), the
 differences in `warnings`. Exit codes: 0 same or faster; 1 slower (a regression beyond the threshold,
 statistically established); 3 inconclusive. Bad input raises ValueError before any of this (exit 2).
@@ -78,6 +80,7 @@ class ComparePoint(BaseModel):
     noise_base: float | None = None  # relative IQR of the samples
     noise_new: float | None = None
     note: str | None = None
+    no_regression: bool = False  # inconclusive only between same and faster: its whole CI is below 1 + t
 
 
 class CompareReport(BaseModel):
@@ -140,6 +143,9 @@ def _decide(point: dict, base: Side, new: Side, p_adjusted: float | None, thresh
     result = verdict(point["ci_low"], point["ci_high"], p_adjusted, threshold_pct, alpha)
     if result in ("slower", "faster") and (spread := spread_differs(base.samples, new.samples)):
         return {**point, "verdict": "inconclusive", "note": "; ".join(filter(None, [point["note"], spread]))}
+    if result == "inconclusive" and point["ci_high"] is not None and point["ci_high"] <= band(threshold_pct)[1]:
+        note = f"a regression beyond the threshold is excluded (CI up to {point['ci_high']:.3f})"
+        return {**point, "verdict": result, "no_regression": True, "note": "; ".join(filter(None, [point["note"], note]))}
     return {**point, "verdict": result}
 
 
@@ -153,7 +159,8 @@ def _flagged(point: dict, base: Side, new: Side) -> dict:
                      "NEW's: load on one side shifts every call")
     if not flags:
         return point
-    return {**point, "verdict": "inconclusive", "note": "; ".join(filter(None, [point.get("note"), *flags]))}
+    return {**point, "verdict": "inconclusive", "no_regression": False,
+            "note": "; ".join(filter(None, [point.get("note"), *flags]))}
 
 
 def compare_pairs(pairs: list[tuple[Side, Side]], threshold_pct: float, alpha: float = 0.05) -> list[ComparePoint]:
@@ -183,7 +190,7 @@ def compare_pairs(pairs: list[tuple[Side, Side]], threshold_pct: float, alpha: f
 
 def overall(points: list[ComparePoint], comparable: bool) -> Verdict:
     """The run's verdict from its points' (module docstring)."""
-    verdicts = {p.verdict for p in points}
+    verdicts = {p.verdict for p in points if not p.no_regression}
     if not comparable:
         return "inconclusive"
     return next((v for v in ("slower", "inconclusive", "faster") if v in verdicts), "same")

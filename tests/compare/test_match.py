@@ -282,3 +282,23 @@ def test_other_processes_cpu_differing_between_the_sides_is_inconclusive(tmp_pat
     assert point.verdict == "inconclusive" and "1.0 during NEW's" in point.note
     calm = report(tmp_path / "c.jsonl", [row("sdpa", 256, samples(2, 1.3, n=40), other_cpus=0.3)])
     assert compare_reports(base, calm, threshold_pct=10).points[0].verdict == "slower"
+
+
+def test_a_point_between_same_and_faster_does_not_make_the_run_inconclusive(tmp_path):
+    """A 9% speedup at a 10% threshold: its CI straddles the band's lower edge, so the point is inconclusive
+    (same or faster, not which), but a regression is excluded and the gate passes; straddling the upper edge
+    it is not excluded, and a flagged point never is."""
+    def run(scale, **extra):
+        base = report(tmp_path / "b.jsonl", [row("sdpa", 256, samples(1, n=40))])
+        new = report(tmp_path / "n.jsonl", [row("sdpa", 256, samples(2, scale, n=40), **extra)])
+        return compare_reports(base, new, threshold_pct=10)
+
+    faster = run(0.91)
+    point = faster.points[0]
+    assert point.verdict == "inconclusive" and point.ci_low < 1 / 1.1 < point.ci_high < 1 and point.no_regression
+    assert "regression beyond the threshold is excluded" in point.note and faster.exit_code() == 0
+    slower = run(1.1)
+    assert slower.points[0].verdict == "inconclusive" and not slower.points[0].no_regression
+    assert slower.exit_code() == 3
+    flagged = run(0.91, contended=True, noisy=True, noisy_reason="other processes kept 1.2 of 2 CPUs busy")
+    assert not flagged.points[0].no_regression and flagged.exit_code() == 3
