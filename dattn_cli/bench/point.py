@@ -6,10 +6,11 @@ peak RSS is reset and one more call runs. Its peak RSS minus the worker's RSS ri
 everything the point holds at its peak (inputs, weights, caches included), free of what glibc would
 otherwise keep from earlier calls. Set only after other calls, the setting comes too late: large chunks
 already freed into the heap are reused, never returned, and their history added 5-25% of noise. The
-timed calls come last, under glibc's steady-state setting (runtime.measure.reuse_freed_memory): a mapping
-per allocation costs page faults on every call (bf16 autocast blocks ran 30-45% slower under it). Once
-the memory call has fitted, the timed calls may use up to twice --max-memory of address space: under
-glibc's usual thresholds its heap keeps freed chunks, which the measured peak rightly leaves out.
+timed calls come last, in the steady state of a long-running process (runtime.measure.reuse_freed_memory:
+every allocation from the heap, which is never trimmed): a mapping per allocation costs page faults on every
+call (bf16 autocast blocks ran 30-45% slower under it; attention at N=4096 2.3x slower, and its time then
+varied 40% between processes). Once the memory call has fitted, the timed calls may use up to twice
+--max-memory of address space: the heap keeps freed chunks, which the measured peak rightly leaves out.
 GPU: torch.cuda.max_memory_allocated after a reset, plus NVML's device-used figure.
 """
 
