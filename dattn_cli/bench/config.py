@@ -9,10 +9,14 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from ..kernels.registry import REGISTRY
+from ..runtime.attach import local_ranks
 from ..runtime.contention import measurement_threads
 from ..runtime.limits import check_spawned_ranks
 from ..workload.parse import MAX_CALLS, MAX_THREADS, MAX_SECONDS, MAX_SEED, MAX_SEQ_LEN, check_count, check_number
 from ..workload.problem import Problem
+
+
+DEFAULT_PROCESSES = 3  # bench.processes: an outlier process is one of three
 
 
 class Sweep(Problem):
@@ -30,6 +34,8 @@ class Sweep(Problem):
     max_seconds: float = 120.0
     seed: int = 0
     dist_timeout: float = 120.0
+    attached: bool = False  # ranks started by a launcher (runtime.attach), not spawned here
+    processes: int | None = None  # worker processes per point (bench.processes); None: 3, or 1 where fixed
     threads: int | None = None  # torch threads per point (per rank); None: runtime.contention.measurement_threads
 
     @model_validator(mode="before")
@@ -65,10 +71,10 @@ class Sweep(Problem):
     def _precision(cls, value: float) -> float:
         return check_number("--precision", value, 0, 100, low_open=True)
 
-    @field_validator("threads")
+    @field_validator("threads", "processes")
     @classmethod
-    def _threads(cls, value: int | None) -> int | None:
-        return None if value is None else check_count("--threads", value, 1, MAX_THREADS)
+    def _threads(cls, value: int | None, info) -> int | None:
+        return None if value is None else check_count(f"--{info.field_name}", value, 1, MAX_THREADS)
 
     @field_validator("seed")
     @classmethod
@@ -87,10 +93,16 @@ class Sweep(Problem):
             raise ValueError("--impl: give at least one implementation or baseline")
         if self.until_oom == bool(self.seq_lens):
             raise ValueError("give exactly one of --seq-len and --until-oom")
-        if self.world_size > 1:
+        if self.world_size > 1 and not self.attached:
             check_spawned_ranks(self.world_size)
-        if self.threads is None:
-            self.threads = measurement_threads(None, self.world_size)
+        if self.processes is None:
+            self.processes = 1 if (self.repeat is not None or self.until_oom or self.interleave or self.world_size > 1
+                                   or self.attached) else DEFAULT_PROCESSES
+        elif self.processes > 1 and (self.until_oom or self.interleave or self.world_size > 1 or self.attached):
+            raise ValueError(f"--processes {self.processes}: only single-process points of a --seq-len sweep take "
+                             "several processes (not --until-oom, --interleave or distributed points): drop it")
+        if self.threads is None:  # attached: the ranks on this node share its CPUs
+            self.threads = measurement_threads(None, local_ranks() if self.attached else self.world_size)
         if self.interleave and (self.until_oom or self.world_size > 1):
             raise ValueError("--interleave times the lines of each --seq-len round-robin in one process: not with "
                              + ("--until-oom (its lengths differ per implementation)" if self.until_oom else

@@ -187,21 +187,27 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
 def timing_fields(problem: Problem, times: list[float], sweep: Sweep, stopped_by: str, probed: dict) -> dict:
     """Summary fields of the timed calls (`times` in call order, seconds), the samples themselves, and the
     noisy flag with every reason found (spread, precision not reached, contention, throttling)."""
-    ordered = sorted(times)
-    median = statistics.median(ordered)
-    flops = total_flops(problem)
-    ci_pct, spread = median_ci_pct(times), noise(ordered)
-    reasons = [noise_reason(spread), probed.pop("contention", None), probed.pop("throttle", None)]
+    summary = summary_fields(problem, times)
+    ci_pct = summary["median_ci_pct"]
+    reasons = [noise_reason(summary["noise"]), probed.pop("contention", None), probed.pop("throttle", None)]
     if stopped_by in ("max-seconds", "max-samples"):
         reached = f"+-{ci_pct:.1f}%" if ci_pct is not None else "no 95% CI (fewer than 6 samples)"
         reasons.append(f"stopped by {stopped_by} after {len(times)} samples with the median known to {reached}, "
                        f"not --precision {sweep.precision:g}%")
     reasons = [r for r in reasons if r]
-    return {"status": "ok", "time_ms": median * 1e3, "repeats": len(times),
+    return {"status": "ok", **summary, "stopped_by": stopped_by, **probed, "noisy": bool(reasons),
+            "noisy_reason": "; ".join(reasons) or None}
+
+
+def summary_fields(problem: Problem, times: list[float]) -> dict:
+    """Median, quantiles, rates, the samples (ms), their noise and the CI of their median, from `times` (s)."""
+    ordered = sorted(times)
+    median = statistics.median(ordered)
+    flops = total_flops(problem)
+    return {"time_ms": median * 1e3, "repeats": len(times),
             "time_ms_p10": quantile(ordered, 0.1) * 1e3, "time_ms_p90": quantile(ordered, 0.9) * 1e3,
             "tokens_per_s": problem.batch * problem.seq_len / median, "flops": flops, "tflops": flops / median / 1e12,
-            "samples_ms": [t * 1e3 for t in times], "noise": spread, "median_ci_pct": ci_pct,
-            "stopped_by": stopped_by, **probed, "noisy": bool(reasons), "noisy_reason": "; ".join(reasons) or None}
+            "samples_ms": [t * 1e3 for t in times], "noise": noise(ordered), "median_ci_pct": median_ci_pct(times)}
 
 
 NOISY_IQR = 0.10  # relative IQR above which a point's median alone is not trusted

@@ -14,6 +14,7 @@ from ..workload.records import BenchRow, pattern_fields, point_key, row_fields, 
 from ..workload.reportfile import ReportFile
 from .config import Sweep
 from .summary import PREDICTED, ImplSummary, scaling_exponents, stop_reason, summarize
+from .processes import run_in_processes
 from .worker import make_row, run_distributed_point, run_isolated, run_isolated_group
 
 Runner = Callable[[Sweep, Problem], dict]
@@ -55,11 +56,17 @@ def environment_record(cfg: Sweep, command: list[str] | None) -> dict:
 MEMORY_LIMITS = ("memory", "prediction")  # what until-oom bisects towards
 
 
+def run_points(sweep: Sweep, problem: Problem) -> dict:
+    """A single-process point in --processes fresh workers (bench.processes)."""
+    return run_in_processes(sweep, problem, run_isolated)
+
+
 def measurement_settings(sweep: Sweep) -> dict:
     """The settings each row records beside its problem; a resumed point must have been measured with them."""
     return {"repeat": sweep.repeat, "warmup": sweep.warmup, "precision": sweep.precision if sweep.repeat is None else None,
             "cache": sweep.cache, "max_memory": sweep.max_memory,
-            "max_seconds": sweep.max_seconds, "seed": sweep.seed, "threads": sweep.threads}
+            "max_seconds": sweep.max_seconds, "seed": sweep.seed, "threads": sweep.threads,
+            "processes": sweep.processes}
 
 
 def _would_measure(sweep: Sweep, row: BenchRow) -> bool:
@@ -228,7 +235,7 @@ def run_sweep(
     now in it) stay current while the sweep runs, e.g. for a message after an interrupt. A signal (Interrupted,
     or KeyboardInterrupt) ends it with that exception, its `partial` the SweepResult of the rows so far."""
     if runner is None:
-        runner = run_distributed_point if sweep.world_size > 1 else run_isolated
+        runner = run_distributed_point if sweep.world_size > 1 else run_points
     report = ReportFile(out) if out is not None else None
     environment = environment_record(sweep, command)
     try:

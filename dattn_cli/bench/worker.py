@@ -10,6 +10,7 @@ import os
 import traceback
 from typing import Callable
 
+from ..runtime.attach import backend as attach_backend
 from ..runtime.launch import DistributedError, run_distributed, run_isolated as launch_isolated
 from ..runtime.limits import RLIMIT_SLACK, cap_address_space, is_oom
 from ..runtime.measure import rss_bytes
@@ -114,7 +115,7 @@ def run_distributed_point(sweep: Sweep, problem: Problem) -> dict:
     reason = problem.spec.shard_rule(problem, problem.world_size)
     if reason:
         return {"status": "skipped", "reason": f"cannot shard: {reason}"}
-    backend = "nccl" if sweep.cuda else "gloo"
+    backend = attach_backend() if sweep.cuda else "gloo"  # CUDA: CPU tensors (the clock's all-reduces) still over gloo
     try:
         per_rank = run_distributed(measure_rank, problem.world_size, sweep.model_dump(), problem.model_dump(),
                                    backend=backend, timeout_s=sweep.dist_timeout + sweep.max_seconds)

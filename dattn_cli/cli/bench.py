@@ -8,13 +8,14 @@ from pathlib import Path
 import typer
 
 from ..runtime.signals import Interrupted, take_pending
-from .options import (DEFAULT_MODE, AmpOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption,
+from .attach import agreed_exit_code, attached_world
+from .options import (DEFAULT_MODE, AmpOption, AttachOption, MasterAddrOption, MasterPortOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption,
                       CacheOption, CsvOption, DensitiesOption, DeviceOption, DilationsOption, DistTimeoutOption, DTypeOption,
                       EmbedDimOption, ExecutorOption, FailOnRegressionOption, GlobalBlocksOption, HeadDimOption,
                       HeadsOption, ImplsOption, InterleaveOption, JsonOption, LayersOption, LevelsOption, MarkdownOption, MaxMemoryOption,
                       MaxSecondsOption, ModeOption, OutOption, PrecisionOption, QuietOption, RanksOption, PatternOption, PlotOption, PlotXOption,
                       QuickOption, RepeatOption, ResumeOption, SeedOption, SegmentsOption, SemanticsOption,
-                      SeqLensOption, StartOption, TargetOption, ThreadsOption, UntilOomOption, VocabSizeOption, WarmupOption,
+                      SeqLensOption, StartOption, TargetOption, ThreadsOption, ProcessesOption, UntilOomOption, VocabSizeOption, WarmupOption,
                       WindowOption, check_ranks)
 from .render.bench import bench_table, point_line, scaling_lines
 from .render.common import set_quiet, machine_output, emit, emit_json, note, progress, stdout
@@ -83,8 +84,9 @@ def _lines(sweep) -> int:
     return sum(len(sweep.densities) if REGISTRY[i].block_sparse and sweep.densities else 1 for i in sweep.impls)
 
 
-def _run(sweep, out: Path | None, resume: bool):
+def _run(sweep, out: Path | None, resume: bool, world=None):
     from ..bench import run_sweep
+    from ..bench.attached import AttachedRunner
     from ..plan.solve import predicted_peak_bytes
     from ..workload.reportfile import ReportWriteError
 
@@ -96,7 +98,8 @@ def _run(sweep, out: Path | None, resume: bool):
                 bar.update(task, advance=1, description=point_line(row))
 
             return run_sweep(sweep, out=out, resume=resume, command=_command(), on_row=on_row,
-                             predict=predicted_peak_bytes)
+                             predict=predicted_peak_bytes,
+                             runner=AttachedRunner(world, sweep.dist_timeout) if world is not None else None)
     except ReportWriteError as exc:  # the machine failed, not the input: exit 1
         _fail(f"{exc}; rerun with --resume once there is room")
 
@@ -160,6 +163,42 @@ def _outputs(sweep, result, out: Path | None, csv_out: str | None, json_out: str
               + (f"; the report {out} is complete" if out is not None else ""))
 
 
+def _defaults(quick: bool, impl, target: str, segments: str, dilations: str, seq_lens, until_oom: bool, mode):
+    """(impl, segments, dilations, seq_lens, mode) after --quick's and the layer target's defaults."""
+    mode = mode or ("fwd" if quick else DEFAULT_MODE)
+    if not impl and target != "attention":
+        impl = [LAYER_DEFAULT_IMPL]
+    if quick:
+        impl, segments, dilations = impl or QUICK["impls"], QUICK["segments"], QUICK["dilations"]
+        seq_lens = seq_lens if seq_lens or until_oom else QUICK["seq_lens"]
+    if not impl:
+        raise ValueError("--impl: give at least one, e.g. --impl ImprovedDilatedAttention --impl sdpa (or use --quick)")
+    return impl, segments, dilations, seq_lens, mode
+
+
+def _show(sweep, result, out: Path | None, csv_out: str | None, json_out: str | None, plot: tuple,
+          markdown: str | None) -> None:
+    stdout.print(bench_table(result))
+    for line in scaling_lines(result):
+        stdout.print(line, markup=False, highlight=False)
+    _outputs(sweep, result, out, csv_out, json_out, plot, markdown)
+
+
+def _rank_outputs(world, *outputs):
+    """(quiet, out, csv, json, markdown, plot, baseline): as given on rank 0; quiet and none on the other ranks."""
+    return outputs if world.rank == 0 else (True, None, None, None, None, None, None)
+
+
+def _exit(world, result, code: int, timeout_s: float) -> None:
+    """Exit with `code`, agreed over an attached world's ranks; there a point a rank failed is exit 1 on every
+    rank, the rank named (the world is not trusted after it: bench.attached)."""
+    if world is not None and (failed := next((r for r in result.rows if r.status == "error"), None)):
+        note(f"dattn: error: {failed.error}", style="red")
+        code = max(code, 1)
+    if (code := agreed_exit_code(world, code, timeout_s)) != 0:
+        raise typer.Exit(code=code)
+
+
 def _plot(sweep, result, plot: Path, plot_x: str | None) -> None:
     from ..bench import plot_rows
 
@@ -173,7 +212,7 @@ def _plot(sweep, result, plot: Path, plot_x: str | None) -> None:
     note(f"plot written to {plot}")
 
 
-def _gate(result, baseline, threshold: float) -> None:
+def _gate(result, baseline, threshold: float) -> int:
     """The regression gate: dattn compare's test of this run against the baseline; exit 1 on an established
     regression beyond the threshold, 3 when the comparison is inconclusive (noise, or other environments)."""
     from ..compare import compare_rows
@@ -181,8 +220,7 @@ def _gate(result, baseline, threshold: float) -> None:
 
     report = compare_rows(baseline, result.rows, threshold, environment=result.environment)
     show_report(report, ("baseline", "this run"), title=f"regression gate (--fail-on-regression {threshold:g}%): ")
-    if report.exit_code():
-        raise typer.Exit(code=report.exit_code())
+    return report.exit_code()
 
 
 def bench(
@@ -198,27 +236,27 @@ def bench(
     vocab_size: VocabSizeOption = 50304, checkpointing: CheckpointingOption = False, amp: AmpOption = None,
     quick: QuickOption = False, until_oom: UntilOomOption = False, start: StartOption = "4k",
     warmup: WarmupOption = None, repeat: RepeatOption = None, precision: PrecisionOption = 3.0,
-    cache: CacheOption = "warm", threads: ThreadsOption = None, interleave: InterleaveOption = False, seed: SeedOption = 0,
+    cache: CacheOption = "warm", threads: ThreadsOption = None, processes: ProcessesOption = None,
+    interleave: InterleaveOption = False, seed: SeedOption = 0,
     max_memory: MaxMemoryOption = None, max_seconds: MaxSecondsOption = None,
     baseline: BaselineOption = None, fail_on_regression: FailOnRegressionOption = None,
-    world_size: RanksOption = 1, dist_timeout: DistTimeoutOption = 120.0,
+    world_size: RanksOption = 1, dist_timeout: DistTimeoutOption = 120.0, attach: AttachOption = None,
+    master_addr: MasterAddrOption = None, master_port: MasterPortOption = None,
     out: OutOption = None, resume: ResumeOption = False, csv_out: CsvOption = None, json_out: JsonOption = None,
     plot: PlotOption = None, plot_x: PlotXOption = None, markdown: MarkdownOption = None, quiet: QuietOption = False,
 ) -> None:
     """Sweep sequence lengths: time, memory, TFLOP/s per implementation, each point in an isolated worker."""
+    world = attached_world(attach, master_addr, master_port, world_size, (device or "").startswith("cuda"), dist_timeout)
+    if world is not None:  # only rank 0 prints and writes
+        world_size, (quiet, out, csv_out, json_out, markdown, plot, baseline) = world.world_size, _rank_outputs(
+            world, quiet, out, csv_out, json_out, markdown, plot, baseline)
     machine_output(csv_out, json_out, markdown)
     set_quiet(quiet)
     from ..bench import Sweep
     from ..workload import parse_float_list, parse_int_list, parse_seq_lens
 
-    mode = mode or ("fwd" if quick else DEFAULT_MODE)
-    if not impl and target != "attention":
-        impl = [LAYER_DEFAULT_IMPL]
-    if quick:
-        impl, segments, dilations = impl or QUICK["impls"], QUICK["segments"], QUICK["dilations"]
-        seq_lens = seq_lens if seq_lens or until_oom else QUICK["seq_lens"]
-    if not impl:
-        raise ValueError("--impl: give at least one, e.g. --impl ImprovedDilatedAttention --impl sdpa (or use --quick)")
+    impl, segments, dilations, seq_lens, mode = _defaults(quick, impl, target, segments, dilations, seq_lens,
+                                                         until_oom, mode)
     baseline_report = _check_outputs(out, resume, baseline, fail_on_regression,
                                    {"--csv": csv_out, "--json": json_out, "--plot": plot, "--markdown": markdown})
     check_ranks(impl, world_size, "--world-size")
@@ -227,20 +265,21 @@ def bench(
         start=parse_seq_lens(start)[0], batch=batch, heads=heads, head_dim=head_dim, dtype=dtype, mode=mode,
         segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
         semantics=semantics, causal=causal, device=device, warmup=warmup, repeat=repeat, seed=seed,
-        precision=precision, cache=cache, threads=threads, interleave=interleave, max_memory=_max_memory(max_memory, out, resume),
+        precision=precision, cache=cache, threads=threads, processes=processes or (1 if quick else None),
+        interleave=interleave, max_memory=_max_memory(max_memory, out, resume),
         max_seconds=max_seconds or (QUICK_MAX_SECONDS if quick else 120.0),
-        world_size=world_size, dist_timeout=dist_timeout, pattern=pattern or "dilated", block_size=block_size, window=window,
+        world_size=world_size, attached=world is not None, dist_timeout=dist_timeout, pattern=pattern or "dilated",
+        block_size=block_size, window=window,
         densities=parse_float_list(density, "--density") if density else [], global_blocks=global_blocks,
         levels=levels, executor=executor, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
         checkpointing=checkpointing, amp=amp,
     )
     try:
-        result = _run(sweep, out, resume)
+        result = _run(sweep, out, resume, world)
     except Interrupted as exc:
         raise _interrupted(sweep, exc, out, csv_out, json_out) from None
-    stdout.print(bench_table(result))
-    for line in scaling_lines(result):
-        stdout.print(line, markup=False, highlight=False)
-    _outputs(sweep, result, out, csv_out, json_out, (plot, plot_x), markdown)
-    if baseline is not None:
-        _gate(result, baseline_report, fail_on_regression)
+    code = 0
+    if world is None or world.rank == 0:
+        _show(sweep, result, out, csv_out, json_out, (plot, plot_x), markdown)
+        code = _gate(result, baseline_report, fail_on_regression) if baseline is not None else 0
+    _exit(world, result, code, dist_timeout)

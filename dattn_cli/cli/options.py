@@ -152,6 +152,10 @@ RepeatOption = Annotated[Optional[int], typer.Option(
 PrecisionOption = Annotated[float, typer.Option(
     "--precision", help="Without --repeat: sample until the 95% CI of the median is within +-PCT of it, or "
     "--max-seconds.", metavar="PCT", callback=finite("--precision", 0, 100), rich_help_panel=MEASURE)]
+ProcessesOption = Annotated[Optional[int], typer.Option(
+    "--processes", help="Fresh worker processes per point, sharing --max-seconds, samples pooled: an outlier process "
+    "(a VM's host moves) is one of K. Default 3; 1 with --repeat, --quick, --until-oom, --interleave, ranks.",
+    rich_help_panel=MEASURE, show_default=False)]
 ThreadsOption = Annotated[Optional[int], typer.Option(
     "--threads", help="Torch threads per point (per rank). Default: torch's (OMP_NUM_THREADS), but one CPU left "
     "free when that would take them all: on small VMs all-CPU runs differ by up to 1.8x between identical runs.",
@@ -187,6 +191,16 @@ RanksOption = Annotated[int, typer.Option(
 DevicesOption = Annotated[int, typer.Option(
     "--world-size", help="Devices sharing the sequence (the world size planned for, at most 2**20).",
     rich_help_panel=DIST)]
+AttachOption = Annotated[Optional[bool], typer.Option(
+    "--attach/--spawn", help="Join the world of the launcher that started dattn (torchrun, srun: detected from its "
+    "environment by default) instead of spawning ranks here; --spawn spawns them here even inside such a job.",
+    rich_help_panel=DIST, show_default=False)]
+MasterAddrOption = Annotated[Optional[str], typer.Option(
+    "--master-addr", help="Attach: the rendezvous host (default MASTER_ADDR, or srun's first node).",
+    rich_help_panel=DIST, show_default=False)]
+MasterPortOption = Annotated[Optional[int], typer.Option(
+    "--master-port", help="Attach: the rendezvous port (default MASTER_PORT, else 29500).",
+    rich_help_panel=DIST, show_default=False)]
 DistTimeoutOption = Annotated[float, typer.Option(
     "--dist-timeout", help="Seconds before a stuck process group is ended with an error naming the rank.",
     rich_help_panel=DIST)]

@@ -8,7 +8,8 @@ from typing import Annotated, Any, Optional, get_args
 
 import typer
 
-from .options import (BackendsOption, BatchOption, BothOption, CausalFilterOption, DetailsOption, DeviceOption,
+from .attach import agreed_exit_code, attached_world
+from .options import (AttachOption, MasterAddrOption, MasterPortOption, BackendsOption, BatchOption, BothOption, CausalFilterOption, DetailsOption, DeviceOption,
                       DilationsOption, DistTimeoutOption, DTypeOption, FullOption, HeadDimOption, HeadsOption,
                       ImplsOption, JsonOption, CsvOption, JunitOption, MarkdownOption, PatternsOption, QuietOption, SeedOption, SegmentsOption,
                       SemanticsSetOption, SeqLenOption, WorldSizeOption)
@@ -67,6 +68,22 @@ def _note_slow_reference(cases: list, device: str) -> None:
              "gradients: expect a minute or more per check on a CPU (--impl checks fewer implementations)")
 
 
+def _show(report, details: bool, own: bool, json_out, csv_out, junit, markdown) -> None:
+    """The table, warnings and summary, and the files asked for."""
+    from ..runtime.envinfo import collect_environment
+
+    stdout.print(verify_table(report, details))
+    for line in verify_warnings(report, details, own):
+        note(line, style="yellow")
+    stdout.print(verify_summary(report, own))
+    if json_out is not None:
+        report.environment = {**collect_environment().model_dump(), "command": ["dattn", *sys.argv[1:]]}
+        emit(json_out, report.model_dump_json(indent=1))
+    if csv_out is not None:
+        emit_csv(csv_out, [result.model_dump() for result in report.results])
+    _ci_outputs(report, junit, markdown)
+
+
 def _ci_outputs(report, junit: str | None, markdown: str | None) -> None:
     from .render.ci import emit_markdown, junit_xml, verify_markdown
 
@@ -94,7 +111,8 @@ def verify(
     semantics: OwnSemantics = None, causal: CausalFilterOption = None, both: BothOption = False,
     pattern: PatternsOption = None,
     full: FullOption = False, seed: SeedOption = 0,
-    world_size: WorldSizeOption = "1", dist_timeout: DistTimeoutOption = 120.0,
+    world_size: WorldSizeOption = "1", dist_timeout: DistTimeoutOption = 120.0, attach: AttachOption = None,
+    master_addr: MasterAddrOption = None, master_port: MasterPortOption = None,
     json_out: JsonOption = None, csv_out: CsvOption = None, junit: JunitOption = None, markdown: MarkdownOption = None,
     details: DetailsOption = False,
     quiet: QuietOption = False,
@@ -111,34 +129,33 @@ def verify(
 
     Default --impl: every single-device implementation, or every distributed one with --world-size > 1.
     """
+    from ..workload import parse_int_list
+
+    world_sizes = parse_int_list(world_size, "--world-size")
+    world = attached_world(attach, master_addr, master_port, world_sizes[0] if len(world_sizes) == 1 else None,
+                           device.startswith("cuda"), dist_timeout)
+    if world is not None:  # only rank 0 prints and writes
+        world_sizes = [world.world_size]
+        quiet, json_out, csv_out, junit, markdown = (quiet, json_out, csv_out, junit, markdown) if world.rank == 0 else (
+            True, None, None, None, None)
     machine_output(json_out, csv_out, junit, markdown)
     set_quiet(quiet)
-    from ..runtime.envinfo import collect_environment
     from ..verify import OWN_PATTERNS, collect_checks, run_checks
-    from ..workload import parse_int_list
 
     cases, own = _cases(full, dict(seq_len=seq_len, batch=batch, heads=heads, head_dim=head_dim, segments=segments,
                                    dilations=dilations))
     checks = collect_checks(
-        impl, world_sizes=parse_int_list(world_size, "--world-size"), dist_timeout_s=dist_timeout, dtype=dtype,
+        impl, world_sizes=world_sizes, dist_timeout_s=dist_timeout, dtype=dtype, attached=world,
         **_axes(own, semantics, causal, both), backends=backend, device=device, seed=seed, cases=cases,
         **({"patterns": pattern} if pattern else {"patterns": OWN_PATTERNS} if own else {}),
     )
     if own:
         _note_slow_reference(cases, device)
-        _note_distributed(impl, parse_int_list(world_size, "--world-size"))
+        _note_distributed(impl, world_sizes)
     with progress() as bar:
         task = bar.add_task("verify", total=checks.total)
         report = run_checks(checks, on_result=lambda r: bar.update(task, advance=1, description=check_line(r)))
-    stdout.print(verify_table(report, details))
-    for line in verify_warnings(report, details, own):
-        note(line, style="yellow")
-    stdout.print(verify_summary(report, own))
-    if json_out is not None:
-        report.environment = {**collect_environment().model_dump(), "command": ["dattn", *sys.argv[1:]]}
-        emit(json_out, report.model_dump_json(indent=1))
-    if csv_out is not None:
-        emit_csv(csv_out, [result.model_dump() for result in report.results])
-    _ci_outputs(report, junit, markdown)
-    if not report.passed:
-        raise typer.Exit(code=1)
+    if world is None or world.rank == 0:
+        _show(report, details, own, json_out, csv_out, junit, markdown)
+    if (code := agreed_exit_code(world, 0 if report.passed else 1, dist_timeout)) != 0:
+        raise typer.Exit(code=code)

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator
 
 from .inbox import Inbox, wait_any
 from .orphans import PARENT_ENV, die_with_parent
+from .attach import strip_launcher_variables
 from .signals import check_pending, deferred
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -97,6 +98,7 @@ def _sigint_ignored_by_new_processes() -> Iterator[None]:
 def _child_main(parent: int | None, target: Callable[..., None], *args: Any) -> None:
     """Every worker and rank starts here: it dies with its parent, the forkserver."""
     die_with_parent(parent)
+    strip_launcher_variables()  # spawned inside a torchrun job: its agent store is not this group's
     target(*args)
 
 

@@ -5,6 +5,7 @@ an implementation refuses, a case a world size cannot shard."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..kernels.registry import REGISTRY
 from .cases import Case, for_impl
@@ -21,6 +22,7 @@ class Checks:
     grid: Grid
     seed: int
     dist_timeout_s: float
+    attached: Any = None  # runtime.attach.World: the groups run in the launcher's world, not spawned here
 
     @property
     def total(self) -> int:

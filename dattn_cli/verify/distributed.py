@@ -9,6 +9,8 @@ caller draw the same inputs and weights.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..kernels.registry import REGISTRY
@@ -68,13 +70,17 @@ def reference_of(p: Problem, seed: int) -> Reference:
 
 
 def verify_group(impl: str, world: int, checks: list[Variant], dtype: str, seed: int,
-                 timeout_s: float) -> list[CaseResult]:
-    """One process group of `world` ranks runs `checks`, the (CPU) checks of `impl`."""
+                 timeout_s: float, attached: Any = None) -> list[CaseResult]:
+    """One process group of `world` ranks runs `checks`, the (CPU) checks of `impl`: spawned here, or the
+    launcher's world when `attached` (runtime.attach.World; every rank gets every rank's shards)."""
     if not checks:
         return []
     jobs = [(v.problem.model_dump(), seed * 1000 + j) for j, v in enumerate(checks)]
     try:
-        per_rank = run_distributed(rank_outputs, world, jobs, timeout_s=timeout_s)
+        if attached is None:
+            per_rank = run_distributed(rank_outputs, world, jobs, timeout_s=timeout_s)
+        else:
+            per_rank = _attached_outputs(attached, impl, jobs, timeout_s)
     except Exception as exc:  # the whole group failed: every check of it is a failure, reported
         return [case_result(v, failure=str(exc)) for v in checks]
     multihead = REGISTRY[impl].kind == "multihead"
@@ -82,3 +88,22 @@ def verify_group(impl: str, world: int, checks: list[Variant], dtype: str, seed:
                                           DTYPES[dtype]),
                         comm=[r[j]["comm"] for r in per_rank])
             for j, (v, (_, job_seed)) in enumerate(zip(checks, jobs))]
+
+
+def _attached_outputs(world: Any, impl: str, jobs: list[tuple[dict, int]], timeout_s: float) -> list[list[dict]]:
+    """rank_outputs on this rank of the launcher's world, and every other rank's through the store; a rank that
+    failed or fell silent is a DistributedError naming it (the cause, not a peer that only lost it)."""
+    from ..runtime.attach import RankSilent, exchange, post_failure
+    from ..runtime.launch import PEER_SYMPTOMS, DistributedError
+
+    try:
+        mine: Any = rank_outputs(world.rank, world.world_size, jobs)
+    except Exception as exc:
+        mine = f"rank {world.rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        post_failure(world.rank, mine)
+    results = exchange(f"verify/{impl}/{jobs[0][1]}", mine, world, timeout_s)
+    failures = [r.message if isinstance(r, RankSilent) else r for r in results if isinstance(r, (str, RankSilent))]
+    if failures:
+        cause = next((f for f in failures if not any(s in f.lower() for s in PEER_SYMPTOMS)), failures[0])
+        raise DistributedError(cause)
+    return results

@@ -42,6 +42,7 @@ def collect_checks(
     seed: int = 0,
     cases: list[Case] | None = None,
     patterns: Iterable[str] = PATTERNS,
+    attached: Any = None,
 ) -> Checks:
     """Every check of a run, and what is skipped with the reason. Default implementations that cannot run
     here are skipped; requested ones are refused (ValueError), as is a run left with nothing to check."""
@@ -50,7 +51,12 @@ def collect_checks(
     worlds = sorted(set(world_sizes))
     if not worlds or any(w < 1 for w in worlds):
         raise ValueError(f"--world-size values must be >= 1, got {worlds or 'none'}: e.g. --world-size 1,2")
-    check_spawned_ranks(worlds[-1])
+    if attached is None:
+        check_spawned_ranks(worlds[-1])
+    elif worlds != [attached.world_size]:
+        raise ValueError(f"--world-size {','.join(map(str, worlds))}: attached to a world of {attached.world_size} "
+                         f"ranks ({attached.launcher}), which is the one size checked: drop --world-size or pass "
+                         f"{attached.world_size}")
     check_number("--dist-timeout", dist_timeout_s, 0, MAX_SECONDS, low_open=True)
     check_count("--seed", seed, 0, MAX_SEED)
     distributed_run = worlds != [1]
@@ -66,7 +72,7 @@ def collect_checks(
     groups = [(name, world, group_checks(name, world, checked, grid, skipped)) for name in sharded for world in worlds]
     single = [v for name in chosen if name not in sharded for v in impl_checks(name, checked, grid, skipped)]
     checks = Checks(groups=[g for g in groups if g[2]], single=single, skipped=skipped, grid=grid, seed=seed,
-                    dist_timeout_s=dist_timeout_s)
+                    dist_timeout_s=dist_timeout_s, attached=attached)
     if not checks.total:
         raise ValueError("nothing to check: " + "; ".join(skipped or ["no implementation was chosen"]))
     return checks
@@ -82,7 +88,8 @@ def run_checks(checks: Checks, on_result: Callable[[CaseResult], None] | None = 
             on_result(result)
 
     for name, world, group in checks.groups:
-        for result in verify_group(name, world, group, checks.grid.dtype, checks.seed, checks.dist_timeout_s):
+        for result in verify_group(name, world, group, checks.grid.dtype, checks.seed, checks.dist_timeout_s,
+                                   checks.attached):
             record(result)
     gen = torch.Generator().manual_seed(checks.seed)
     for variant in checks.single:

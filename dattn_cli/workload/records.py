@@ -21,7 +21,8 @@ KEY_FIELDS = ("impl", "seq_len", "mode", "batch", "heads", "head_dim", "segments
 # same ones (the problem is in KEY_FIELDS; the regression gate compares problems whatever their settings).
 SETTINGS = {"repeat": "--repeat", "warmup": "--warmup", "precision": "--precision", "cache": "--cache",
             "max_memory": "--max-memory", "max_seconds": "--max-seconds",
-            "seed": "--seed", "threads": "--threads"}
+            "seed": "--seed", "threads": "--threads",
+            "processes": "--processes"}
 
 
 class BenchRow(BaseModel):
@@ -71,6 +72,8 @@ class BenchRow(BaseModel):
     noisy: bool = False  # the samples are too spread to trust the median alone: noisy_reason says why
     noisy_reason: str | None = None
     median_ci_pct: float | None = None  # the 95% CI of the median, +- this percentage of it (6 samples or more)
+    process_medians_ms: list[float] | None = None  # --processes > 1: each worker process's median, in order
+    processes: int | None = None
     stopped_by: str | None = None  # why sampling stopped: repeat | precision | max-seconds | max-samples
     warmup_calls: int | None = None
     warmup_settled: bool | None = None  # the last 3 warm-up calls within 10% (None: a fixed --warmup)
