@@ -9,6 +9,13 @@ rotary position embeddings so the model works at any length.
 LongNetLM: token embedding, blocks, final LayerNorm, output head tied to the embedding. Per-block
 gradient checkpointing (`checkpointing=True`, torch.utils.checkpoint, non-reentrant) and autocast
 (run the forward under `torch.autocast`) are supported; causal attention throughout.
+
+Sequence parallelism: with a distributed attention (`attention="RingMultiheadDilatedAttention",
+process_group=sp_group`, ...) each rank passes its contiguous shard of the sequence, and the rotary positions
+of a shard start where the shard starts in the whole sequence, so the shards' logits and summed gradients are
+those of the whole sequence on one process. By default that start is `rank_in_group * shard_len` (equal
+shards, in rank order: what the distributed attention classes assume); `forward(tokens, position_offset=s)`
+gives it explicitly for any other layout.
 """
 
 from __future__ import annotations
@@ -21,9 +28,21 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..kernels.distributed.comm import group_rank_size
 from ..kernels.registry import REGISTRY, create_multihead_dilated_attention
 
 NORMS = ("pre", "subln")
+
+
+def shard_start(attention: nn.Module, shard_len: int) -> int:
+    """Where a rank's shard of `shard_len` tokens starts in the whole sequence, for a multihead attention module:
+    rank_in_group * shard_len when its core shards the sequence over its process group (the default group when
+    that is None, as the distributed classes do: equal contiguous shards in rank order), else 0."""
+    core = attention.attention
+    if not hasattr(core, "process_group"):  # a single-device core: the whole sequence is here
+        return 0
+    rank, _ = group_rank_size(core.process_group)
+    return rank * shard_len
 
 
 class DilatedTransformerBlock(nn.Module):
@@ -72,10 +91,13 @@ class DilatedTransformerBlock(nn.Module):
         nn.init.zeros_(self.fc1.bias)
         nn.init.zeros_(self.fc2.bias)
 
-    def forward(self, x: torch.Tensor, is_causal: bool = True) -> torch.Tensor:
-        """x (batch, seq_len, embed_dim) -> same shape."""
+    def forward(self, x: torch.Tensor, is_causal: bool = True, position_offset: int | None = None) -> torch.Tensor:
+        """x (batch, seq_len, embed_dim) -> same shape. position_offset: the position of x[:, 0] in the whole
+        sequence, for the rotary embeddings; None: this rank's shard start (`shard_start`)."""
+        if position_offset is None:
+            position_offset = shard_start(self.attn, x.shape[1])
         h = self.attn_norm(x)
-        x = x + self.dropout(self.attn(h, h, h, is_causal=is_causal)[0])
+        x = x + self.dropout(self.attn(h, h, h, is_causal=is_causal, position_offset=position_offset)[0])
         h = F.gelu(self.fc1(self.mlp_norm(x)))
         if self.mlp_inner_norm is not None:
             h = self.mlp_inner_norm(h)
@@ -119,20 +141,35 @@ class LongNetLM(nn.Module):
         self.checkpointing = bool(checkpointing)
         self.scale = embed_dim**0.5
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (batch, seq_len) int64 -> logits (batch, seq_len, vocab_size); causal."""
+    def forward(self, tokens: torch.Tensor, position_offset: int | None = None) -> torch.Tensor:
+        """tokens (batch, seq_len) int64 -> logits (batch, seq_len, vocab_size); causal.
+
+        Under sequence parallelism `tokens` is this rank's shard; position_offset is the position of
+        tokens[:, 0] in the whole sequence, by default `shard_start(seq_len)` (0 on one process)."""
         if tokens.dtype != torch.long or tokens.dim() != 2:
             raise ValueError(f"tokens must be int64 (batch, seq_len), got {tokens.dtype} {tuple(tokens.shape)}")
+        if position_offset is None:
+            position_offset = self.shard_start(tokens.shape[1])
+        elif isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
+            raise ValueError(f"position_offset must be a non-negative integer, got {position_offset!r}: pass the "
+                             "position of tokens[:, 0] in the whole sequence, or None for this rank's shard start")
         x = self.embed(tokens) * self.scale
         for block in self.blocks:
             if self.checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, True, position_offset, use_reentrant=False)
             else:
-                x = block(x)
+                x = block(x, True, position_offset)
         return F.linear(self.final_norm(x), self.embed.weight)  # head tied to the embedding
 
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-        logits = self(tokens)
+    def shard_start(self, shard_len: int) -> int:
+        """Where this rank's shard of `shard_len` tokens starts in the whole sequence (module-level shard_start)."""
+        return shard_start(self.blocks[0].attn, shard_len)
+
+    def loss(
+        self, tokens: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, position_offset: int | None = None
+    ) -> torch.Tensor:
+        """Mean cross-entropy of the logits of `tokens` (position_offset as in forward) against `targets`."""
+        logits = self(tokens, position_offset)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
 
     def num_parameters(self) -> int:
