@@ -14,14 +14,18 @@ from pydantic import BaseModel
 
 from .. import __version__
 from .contention import load_average
-from .gpustate import nvml_state
+from .gpustate import nvml_ask, nvml_device, nvml_state
 
 
 class Device(BaseModel):
-    index: int
+    index: int  # NVML's (nvidia-smi's) number of the GPU on this machine, not torch's
     name: str
     memory_total_bytes: int
     memory_used_bytes: int
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    cuda_index: int | None = None  # torch's cuda:N for this GPU in the recording process; None: not visible to it
+    cuda_match: str | None = None  # how cuda_index was matched to this GPU (UUID, PCI bus id or only an index)
     sm_clock_mhz: int | None = None  # when the record was taken; with the power limit: what bounds its speed
     max_sm_clock_mhz: int | None = None
     power_limit_w: float | None = None
@@ -94,18 +98,43 @@ def _nvml() -> tuple[str | None, list[Device], str]:
         return None, [], f"no NVIDIA device ({exc})"
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
+        cuda = _cuda_indices(pynvml)
         devices = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            name = pynvml.nvmlDeviceGetName(handle)
+            uuid = _text(nvml_ask(pynvml, "nvmlDeviceGetUUID", handle))
             state = nvml_state(pynvml, handle)
-            devices.append(Device(index=i, name=name.decode() if isinstance(name, bytes) else name,
-                                  memory_total_bytes=mem.total, memory_used_bytes=mem.used,
+            cuda_index, cuda_match = cuda.get(uuid, (None, None))
+            devices.append(Device(index=i, name=_text(pynvml.nvmlDeviceGetName(handle)), memory_total_bytes=mem.total,
+                                  memory_used_bytes=mem.used, uuid=uuid,
+                                  pci_bus_id=_text(getattr(nvml_ask(pynvml, "nvmlDeviceGetPciInfo", handle), "busId", None)),
+                                  cuda_index=cuda_index, cuda_match=cuda_match,
                                   **{k: state[k] for k in ("sm_clock_mhz", "max_sm_clock_mhz", "power_limit_w")}))
-        return (driver.decode() if isinstance(driver, bytes) else driver), devices, f"{len(devices)} NVIDIA device(s)"
+        return _text(driver), devices, f"{len(devices)} NVIDIA device(s)"
     finally:
         pynvml.nvmlShutdown()
+
+
+def _cuda_indices(nvml) -> dict[str, tuple[int, str]]:
+    """NVML UUID -> (torch's CUDA index, how it was matched) for every GPU torch sees (its count comes from NVML
+    without starting CUDA); empty where torch has no CUDA."""
+    try:
+        count = torch.cuda.device_count()
+    except Exception:
+        return {}
+    found = {}
+    for cuda_index in range(count):
+        try:
+            handle, how = nvml_device(nvml, cuda_index)
+            found.setdefault(_text(nvml.nvmlDeviceGetUUID(handle)), (cuda_index, how))
+        except Exception:  # a device NVML cannot match stays without a CUDA index
+            continue
+    return found
+
+
+def _text(value) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _backends() -> dict[str, bool]:

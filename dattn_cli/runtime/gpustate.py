@@ -30,14 +30,19 @@ def decode_reasons(mask: int) -> list[str]:
     return names + [hex(1 << i) for i in range(64) if mask & (1 << i) and (1 << i) not in REASONS]
 
 
+def nvml_ask(nvml: Any, fn: str, handle: Any, *args: Any) -> Any:
+    """nvml.fn(handle, *args), or None where the query fails, is not supported or this pynvml lacks it."""
+    try:
+        return getattr(nvml, fn)(handle, *args)
+    except Exception:  # one unsupported query (or an old driver without it) leaves its field empty
+        return None
+
+
 def nvml_state(nvml: Any, handle: Any) -> dict:
     """gpu_state's fields for an NVML device handle (NVML initialized by the caller); a field None where its
     query fails or is not supported."""
     def ask(fn: str, *args: Any) -> Any:
-        try:
-            return getattr(nvml, fn)(handle, *args)
-        except Exception:  # one unsupported query (or an old driver without it) leaves its field empty
-            return None
+        return nvml_ask(nvml, fn, handle, *args)
 
     def watts(milliwatts: Any) -> float | None:
         return milliwatts / 1e3 if isinstance(milliwatts, (int, float)) else None
@@ -56,8 +61,9 @@ def nvml_state(nvml: Any, handle: Any) -> dict:
 
 def gpu_state(index: int) -> dict | None:
     """Clocks (MHz), temperature (C), power and its limit (W) and throttle reasons of CUDA device `index` as
-    torch numbers it (CUDA_VISIBLE_DEVICES applied); None where NVML is absent or unusable; a field None where
-    its query is not supported. Never raises."""
+    torch numbers it (CUDA_VISIBLE_DEVICES applied), and `nvml_device`: how NVML's device was found (by UUID,
+    PCI bus id, or only by index); None where NVML is absent or unusable; a field None where its query is not
+    supported. Never raises."""
     try:
         import pynvml
     except ImportError:
@@ -67,7 +73,8 @@ def gpu_state(index: int) -> dict | None:
     except Exception:
         return None
     try:
-        return nvml_state(pynvml, _handle(pynvml, index))
+        handle, how = nvml_device(pynvml, index)
+        return {**nvml_state(pynvml, handle), "nvml_device": how}
     except Exception:
         return None
     finally:
@@ -77,34 +84,81 @@ def gpu_state(index: int) -> dict | None:
             pass
 
 
-def _handle(nvml: Any, index: int) -> Any:
-    """NVML's handle of torch's CUDA device `index`. NVML numbers every GPU of the machine; CUDA only the visible
-    ones, in its own order: match by UUID where torch has CUDA up, else through a CUDA_VISIBLE_DEVICES list of
-    indices."""
-    for uuid in _uuids(index):
+def nvml_device(nvml: Any, index: int) -> tuple[Any, str]:
+    """NVML's handle of torch's CUDA device `index` and how it was found. NVML numbers every GPU of the machine,
+    CUDA only the visible ones in its own order (cuda:0 under CUDA_VISIBLE_DEVICES=3 is NVML's device 3), so the
+    device is matched by what both name alike: the UUID or PCI bus id torch reports (where torch has started CUDA
+    in this process), else the CUDA_VISIBLE_DEVICES entry (a UUID or its prefix, or an index), and NVML's index
+    `index` only when none of these is there; the returned sentence says which. Raises where NVML has no match."""
+    props = _cuda_properties(index)
+    for uuid in _uuids(props):
         try:
-            return nvml.nvmlDeviceGetHandleByUUID(uuid)
+            return nvml.nvmlDeviceGetHandleByUUID(uuid), f"UUID {uuid}"
         except Exception:
             continue
+    bus_id = _pci_bus_id(props)
+    if bus_id is not None:
+        try:
+            return nvml.nvmlDeviceGetHandleByPciBusId(bus_id), f"PCI bus id {bus_id}"
+        except Exception:
+            pass
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    if visible and all(v.isdigit() for v in visible) and index < len(visible):
-        index = int(visible[index])
-    return nvml.nvmlDeviceGetHandleByIndex(index)
+    entry = visible[index] if 0 <= index < len(visible) else None
+    if entry is not None and not entry.isdigit():
+        return _by_uuid_prefix(nvml, entry), f"UUID {entry} (CUDA_VISIBLE_DEVICES)"
+    nvml_index = int(entry) if entry is not None else index
+    source = f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}" if entry is not None else "torch's number"
+    why = "CUDA not started in this process" if props is None else "NVML knows neither torch's UUID nor its PCI bus id"
+    order = "" if os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" else (
+        "; right only if CUDA numbers the GPUs in PCI bus order as NVML does (CUDA_DEVICE_ORDER=PCI_BUS_ID)")
+    return nvml.nvmlDeviceGetHandleByIndex(nvml_index), f"index {nvml_index} ({source}; {why}){order}"
 
 
-def _uuids(index: int) -> list[str]:
-    """NVML's spellings of the UUID torch gives device `index` (torch's has no GPU-/MIG- prefix); none where
-    torch has not started CUDA in this process (starting it here would break a parent that forks workers)."""
+def _cuda_properties(index: int) -> Any:
+    """torch's properties of CUDA device `index`; None where torch has not started CUDA in this process
+    (starting it here would break a parent that forks workers, and hold memory on the GPU being measured)."""
     torch = sys.modules.get("torch")
     try:
         if torch is None or not torch.cuda.is_initialized():
-            return []
-        bare = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+            return None
+        return torch.cuda.get_device_properties(index)
     except Exception:
-        return []
+        return None
+
+
+def _uuids(props: Any) -> list[str]:
+    """NVML's spellings of the UUID in torch's properties (torch's has no GPU-/MIG- prefix)."""
+    bare = str(getattr(props, "uuid", "") or "")
     if not bare or bare.startswith(("GPU-", "MIG-")):
         return [bare] if bare else []
     return [f"GPU-{bare}", f"MIG-{bare}"]
+
+
+def _pci_bus_id(props: Any) -> str | None:
+    """NVML's domain:bus:device.function from torch's pci_domain_id, pci_bus_id and pci_device_id (CUDA's
+    pciDomainID, pciBusID, pciDeviceID); None where torch does not give them."""
+    parts = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    if not all(isinstance(part, int) and not isinstance(part, bool) for part in parts):
+        return None
+    return "{:08x}:{:02x}:{:02x}.0".format(*parts)
+
+
+def _by_uuid_prefix(nvml: Any, entry: str) -> Any:
+    """The NVML device a CUDA_VISIBLE_DEVICES UUID entry names: the full UUID, or the one device whose UUID it
+    begins (CUDA accepts a unique prefix)."""
+    try:
+        return nvml.nvmlDeviceGetHandleByUUID(entry)
+    except Exception:
+        pass
+    matches = []
+    for i in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        uuid = nvml.nvmlDeviceGetUUID(handle)
+        if (uuid.decode() if isinstance(uuid, bytes) else str(uuid)).startswith(entry):
+            matches.append(handle)
+    if len(matches) != 1:
+        raise LookupError(f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(matches)} NVML devices")
+    return matches[0]
 
 
 def throttle_reason(before: dict | None, after: dict | None) -> str | None:

@@ -1,5 +1,6 @@
 """The environment record's comparability facts: torch threads, the load average (runtime.contention's) and,
-per NVIDIA device, its SM clock, maximum SM clock and power limit (runtime.gpustate's NVML state)."""
+per NVIDIA device, its SM clock, maximum SM clock and power limit (runtime.gpustate's NVML state), its UUID and
+PCI bus id, and which torch CUDA index it is (matched as runtime.gpustate matches it)."""
 
 import os
 import sys
@@ -8,20 +9,19 @@ import types
 import torch
 
 from dattn_cli.runtime.envinfo import collect_environment, comparability_facts
-from tests.runtime.test_gpustate import fake_nvml
+from tests.runtime.test_gpustate import bus_id_of, cuda_started, fake_nvml, uuid_of
 
 
-def nvml_with_devices(fail: tuple[str, ...] = ()):
-    nvml = fake_nvml(fail=fail)
+def nvml_with_devices(fail: tuple[str, ...] = (), devices: int = 1):
+    nvml = fake_nvml(fail=fail, devices=devices)
 
     class NVMLError(Exception):
         pass
 
     nvml.NVMLError = NVMLError
     nvml.nvmlSystemGetDriverVersion = lambda: b"570.86"
-    nvml.nvmlDeviceGetCount = lambda: 1
-    nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=80 * 2**30, used=2**30)
     nvml.nvmlDeviceGetName = lambda h: "NVIDIA H100"
+    nvml.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=bus_id_of(h).encode())
     return nvml
 
 
@@ -44,3 +44,31 @@ def test_what_nvml_does_not_say_stays_empty(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", nvml_with_devices(fail=("nvmlDeviceGetEnforcedPowerLimit",)))
     device = collect_environment().nvidia_devices[0]
     assert device.power_limit_w is None and device.sm_clock_mhz == 1410
+
+
+def test_each_gpu_records_which_cuda_device_it_is_under_cuda_visible_devices(monkeypatch):
+    """NVML lists the machine's 4 GPUs; with CUDA_VISIBLE_DEVICES=3 torch's only device, cuda:0, is NVML's 3."""
+    monkeypatch.setitem(sys.modules, "pynvml", nvml_with_devices(devices=4))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cuda_started(monkeypatch, uuid=uuid_of(3).removeprefix("GPU-"))
+    devices = collect_environment().nvidia_devices
+    assert [(d.index, d.uuid, d.pci_bus_id, d.cuda_index) for d in devices] == [
+        (i, uuid_of(i), bus_id_of(i), 0 if i == 3 else None) for i in range(4)]
+    assert devices[3].cuda_match == f"UUID {uuid_of(3)}" and devices[0].cuda_match is None
+
+
+def test_without_cuda_started_the_match_is_by_index_and_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", nvml_with_devices(devices=4))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    devices = collect_environment().nvidia_devices
+    assert [d.cuda_index for d in devices] == [1, None, 0, None]
+    assert devices[2].cuda_match.startswith("index 2 (CUDA_VISIBLE_DEVICES=2,0; CUDA not started in this process)")
+
+
+def test_a_cpu_only_torch_gives_no_cuda_index(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", nvml_with_devices(devices=2))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert [d.cuda_index for d in collect_environment().nvidia_devices] == [None, None]

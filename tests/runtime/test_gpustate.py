@@ -1,5 +1,6 @@
-"""runtime.gpustate with a fake pynvml (decoding, failing queries, which device, throttle reasons) and the cache
-flusher on CPU (on CUDA where there is one)."""
+"""runtime.gpustate with a fake pynvml and fake torch.cuda device properties (decoding, failing queries, which
+NVML device is torch's: by UUID, PCI bus id, CUDA_VISIBLE_DEVICES; throttle reasons) and the cache flusher on CPU
+(on CUDA where there is one)."""
 
 import sys
 import types
@@ -9,40 +10,78 @@ import torch
 
 from dattn_cli.runtime import gpustate
 from dattn_cli.runtime.gpustate import CacheFlusher, cpu_cache_bytes, decode_reasons, gpu_state, throttle_reason
+from dattn_cli.runtime.measure import nvml_used_bytes
 
 EVENT_REASONS = "nvmlDeviceGetCurrentClocksEventReasons"
 
 
-def fake_nvml(mask: int = 0x4 | 0x1, fail: tuple[str, ...] = (), asked: list | None = None):
-    """A pynvml stand-in answering for one GPU; the functions named in `fail` raise; handle lookups go to `asked`."""
+def uuid_of(device: int) -> str:
+    return f"GPU-000{device}-5e7b-77"
+
+
+def bus_id_of(device: int) -> str:
+    return f"00000000:{0x18 + device:02X}:00.0"
+
+
+def fake_nvml(mask: int = 0x4 | 0x1, fail: tuple[str, ...] = (), asked: list | None = None, devices: int = 1):
+    """A pynvml stand-in answering for `devices` GPUs (handle = NVML index; device i: UUID uuid_of(i), PCI bus id
+    bus_id_of(i), temperature 70 + i, (i + 1) GiB used); the functions named in `fail` raise; handle lookups
+    go to `asked` as (function, argument)."""
     nvml = types.ModuleType("pynvml")
     asked = [] if asked is None else asked
+
+    def by_index(i):
+        if not 0 <= i < devices:
+            raise RuntimeError("invalid argument")
+        return i
+
+    def by_uuid(uuid):
+        return by_index(next((i for i in range(devices) if uuid_of(i) == uuid), -1))
+
+    def by_bus(bus):
+        domain, bus_number, rest = bus.split(":")
+        return by_index(int(bus_number, 16) - 0x18 if int(domain, 16) == 0 and rest == "00.0" else -1)
 
     def answer(name, value):
         def call(*args):
             if name in fail:
                 raise RuntimeError("not supported")
             if name.startswith("nvmlDeviceGetHandleBy"):
-                asked.append(args[0])
+                asked.append((name.removeprefix("nvmlDeviceGetHandleBy"), args[0]))
             return value(*args) if callable(value) else value
         return call
 
-    for name, value in {"nvmlInit": None, "nvmlShutdown": None, "nvmlDeviceGetHandleByIndex": "handle",
-                        "nvmlDeviceGetHandleByUUID": "handle",
+    for name, value in {"nvmlInit": None, "nvmlShutdown": None, "nvmlDeviceGetCount": devices,
+                        "nvmlDeviceGetHandleByIndex": by_index, "nvmlDeviceGetHandleByUUID": by_uuid,
+                        "nvmlDeviceGetHandleByPciBusId": by_bus, "nvmlDeviceGetUUID": uuid_of,
+                        "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(total=80 * 2**30, used=(h + 1) * 2**30),
                         "nvmlDeviceGetClockInfo": lambda h, kind: {1: 1410, 2: 1593}[kind],
                         "nvmlDeviceGetMaxClockInfo": lambda h, kind: {1: 1980, 2: 2619}[kind],
-                        "nvmlDeviceGetTemperature": 71, "nvmlDeviceGetPowerUsage": 412_000,
+                        "nvmlDeviceGetTemperature": lambda h, kind: 70 + h, "nvmlDeviceGetPowerUsage": 412_000,
                         "nvmlDeviceGetEnforcedPowerLimit": 700_000, EVENT_REASONS: mask,
                         "nvmlDeviceGetCurrentClocksThrottleReasons": 0x20}.items():
         setattr(nvml, name, answer(name, value))
     return nvml
 
 
+def cuda_started(monkeypatch, **properties):
+    """torch as if CUDA were up in this process, every device with these properties (uuid, pci_*_id)."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(**properties))
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_devices(monkeypatch):
+    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def test_state_and_reasons_decoded(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
-    assert gpu_state(0) == {"sm_clock_mhz": 1410, "mem_clock_mhz": 1593, "max_sm_clock_mhz": 1980,
-                            "temperature_c": 71, "power_w": 412.0, "power_limit_w": 700.0,
-                            "throttle_reasons": ["idle", "sw_power_cap"]}
+    state = gpu_state(0)
+    assert state.pop("nvml_device").startswith("index 0 (torch's number; CUDA not started in this process)")
+    assert state == {"sm_clock_mhz": 1410, "mem_clock_mhz": 1593, "max_sm_clock_mhz": 1980, "temperature_c": 70,
+                     "power_w": 412.0, "power_limit_w": 700.0, "throttle_reasons": ["idle", "sw_power_cap"]}
 
 
 def test_every_reason_bit_has_a_name_and_unknown_bits_keep_theirs():
@@ -70,32 +109,76 @@ def test_a_driver_without_event_reasons_falls_back_to_throttle_reasons(monkeypat
 
 
 @pytest.mark.parametrize("nvml", [None, fake_nvml(fail=("nvmlInit",)),
-                                  fake_nvml(fail=("nvmlDeviceGetHandleByIndex",))],
+                                  fake_nvml(devices=0)],
                          ids=["not-installed", "no-driver", "no-such-device"])
 def test_no_usable_nvml_is_none(monkeypatch, nvml):
     monkeypatch.setitem(sys.modules, "pynvml", nvml)  # None: `import pynvml` raises ImportError
     assert gpu_state(0) is None
 
 
-def test_the_device_is_cudas_not_nvmls_numbering(monkeypatch):
+def test_cuda_visible_devices_3_makes_cuda_0_nvml_device_3_by_uuid(monkeypatch):
+    """CUDA started: torch's UUID of cuda:0 is NVML device 3's, found without any index."""
     asked = []
-    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(asked=asked))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(asked=asked, devices=4))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    cuda_started(monkeypatch, uuid=uuid_of(3).removeprefix("GPU-"), pci_domain_id=0, pci_bus_id=0x18 + 3,
+                 pci_device_id=0)
+    state = gpu_state(0)
+    assert state["temperature_c"] == 73 and state["nvml_device"] == f"UUID {uuid_of(3)}"
+    assert asked == [("UUID", uuid_of(3))]
+    assert nvml_used_bytes(0) == 4 * 2**30
+
+
+def test_without_a_uuid_the_pci_bus_id_finds_the_device(monkeypatch):
+    asked = []
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(asked=asked, devices=4))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    cuda_started(monkeypatch, uuid="", pci_domain_id=0, pci_bus_id=0x18 + 3, pci_device_id=0)
+    state = gpu_state(0)
+    assert state["temperature_c"] == 73 and state["nvml_device"] == "PCI bus id 00000000:1b:00.0"
+    assert asked == [("PciBusId", "00000000:1b:00.0")]
+
+
+def test_a_uuid_nvml_does_not_know_falls_back_to_the_pci_bus_id(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(devices=4))
+    cuda_started(monkeypatch, uuid="ffff-0000", pci_domain_id=0, pci_bus_id=0x18 + 2, pci_device_id=0)
+    assert gpu_state(0)["temperature_c"] == 72
+
+
+def test_without_torch_ids_the_visible_devices_index_is_used_and_the_record_says_so(monkeypatch):
+    asked = []
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(asked=asked, devices=4))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
-    gpu_state(1)  # CUDA's device 1 is the machine's GPU 2
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5e7b,GPU-9a01")
-    gpu_state(1)  # UUIDs in the list, CUDA not started: NVML's index is the best guess left
-    assert asked == [2, 1]
+    state = gpu_state(1)  # CUDA not started here: no UUID or PCI bus id from torch
+    assert state["temperature_c"] == 72 and asked == [("Index", 2)]
+    assert state["nvml_device"] == ("index 2 (CUDA_VISIBLE_DEVICES=3,2; CUDA not started in this process); right "
+                                    "only if CUDA numbers the GPUs in PCI bus order as NVML does "
+                                    "(CUDA_DEVICE_ORDER=PCI_BUS_ID)")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert gpu_state(0)["nvml_device"] == "index 3 (CUDA_VISIBLE_DEVICES=3,2; CUDA not started in this process)"
+    assert nvml_used_bytes(0) == 4 * 2**30
 
 
-def test_with_cuda_started_the_device_is_found_by_its_uuid(monkeypatch):
-    asked = []
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="5e7b-77"))
-    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(asked=asked))
-    assert gpu_state(0) is not None and asked == ["GPU-5e7b-77"]
-    asked.clear()
-    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(asked=asked, fail=("nvmlDeviceGetHandleByUUID",)))
-    assert gpu_state(0) is not None and asked == [0]  # no UUID lookup: back to the index
+def test_torch_properties_without_ids_fall_back_to_the_index_and_say_why(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(devices=4))
+    cuda_started(monkeypatch, name="old torch: no uuid, no pci ids")
+    state = gpu_state(2)
+    assert state["temperature_c"] == 72
+    assert state["nvml_device"].startswith("index 2 (torch's number; NVML knows neither torch's UUID nor its PCI")
+
+
+@pytest.mark.parametrize("entry,device", [(uuid_of(2), 2), ("GPU-0003", 3)], ids=["full", "prefix"])
+def test_a_uuid_in_cuda_visible_devices_is_matched_by_uuid(monkeypatch, entry, device):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(devices=4))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{entry},GPU-0001")
+    state = gpu_state(0)
+    assert state["temperature_c"] == 70 + device and state["nvml_device"] == f"UUID {entry} (CUDA_VISIBLE_DEVICES)"
+
+
+def test_an_ambiguous_uuid_prefix_reads_no_device(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(devices=4))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-000")
+    assert gpu_state(0) is None and nvml_used_bytes(0) is None
 
 
 IDLE = {"throttle_reasons": ["idle", "applications_clocks", "display_clocks", "sync_boost"], "sm_clock_mhz": 345,
@@ -161,5 +244,6 @@ def test_the_real_gpu_state_has_every_field():
     if state is None:
         pytest.skip("NVML is not usable here")
     assert set(state) == {"sm_clock_mhz", "mem_clock_mhz", "max_sm_clock_mhz", "temperature_c", "power_w",
-                          "power_limit_w", "throttle_reasons"}
+                          "power_limit_w", "throttle_reasons", "nvml_device"}
+    assert state["nvml_device"].startswith(("UUID", "PCI bus id")), state["nvml_device"]
     assert isinstance(state["throttle_reasons"], list)
