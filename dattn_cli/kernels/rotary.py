@@ -8,14 +8,16 @@ import torch
 
 def apply_rotary(x: torch.Tensor, offset: int = 0, base: float = 10000.0) -> torch.Tensor:
     """x (B, N, H, D) with even D -> x rotated pairwise (first half, second half) by angle
-    (offset + position) · base^(-2i/D); computed in fp32 (fp64 for fp64 x, so a float64 model stays a float64
-    reference), returned in x's dtype."""
+    (offset + position) · base^(-2i/D); the rotation in fp32 (fp64 for fp64 x, so a float64 model stays a float64
+    reference), returned in x's dtype. The angles and their cos/sin are taken in fp64: in fp32 the angles at
+    position 10^6 are off by up to 0.02 rad and a position past 2^24 is not even an integer (a sequence shard far
+    into a long sequence has such offsets)."""
     n, d = x.shape[1], x.shape[-1]
     if d % 2:
         raise ValueError(f"rotary embeddings need an even head_dim, got {d}: use an even head_dim or rotary=False")
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-    inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=compute) / d)
-    angles = torch.outer(torch.arange(offset, offset + n, device=x.device, dtype=compute), inv_freq)
-    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+    inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float64) / d)
+    angles = torch.outer(torch.arange(offset, offset + n, device=x.device, dtype=torch.float64), inv_freq)
+    cos, sin = (f(angles).to(compute)[None, :, None, :] for f in (torch.cos, torch.sin))
     x1, x2 = x.to(compute).chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)

@@ -82,3 +82,13 @@ def test_a_bad_position_offset_is_one_clear_error(bad):
     tokens, _ = lw.inputs(0)
     with pytest.raises(ValueError, match=r"position_offset must be a non-negative integer, got .*: pass the position"):
         model(tokens, position_offset=bad)
+
+
+@pytest.mark.parametrize("offset", [10**6, 2**24 + 1])
+def test_a_shard_far_into_the_sequence_keeps_its_rotary_angles_in_float32(offset):
+    """fp32 angles at these positions are off by 0.02 rad and by a whole radian (2^24 + 1 is no fp32 integer);
+    the rotation stays within fp32 rounding of the float64 one."""
+    from dattn_cli.kernels.rotary import apply_rotary
+
+    x = torch.randn(1, 8, 2, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert rel_err(apply_rotary(x.float(), offset), apply_rotary(x, offset)) <= 1e-6
