@@ -35,21 +35,17 @@ def test_resume_refuses_points_measured_with_other_settings(tmp_path, setting, f
 
 def test_resume_refuses_points_measured_with_other_torch_threads(tmp_path):
     out = tmp_path / "r.jsonl"
-    threads = torch.get_num_threads()
-    run_sweep(sweep(256), out=out, runner=Runner())
-    try:
-        torch.set_num_threads(threads + 1)
-        with pytest.raises(ValueError, match="torch threads"):
-            run_sweep(sweep(256, 512), out=out, resume=True, runner=Runner())
-    finally:
-        torch.set_num_threads(threads)
+    first = sweep(256)
+    run_sweep(first, out=out, runner=Runner())
+    with pytest.raises(ValueError, match="--threads"):
+        run_sweep(sweep(256, 512, threads=first.threads + 1), out=out, resume=True, runner=Runner())
 
 
 def test_rows_record_their_settings_and_the_same_settings_resume(tmp_path):
     out = tmp_path / "r.jsonl"
     run_sweep(sweep(256, repeat=2, seed=3), out=out, runner=Runner())
     row = read_rows(out)[0]
-    assert (row.repeat, row.warmup, row.seed, row.max_memory, row.threads) == (2, 0, 3, 2**30, torch.get_num_threads())
+    assert (row.repeat, row.warmup, row.seed, row.max_memory, row.threads) == (2, 0, 3, 2**30, sweep(256).threads)
     runner = Runner()
     run_sweep(sweep(256, 512, repeat=2, seed=3), out=out, resume=True, runner=runner)
     assert runner.calls == [512]
