@@ -20,6 +20,8 @@ import statistics
 import time
 from typing import Any, Callable
 
+from ..kernels.distributed.sharding import padding_mask
+from ..kernels.registry import shard_call_options, shard_length
 from ..runtime.limits import address_space_capped, cap_address_space
 from ..runtime.timings import median_ci_pct, relative_iqr
 from ..runtime.measure import (nvml_used_bytes, peak_rss_bytes, quantile, reset_peak_rss, return_freed_memory,
@@ -67,8 +69,7 @@ def _stepper(sweep: Sweep, problem: Problem, group: Any, flush: ColdCache) -> tu
     on every rank); and the module. `flush` runs before each call (ColdCache)."""
     import torch
 
-    world = 1 if group is None else torch.distributed.get_world_size(group)
-    call = build_call(problem, problem.seq_len // world)
+    call = build_call(problem, *_shard(problem, group))
 
     def step() -> float:
         inputs = call.make_inputs()  # fresh random inputs for every call, outside the timed region
@@ -95,6 +96,21 @@ def _stepper(sweep: Sweep, problem: Problem, group: Any, flush: ColdCache) -> tu
             seconds = time.perf_counter() - t0
         return seconds if group is None else _slowest(seconds, group)
     return step, call.module
+
+
+def _shard(problem: Problem, group: Any) -> tuple[int, dict]:
+    """This rank's shard length and call options: the sequence padded at the end to the length the
+    implementation can split (registry.shard_length), the padding masked (kernels/distributed/sharding.py)."""
+    if group is None:
+        return problem.seq_len, {}
+    import torch
+
+    rank, world = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
+    length = shard_length(problem, world)
+    if world * length == problem.seq_len:
+        return length, {}
+    mask = padding_mask(problem.batch, problem.seq_len, rank, length, problem.device)
+    return length, shard_call_options(problem, mask)
 
 
 def _slowest(seconds: float, group: Any) -> float:

@@ -20,6 +20,7 @@ from .multihead import (
 from .pool import MemoryPool, get_global_memory_pool, reset_global_memory_pool
 from .reference import block_sparse_reference, dilated_attention_reference
 from .distributed.ring import RingDilatedAttention
+from .distributed.sharding import gather_sequence, padded_length, shard_sequence
 from .registry import (
     REGISTRY,
     ImplSpec,
@@ -59,6 +60,9 @@ __all__ = [
     "get_implementation",
     "create_dilated_attention",
     "create_multihead_dilated_attention",
+    "shard_sequence",
+    "gather_sequence",
+    "padded_length",
 ]
 
 load_plugins()  # implementations registered outside dattn (DATTN_PLUGINS, entry points)

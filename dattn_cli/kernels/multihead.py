@@ -107,9 +107,11 @@ class MultiheadDilatedAttention(nn.Module):
         need_weights: bool = False,
         attn_mask: torch.Tensor | None = None,
         position_offset: int = 0,
+        seq_len: int | None = None,
     ) -> tuple[torch.Tensor, None]:
         """query, key, value: (batch, seq_len, embed_dim) -> (out (batch, seq_len, embed_dim), None).
-        position_offset: the position of the first row (a sequence shard), for rotary embeddings."""
+        position_offset: the position of the first row (a sequence shard), for rotary embeddings.
+        seq_len: for a block-sparse core over shards that shard_sequence padded, the length before padding."""
         if attn_mask is not None:
             raise NotImplementedError(
                 "attn_mask is not supported by dilated attention: use is_causal=True for causal masking "
@@ -124,7 +126,8 @@ class MultiheadDilatedAttention(nn.Module):
         q, k, v = (x.unflatten(-1, (self.num_heads, self.head_dim)) for x in self._project(query, key, value))
         if self.rotary:
             q, k = apply_rotary(q, position_offset), apply_rotary(k, position_offset)
-        out = self.attention(q, k, v, is_causal=is_causal, key_padding_mask=key_padding_mask).flatten(2)
+        real = {} if seq_len is None else {"seq_len": seq_len}  # only block-sparse cores take it
+        out = self.attention(q, k, v, is_causal=is_causal, key_padding_mask=key_padding_mask, **real).flatten(2)
         if self.norm is not None:
             out = self.norm(out)
         return self.out_proj(out), None

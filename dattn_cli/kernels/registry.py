@@ -29,7 +29,7 @@ from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .distributed.allgather import DistributedImprovedDilatedAttention
 from .distributed.head_parallel import HeadParallelDilatedAttention
 from .distributed.ring import RingDilatedAttention
-from .distributed.sequence_parallel import shard_plan
+from .distributed.sharding import padded_length
 from .multihead import (
     BlockSparseRingMultiheadDilatedAttention,
     ImprovedMultiheadDilatedAttention,
@@ -64,38 +64,59 @@ def block_sparse_pairs(w: Any) -> int:
     return table_pairs(pattern.table(w.seq_len, w.heads), w.seq_len, pattern.block_size, w.causal) * w.batch * w.heads
 
 
-# --- shard rules: why a problem cannot be split over `world` contiguous sequence shards, or None ---
+# --- shards: how many positions each of `world` ranks holds, and why a problem cannot be split -------
+def shard_length(w: Any, world: int) -> int:
+    """L, the positions each of `world` ranks holds for w's implementation: ceil(N/p), or more where its
+    shards must align with the segments (ring, all-gather) or with blocks (block-sparse); the sequence is
+    padded at the end to world·L and the padding masked (distributed/sharding.py)."""
+    spec = REGISTRY[w.impl]
+    if spec.block_sparse:
+        return padded_length(w.seq_len, world, block_size=w.block_size) // world
+    if spec.strategy in ("ring", "allgather"):
+        return padded_length(w.seq_len, world, w.segment_lengths) // world
+    return padded_length(w.seq_len, world) // world
+
+
+def shard_call_options(w: Any, key_padding_mask: Any) -> dict[str, Any]:
+    """Keywords of a module call on a shard of shard_length: the key padding mask (the padding's, with the
+    caller's own), and for block-sparse modules the length before padding (their block table is its)."""
+    options = {"key_padding_mask": key_padding_mask}
+    if REGISTRY[w.impl].block_sparse and key_padding_mask is not None:
+        options["seq_len"] = w.seq_len
+    return options
+
+
+# Shard rules: why a problem cannot be split over `world` contiguous shards, or None. Padding (shard_length)
+# takes any N over any p; refused are heads that do not split, and padding that would more than
+# MAX_PADDING-fold the sequence (segments with a large lcm and no divisor near N/p: mostly padding computed).
+MAX_PADDING = 4
+
+
+def _padding(w: Any, world: int, what: str) -> str | None:
+    padded = shard_length(w, world) * world
+    if padded > MAX_PADDING * w.seq_len:
+        return (f"N={w.seq_len} over {world} ranks pads to {padded} positions to align shards with {what}, "
+                f"over {MAX_PADDING}x N: choose N, p or {what} so that N/p is near a multiple or divisor of each")
+    return None
+
+
 def even_shards(w: Any, world: int) -> str | None:
-    if w.seq_len % world:
-        return f"N={w.seq_len} is not divisible by {world} ranks"
     return None
 
 
 def segment_aligned_shards(w: Any, world: int) -> str | None:
-    if problem := even_shards(w, world):
-        return problem
-    if world > 1:
-        try:
-            shard_plan(w.seq_len, world, 0, w.heads, w.segment_lengths, w.dilation_rates, "longnet", w.impl)
-        except ValueError as exc:
-            return str(exc)
-    return None
+    return _padding(w, world, "the segment lengths")
 
 
 def head_shards(w: Any, world: int) -> str | None:
-    if problem := even_shards(w, world):
-        return problem
+    # heads cannot be padded: head_groups assigns pairs by H, so extra heads would change the real heads' pattern
     if w.heads % world:
         return f"{w.heads} heads are not divisible by {world} ranks"
     return None
 
 
 def block_aligned_shards(w: Any, world: int) -> str | None:
-    if problem := even_shards(w, world):
-        return problem
-    if world > 1 and (w.seq_len // world) % w.block_size:
-        return f"N/p = {w.seq_len // world} is not a multiple of the block size {w.block_size}"
-    return None
+    return _padding(w, world, "the block size")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Verification of distributed implementations: each rank computes its shard, the caller compares
 the concatenation with the single-process reference on the whole sequence.
 
-Core modules: out, lse and dq/dk/dv shards are concatenated. Multihead modules (same weights on every
+Any N over any p: each rank takes its shard of the sequence padded at the end, the padding masked
+(kernels/distributed/sharding.py), and the padding is cut off the concatenation. Core modules: out, lse and
+dq/dk/dv shards are concatenated. Multihead modules (same weights on every
 rank, as under DDP): out and dx shards are concatenated, and the ranks' parameter gradients are summed
 (what DDP's all-reduce would do) before the comparison. Every check has its own seed, so a rank and the
 caller draw the same inputs and weights.
@@ -13,7 +15,8 @@ from typing import Any
 
 import torch
 
-from ..kernels.registry import REGISTRY
+from ..kernels.distributed.sharding import join_shards, rank_shard
+from ..kernels.registry import REGISTRY, shard_call_options, shard_length
 from ..runtime.launch import run_distributed
 from ..workload.build import build_module
 from ..workload.problem import Problem
@@ -25,32 +28,37 @@ from .weights import seeded_multihead
 
 
 def rank_outputs(rank: int, world: int, jobs: list[tuple[dict, int]]) -> list[dict]:
-    """Runs on every rank: for each (problem, seed), this rank's shards and its comm_stats()."""
+    """Runs on every rank: for each (problem, seed), this rank's shards and its comm_stats(). The sequence is
+    padded at the end to the shard length the implementation needs (registry.shard_length), the padding
+    masked; `seq_len` in each result tells `combine` where the real sequence ends."""
     results = []
     for data, seed in jobs:
         p = Problem.model_validate(data)
         dtype = DTYPES[p.dtype]
-        length = p.seq_len // world
-        shard = slice(rank * length, (rank + 1) * length)
+        length = shard_length(p, world)
         inputs, upstream = draw_inputs(p, torch.Generator().manual_seed(seed))
+        shards = [rank_shard(x, rank, world, length)[0] for x in inputs]
+        upstream, mask = rank_shard(upstream, rank, world, length)
+        options = shard_call_options(p, mask)
         if p.spec.kind == "multihead":
             module = seeded_multihead(p, seed, torch.float64).to(dtype)
-            result = multihead_outputs(module, inputs[0][:, shard].to(dtype), upstream[:, shard], p.causal)
+            result = multihead_outputs(module, shards[0].to(dtype), upstream, p.causal, **options)
         else:
             module = build_module(p)
-            xs = [x[:, shard].to(dtype).clone().requires_grad_() for x in inputs]
-            result = core_outputs(lambda q, k, v: module.forward_with_lse(q, k, v, p.causal), xs, upstream[:, shard])
-        results.append({**result, "comm": module.comm_stats()})
+            xs = [x.to(dtype).clone().requires_grad_() for x in shards]
+            result = core_outputs(lambda q, k, v: module.forward_with_lse(q, k, v, p.causal, **options), xs, upstream)
+        results.append({**result, "comm": module.comm_stats(), "seq_len": p.seq_len})
     return results
 
 
 def combine(multihead: bool, per_rank: list[list[dict]], job: int) -> dict[str, torch.Tensor]:
-    """The whole-sequence result of job `job` from the ranks' shards."""
+    """The whole-sequence result of job `job` from the ranks' shards, the padding cut off."""
+    seq_len = per_rank[0][job]["seq_len"]
+    keys = ("out", "dx") if multihead else CORE_KEYS
+    got = {k: join_shards([r[job][k] for r in per_rank], seq_len) for k in keys}
     if multihead:
-        got = {k: torch.cat([r[job][k] for r in per_rank], dim=1) for k in ("out", "dx")}
         got["dparams"] = torch.stack([r[job]["dparams"] for r in per_rank]).sum(0)
-        return got
-    return {k: torch.cat([r[job][k] for r in per_rank], dim=1) for k in CORE_KEYS}
+    return got
 
 
 def reference_of(p: Problem, seed: int) -> Reference:

@@ -37,10 +37,12 @@ def core_outputs(call: Callable[..., tuple[torch.Tensor, torch.Tensor]], inputs:
     return {"out": out.detach(), "lse": lse.detach(), "dq": dq, "dk": dk, "dv": dv}
 
 
-def multihead_outputs(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor, causal: bool) -> dict[str, torch.Tensor]:
-    """Self-attention of x: out, and the gradients of x and of every parameter under `upstream`."""
+def multihead_outputs(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor, causal: bool,
+                      **options) -> dict[str, torch.Tensor]:
+    """Self-attention of x: out, and the gradients of x and of every parameter under `upstream`; `options` go
+    to the call (a padded shard's key_padding_mask)."""
     x = x.clone().requires_grad_()
-    out, _ = module(x, x, x, is_causal=causal)
+    out, _ = module(x, x, x, is_causal=causal, **options)
     grads = _grads(out, [x, *module.parameters()], upstream)
     return {"out": out.detach(), "dx": grads[0], "dparams": torch.cat([g.flatten().double() for g in grads[1:]])}
 

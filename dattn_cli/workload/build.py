@@ -75,18 +75,20 @@ def make_inputs(p: Problem, length: int | None = None, *, generator: torch.Gener
     return randn(), randn(), randn()
 
 
-def build_call(p: Problem, length: int | None = None) -> Call:
-    """Module, input maker and call of one measured point (`length`: this rank's shard of N)."""
+def build_call(p: Problem, length: int | None = None, options: dict | None = None) -> Call:
+    """Module, input maker and call of one measured point (`length`: this rank's shard of N; `options`: keywords
+    of every call, e.g. the key_padding_mask of a padded shard)."""
     if p.target != "attention":
         return _layer_call(p) if p.target == "layer" else _model_call(p)
     device, dtype = torch.device(p.device), getattr(torch, p.dtype)
     module = build_module(p, device=device, dtype=dtype).to(device)
+    options = options or {}
     if p.spec.kind == "multihead":
         def run(q, k, v):
-            return module(q, k, v, is_causal=p.causal)[0]
+            return module(q, k, v, is_causal=p.causal, **options)[0]
     else:
         def run(q, k, v):
-            return module(q, k, v, is_causal=p.causal)
+            return module(q, k, v, is_causal=p.causal, **options)
     return Call(module, lambda: make_inputs(p, length), run)
 
 

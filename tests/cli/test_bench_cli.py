@@ -213,9 +213,13 @@ def test_bench_world_size_measures_ranks_and_counts_bytes(tmp_path, capsys):
     for row, strategy in zip(ok, ("ring", "allgather")):
         per_rank = comm_volume(strategy, 256, 2, 1, 2, 16, 4, [64, 256], [1, 2])
         assert row.comm_bytes_sent == max(c["forward_bytes_sent"] + c["backward_bytes_sent"] for c in per_rank)
-    # N=384: shards of 192 split the 256-segments unevenly: a row that says so, not a crash
-    skipped = [r for r in rows if r.seq_len == 384]
-    assert all(r.status == "skipped" and "neither divides nor is a multiple" in r.reason for r in skipped)
+    # N=384: shards of 192 would split the 256-segments unevenly, so each rank holds 256 of the sequence padded
+    # to 512 (the padding masked): measured, its bytes those of the padded length with the mask
+    padded = [r for r in rows if r.seq_len == 384]
+    assert len(padded) == 2 and all(r.status == "ok" for r in padded)
+    for row, strategy in zip(padded, ("ring", "allgather")):
+        per_rank = comm_volume(strategy, 512, 2, 1, 2, 16, 4, [64, 256], [1, 2], with_mask=True)
+        assert row.comm_bytes_sent == max(c["forward_bytes_sent"] + c["backward_bytes_sent"] for c in per_rank)
 
 
 def test_bench_world_size_refuses_single_device_impls(capsys):

@@ -142,10 +142,11 @@ def test_verify_your_configuration_says_what_it_skips_and_warns(tmp_path, capsys
 
 
 def test_verify_your_configuration_names_shard_rules(capsys):
-    code, _, err = run_cli(["verify", "--seq-len", "100", "--segments", "32,64", "--dilations", "1,2", "--heads", "2",
-                            "--impl", "RingDilatedAttention", "--world-size", "2"], capsys)
+    # N/p and the segments no longer refuse a case (the sequence is padded); heads that do not split still do
+    code, _, err = run_cli(["verify", "--seq-len", "100", "--segments", "32,64", "--dilations", "1,2", "--heads", "3",
+                            "--impl", "HeadParallelDilatedAttention", "--world-size", "2"], capsys)
     assert code == 2
-    assert "nothing to check: RingDilatedAttention p=2, case 'your configuration': segment length 32" in err
+    assert "nothing to check: HeadParallelDilatedAttention p=2, case 'your configuration': 3 heads are not divisible" in err
 
 
 def test_builtin_matrix_keeps_its_uncovered_rows_out_of_the_output(tmp_path, capsys):

@@ -11,7 +11,9 @@ Two executors, chosen per call and reported by `describe()`:
            autograd boundary (gather.py).
 
 With a process group, the ring form (ring.py): each rank holds a contiguous shard of blocks and
-receives exactly the key blocks its queries use; it runs on the gather executor.
+receives exactly the key blocks its queries use; it runs on the gather executor. Any N over any p:
+shard_sequence(x, group, block_size=...) pads the sequence and masks the padding; the call's seq_len=N
+keeps the block table the real sequence's (blocks of padding only attend nothing).
 """
 
 from __future__ import annotations
@@ -155,47 +157,77 @@ class BlockSparseRingDilatedAttention(AttentionCore):
 
     def forward_with_lse(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None,
+        *, key_padding_mask: torch.Tensor | None = None, seq_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(out, lse) of this rank's shard (the whole sequence without a process group)."""
-        return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=True)
+        return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=True, seq_len=seq_len)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None,
+        *, key_padding_mask: torch.Tensor | None = None, seq_len: int | None = None,
     ) -> torch.Tensor:
-        """q, k, v: (batch, seq_len, heads, head_dim) (a shard of N/p in the ring form) -> out, same shape."""
-        return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=False)[0]
+        """q, k, v: (batch, seq_len, heads, head_dim) (a shard of N/p in the ring form) -> out, same shape.
+        seq_len: the sequence's length before shard_sequence padded it (the block table is that length's;
+        the padding must be masked by key_padding_mask); default: all positions are real."""
+        return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=False, seq_len=seq_len)[0]
 
-    def _forward(self, q, k, v, is_causal, key_padding_mask, need_lse):
+    def _real_length(self, seq_len: int | None, padded: int, masked: bool) -> int:
+        if seq_len is None:
+            return padded
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= padded:
+            raise ValueError(f"seq_len={seq_len!r} is not within the {padded} positions of the shards: pass the "
+                             "sequence length before padding")
+        if seq_len < padded and not masked:
+            raise ValueError(f"seq_len={seq_len} leaves {padded - seq_len} padded positions unmasked: pass the "
+                             "key_padding_mask shard_sequence returned")
+        return seq_len
+
+    def _padded_table(self, seq_len: int, padded: int, num_heads: int) -> torch.Tensor:
+        """The block table of the real sequence, grown to the padded one's blocks: a block of padding only
+        attends nothing and is attended by nothing (the ragged last real block keeps its row)."""
+        table = self.block_table(seq_len, num_heads)
+        blocks = self.pattern.num_blocks(padded)
+        if blocks == table.shape[0]:
+            return table
+
+        def grow() -> torch.Tensor:
+            grown = torch.zeros(blocks, blocks, dtype=torch.bool)
+            grown[: table.shape[0], : table.shape[0]] = table
+            return grown
+        return self.cached(("padded_block_table", self.pattern, seq_len, padded, num_heads), grow)
+
+    def _forward(self, q, k, v, is_causal, key_padding_mask, need_lse, seq_len=None):
         check_qkv(q, k, v)
         batch, shard, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, shard, q.device)
         rank, world = group_rank_size(self.process_group)
-        seq_len = shard * world
+        padded = shard * world
         if world > 1 and shard % self.block_size:
             raise ValueError(
                 f"{type(self).__name__}: the shard length N/p = {shard} is not a multiple of block_size="
-                f"{self.block_size}: use N divisible by p * block_size, or a block_size dividing {shard}"
+                f"{self.block_size}: pad with shard_sequence(x, group, block_size={self.block_size}), or use N "
+                f"divisible by p * block_size"
             )
+        seq_len = self._real_length(seq_len, padded, key_padding_mask is not None)
         self.last_shape = (seq_len, num_heads)
-        table = self.block_table(seq_len, num_heads)
+        table = self._padded_table(seq_len, padded, num_heads)
         need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
         executor, reason = self._choose_executor(q, world, need_grad, need_lse, key_padding_mask is not None)
         self.last_executor = (executor, reason)
         if executor == "flex":
             self.last_backend = ("flex_attention", "FlexAttention computes the whole pattern in one kernel")
-            mask = self.cached(("flex_block_mask", self.pattern, seq_len, num_heads, bool(is_causal), str(q.device)),
-                               lambda: flex_block_mask(table, seq_len, self.block_size, is_causal, q.device))
+            key = ("flex_block_mask", self.pattern, seq_len, padded, num_heads, bool(is_causal), str(q.device))
+            mask = self.cached(key, lambda: flex_block_mask(table, padded, self.block_size, is_causal, q.device))
             scale = q.shape[-1] ** -0.5 if self.scale is None else float(self.scale)
             return flex_forward(q, k, v, mask, scale, need_lse=need_lse)
         if world > 1:
-            config = f"{self.pattern}|{is_causal}|{key_padding_mask is not None}|{self.dropout}|{self.training}"
+            config = (f"{self.pattern}|{seq_len}|{is_causal}|{key_padding_mask is not None}|{self.dropout}|"
+                      f"{self.training}")
             check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device)
             self.stats.call()
         backend, call, pool = self.prepare_call(q, is_causal, key_padding_mask is not None)
-        plan = self.cached(("block_plan", self.pattern, seq_len, num_heads, bool(is_causal), rank, world, str(q.device)),
-                           lambda: plan_rank(table, seq_len, self.block_size, rank, world, is_causal, q.device))
+        key = ("block_plan", self.pattern, seq_len, padded, num_heads, bool(is_causal), rank, world, str(q.device))
+        plan = self.cached(key, lambda: plan_rank(table, padded, self.block_size, rank, world, is_causal, q.device))
         self.last_plan = plan
         exchange = BlockSparseExchange(plan, self.block_size, self.process_group, self.stats)
         engine = BlockAttention([], ViewAccess(pool), backend, call, pool, exchange)
@@ -210,15 +242,17 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         return self.stats.snapshot()
 
     def comm_volume(self, seq_len: int, num_heads: int, head_dim: int, batch: int, element_size: int,
-                    is_causal: bool = False, masked: bool = False) -> dict[str, int]:
+                    is_causal: bool = False, masked: bool = False, padded_len: int | None = None) -> dict[str, int]:
         """Bytes each rank sends and receives per forward and backward call: exactly the K/V rows (and
-        key-mask values) of the blocks other ranks' queries use, and their dK/dV shares back."""
+        key-mask values) of the blocks other ranks' queries use, and their dK/dV shares back.
+        padded_len: the padded length of the shards (shard_sequence), padding rows included; default seq_len."""
         rank, world = group_rank_size(self.process_group)
         if world == 1:
             return {"forward_bytes_sent": 0, "forward_bytes_received": 0, "backward_bytes_sent": 0,
                     "backward_bytes_received": 0}
-        plan = plan_rank(self.block_table(seq_len, num_heads), seq_len, self.block_size, rank, world, is_causal,
-                         torch.device("cpu"))
+        padded = seq_len if padded_len is None else padded_len
+        plan = plan_rank(self._padded_table(seq_len, padded, num_heads), padded, self.block_size, rank, world,
+                         is_causal, torch.device("cpu"))
         per_row = batch * (2 * num_heads * head_dim) * element_size
         mask_row = batch * element_size if masked else 0
         sent_rows = sum(rows.numel() for rows in plan.send.values())

@@ -1,0 +1,175 @@
+"""Any N over any p ranks: the sequence padded at the end to N' = p·L, each rank's shard of L positions
+with the key padding mask of its positions, and the whole sequence gathered back without the padding.
+
+The distributed modules take equal shards, and the sequence-parallel ones (ring, all-gather) need every
+segment length ŵ = min(w, N') to divide L or be a multiple of it; the block-sparse ring needs L to be a
+multiple of block_size. `padded_length` picks the smallest N' = p·L with L >= ceil(N/p) that satisfies
+those, and padding at the end keeps the result exact (docs/communication.md, "Any N, any p"):
+
+* segments start at multiples of w and every real position is < N. If w < N the real positions' segments,
+  in-segment indices and kept rows are those of the unpadded sequence; if w >= N the first segment holds
+  every real position, padded or not, at the same in-segment indices;
+* the padded keys are masked (True = ignore, the modules' `key_padding_mask` convention), so they take
+  part in no softmax; padded queries give rows that are cut off again (`gather_sequence`, `join_shards`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..validation import check_key_padding_mask
+from .comm import check_consistent, group_rank_size
+
+
+def _positive(name: str, value, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}: {fix}")
+    return value
+
+
+def _check_lengths(segment_lengths: Sequence[int] | None, block_size: int | None) -> tuple[tuple[int, ...], int]:
+    segments = tuple(segment_lengths or ())
+    for w in segments:
+        _positive("segment_lengths", w, "pass the module's segment lengths, e.g. [2048, 4096]")
+    step = 1 if block_size is None else _positive("block_size", block_size, "pass the module's block_size, e.g. 128")
+    return segments, step
+
+
+def _fits(length: int, world: int, segments: tuple[int, ...], step: int) -> bool:
+    """Shards of `length` align with every segment (ŵ divides L or is a multiple of it) and with blocks."""
+    if length % step:
+        return False
+    spans = (min(w, world * length) for w in segments)
+    return all(length % span == 0 or span % length == 0 for span in spans)
+
+
+def _divisors(n: int) -> set[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return set(small) | {n // d for d in small}
+
+
+def padded_length(seq_len: int, world: int, segment_lengths: Sequence[int] | None = None,
+                  block_size: int | None = None) -> int:
+    """N' = world·L: the smallest L >= ceil(seq_len/world) whose shards align with every segment length and
+    with block_size (each optional). One rank (world = 1) takes any N unpadded.
+
+    L either divides some mid-length segment (L < ŵ < p·L), or no segment is of mid length and L is the
+    smallest multiple of lcm(block_size, the segments <= L) above the target: those candidates hold the
+    optimum (no search over every integer, which a large lcm would make endless)."""
+    _positive("seq_len", seq_len, "pass the sequence length before padding")
+    _positive("world", world, "pass the number of ranks")
+    segments, step = _check_lengths(segment_lengths, block_size)
+    if world == 1:
+        return seq_len
+    target = -(-seq_len // world)
+    ordered = sorted(set(segments))
+    candidates = set()
+    for k in range(len(ordered) + 1):  # segments <= L: the k shortest
+        multiple = math.lcm(step, *ordered[:k])
+        low = max(target, ordered[k - 1] if k else 1)
+        candidates.add(-(-low // multiple) * multiple)
+    for w in ordered:
+        candidates.update(d for d in _divisors(w) if d >= target)
+    return world * min(length for length in candidates if _fits(length, world, segments, step))
+
+
+def padding_mask(batch: int, seq_len: int, rank: int, length: int, device=None) -> torch.Tensor:
+    """(batch, length) bool of rank `rank`'s shard: True at the padded positions (>= seq_len)."""
+    positions = torch.arange(rank * length, (rank + 1) * length, device=device)
+    return (positions >= seq_len).expand(batch, length)
+
+
+def _sequence_dim(x, dim: int) -> int:
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x has shape {shape}: pass a tensor (batch, seq_len, ...) with the sequence at dim")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim={dim!r} is not a dimension of x with shape {tuple(x.shape)}: pass the sequence "
+                         "dimension (1 for (batch, seq_len, ...))")
+    dim %= x.dim()
+    if dim == 0:
+        raise ValueError(f"dim=0 is the batch dimension of x with shape {tuple(x.shape)}: put the batch first and "
+                         "pass the sequence dimension (dim >= 1)")
+    return dim
+
+
+def rank_shard(x: torch.Tensor, rank: int, world: int, length: int, *, dim: int = 1,
+               key_padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rank `rank`'s `length` positions of x padded with zeros at the end to world·length, and the key padding
+    mask of those positions (True = ignore): the user's `key_padding_mask` (batch, N), if any, with the
+    padding added; None when nothing is padded and no mask is given (the same on every rank).
+    Differentiable in x."""
+    dim = _sequence_dim(x, dim)
+    seq_len = x.shape[dim]
+    _positive("length", length, "use padded_length(N, world, ...) // world")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+        raise ValueError(f"rank={rank!r} is not a rank of {world}: pass 0 .. {world - 1}")
+    if world * length < seq_len:
+        raise ValueError(f"length={length}: {world} shards of {length} hold fewer than the N={seq_len} positions of "
+                         f"x; use padded_length(N, world, ...) // world")
+    check_key_padding_mask(key_padding_mask, x.shape[0], seq_len, x.device)
+    start = min(rank * length, seq_len)
+    real = min((rank + 1) * length, seq_len) - start
+    shard = x.narrow(dim, start, real)
+    if real < length:
+        pad = list(x.shape)
+        pad[dim] = length - real
+        shard = torch.cat([shard, x.new_zeros(pad)], dim=dim)
+    if key_padding_mask is not None:
+        mask = key_padding_mask.narrow(1, start, real)
+        mask = torch.cat([mask, mask.new_ones(x.shape[0], length - real)], dim=1)
+    elif world * length > seq_len:
+        mask = padding_mask(x.shape[0], seq_len, rank, length, x.device)
+    else:
+        mask = None
+    return shard.contiguous(), mask if mask is None else mask.contiguous()
+
+
+def shard_sequence(
+    x: torch.Tensor, group=None, *, segment_lengths: Sequence[int] | None = None, block_size: int | None = None,
+    dim: int = 1, key_padding_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """This rank's shard of the whole sequence x, for a distributed module over `group` (default: the world),
+    and the key padding mask of its positions to pass the module as `key_padding_mask`.
+
+    segment_lengths: a ring or all-gather module's (shards must align with its segments); block_size: a
+    block-sparse module's. The sequence is padded at the end to padded_length(N, p, ...) = p·L; the mask marks
+    the padding (and `key_padding_mask`'s own True entries, a bool (batch, N) of the whole sequence). It is
+    None when nothing is padded and no mask is given. Gather the outputs with gather_sequence(out, N, group)."""
+    rank, world = group_rank_size(group)
+    dim = _sequence_dim(x, dim)
+    length = padded_length(x.shape[dim], world, segment_lengths, block_size) // world
+    return rank_shard(x, rank, world, length, dim=dim, key_padding_mask=key_padding_mask)
+
+
+def join_shards(shards: Sequence[torch.Tensor], seq_len: int, dim: int = 1) -> torch.Tensor:
+    """The ranks' shards, in rank order, as the whole sequence of `seq_len` positions (the padding cut off)."""
+    if not shards:
+        raise ValueError("shards is empty: pass every rank's shard, in rank order")
+    dim = _sequence_dim(shards[0], dim)
+    total = sum(s.shape[dim] for s in shards)
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= total:
+        raise ValueError(f"seq_len={seq_len!r} is not within the {total} positions of the {len(shards)} shards: pass "
+                         "the length before padding (the sequence length given to shard_sequence)")
+    return torch.cat(list(shards), dim=dim).narrow(dim, 0, seq_len)
+
+
+def gather_sequence(shard: torch.Tensor, seq_len: int, group=None, dim: int = 1) -> torch.Tensor:
+    """The whole sequence from every rank's shard (all-gathered over `group`, default the world), without
+    the padding shard_sequence added: `seq_len` is the length before padding. Every rank gets it.
+    Not differentiable: train on the shards (each rank's loss on its own positions)."""
+    _, world = group_rank_size(group)
+    dim = _sequence_dim(shard, dim)
+    _positive("seq_len", seq_len, "pass the length before padding (the sequence length given to shard_sequence)")
+    if world == 1:
+        return join_shards([shard.detach()], seq_len, dim)
+    # shards of different shapes would leave all_gather waiting or mixing data: one small check first
+    check_consistent(group, "gather_sequence", tuple(shard.shape), shard.dtype, f"{dim}|{seq_len}", shard.device)
+    shard = shard.detach().contiguous()
+    parts = [torch.empty_like(shard) for _ in range(world)]
+    dist.all_gather(parts, shard, group=group)
+    return join_shards(parts, seq_len, dim)
