@@ -1,6 +1,7 @@
 """The LongNet paper's distributed algorithm: sparsify K/V locally, all-gather them within each
 segment's rank group, attend local queries to every member's rows; backward reduce-scatters the dK/dV
 shares so each rank receives the sum of the shares of its own rows. Queries and outputs stay local.
+The "all-gather" of a segment whose ranks are not the whole process group is point-to-point (below).
 
 All-gather needs equal sizes: when ranks of a group keep different numbers of rows (L not divisible
 by r), every buffer is padded to the largest; the byte counts include the padding.
@@ -21,34 +22,81 @@ from .sequence_parallel import (
 )
 
 
+TAG_GATHER, TAG_SCATTER = 31, 32
+
+
 class AllGatherExchange:
-    """RemoteBlocks of the all-gather strategy; keeps the gathered rows for its backward."""
+    """RemoteBlocks of the all-gather strategy; keeps the gathered rows for its backward.
+
+    A segment's g ranks exchange within the module's process group: with the collectives
+    (all_gather_single / reduce_scatter_single) when they are the whole group, else point-to-point with
+    each other member (batch_isend_irecv, the same padded buffers, so the same bytes). Never a sub-group:
+    new_group is collective over the whole job and would hang data x sequence parallel layouts."""
 
     def __init__(self, module: SequenceParallelBase, spanning: list[SpanningPair], world: int):
-        self.module = module
-        groups = [module.subgroup(plan, world) for plan in spanning]  # also where this rank is alone
+        self.module, self.world = module, world
         self.spanning = [plan for plan in spanning if len(plan.group) > 1]
-        self.groups = [group for group in groups if group is not None]
         self.gathered: list[torch.Tensor] = []
 
     def _wanted(self, plan: SpanningPair, causal: bool):
         """Members whose rows this rank's queries attend: all others, or only earlier ones if causal."""
         return [j for j in range(len(plan.group)) if j != plan.index and (not causal or j < plan.index)]
 
+    def _exchange(self, plan: SpanningPair, sends: list[torch.Tensor], receives: list[torch.Tensor], tag: int) -> None:
+        """Send sends[j] to member j and receive receives[j] from member j, for every other member j."""
+        group, peer = self.module.process_group, self.module.global_rank
+        ops = []
+        for j, member in enumerate(plan.group):
+            if j != plan.index:
+                ops.append(dist.P2POp(dist.isend, sends[j], peer(member), group, tag))
+                ops.append(dist.P2POp(dist.irecv, receives[j], peer(member), group, tag))
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    def _all_gather(self, plan: SpanningPair, mine: torch.Tensor) -> torch.Tensor:
+        """Every member's buffer (all of mine's size), member after member."""
+        g, width = len(plan.group), mine.numel()
+        gathered = mine.new_empty(g * width)
+        if width == 0:  # no member keeps a row (r > L): every member knows it, nothing to move
+            return gathered
+        if g == self.world:
+            dist.all_gather_single(gathered, mine, group=self.module.process_group)
+        else:
+            slots = list(gathered.split(width))
+            slots[plan.index].copy_(mine)
+            self._exchange(plan, [mine] * g, slots, TAG_GATHER)
+        moved = (g - 1) * width * mine.element_size()
+        self.module.stats.add("forward", moved, moved)
+        return gathered
+
+    def _reduce_scatter(self, plan: SpanningPair, shares: torch.Tensor) -> torch.Tensor:
+        """The sum over members of their shares[my slot] (shares: one equal slot per member)."""
+        g = len(plan.group)
+        width = shares.numel() // g
+        if width == 0:
+            return shares
+        if g == self.world:
+            mine = shares.new_empty(width)
+            dist.reduce_scatter_single(mine, shares, group=self.module.process_group)
+        else:
+            received = shares.new_empty(g, width)
+            received[plan.index].copy_(shares[plan.index * width : (plan.index + 1) * width])
+            self._exchange(plan, list(shares.split(width)), list(received.unbind(0)), TAG_SCATTER)
+            mine = received.sum(0)
+        moved = (g - 1) * width * shares.element_size()
+        self.module.stats.add("backward", moved, moved)
+        return mine
+
     def forward(self, attention: BlockAttention, q, k, v, key_pad, out, lse) -> None:
         batch, head_dim = q.shape[0], q.shape[-1]
         with_mask = key_pad is not None
         self.gathered = []
-        for plan, group in zip(self.spanning, self.groups):
-            g = len(plan.group)
-            sizes = [plan.elements(j, batch, head_dim, with_mask) for j in range(g)]
+        for plan in self.spanning:
+            sizes = [plan.elements(j, batch, head_dim, with_mask) for j in range(len(plan.group))]
             width = max(sizes)
             mine = torch.zeros(width, dtype=k.dtype, device=k.device)
             mine[: sizes[plan.index]] = plan.pack(k, v, key_pad)
-            gathered = k.new_empty(g * width)
-            dist.all_gather_single(gathered, mine, group=group)
-            moved = (g - 1) * width * k.element_size()
-            self.module.stats.add("forward", moved, moved)
+            gathered = self._all_gather(plan, mine)
             self.gathered.append(gathered)
             for j in self._wanted(plan, attention.call.causal):
                 rows = plan.unpack(j, gathered[j * width : j * width + sizes[j]], batch, head_dim, with_mask)
@@ -58,7 +106,7 @@ class AllGatherExchange:
         dq, dk, dv = grads
         batch, head_dim = q.shape[0], q.shape[-1]
         with_mask = key_pad is not None
-        for plan, group, gathered in zip(self.spanning, self.groups, self.gathered):
+        for plan, gathered in zip(self.spanning, self.gathered):
             g = len(plan.group)
             sizes = [plan.elements(j, batch, head_dim, with_mask) for j in range(g)]
             grad_sizes = [plan.elements(j, batch, head_dim, False) for j in range(g)]
@@ -68,10 +116,7 @@ class AllGatherExchange:
                 rows = plan.unpack(j, gathered[j * width : j * width + sizes[j]], batch, head_dim, with_mask)
                 parts = attend_member_backward(attention, plan, j, rows, dout, q, out, lse, dq)
                 shares[j * grad_width : j * grad_width + grad_sizes[j]] = plan.pack_grads(parts, k)
-            mine = k.new_empty(grad_width)
-            dist.reduce_scatter_single(mine, shares, group=group)
-            moved = (g - 1) * grad_width * k.element_size()
-            self.module.stats.add("backward", moved, moved)
+            mine = self._reduce_scatter(plan, shares)
             add_home_shares(attention, plan, mine[: grad_sizes[plan.index]], dk, dv, batch, head_dim)
 
 

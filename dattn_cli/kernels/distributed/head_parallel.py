@@ -74,7 +74,8 @@ class HeadParallelDilatedAttention(DistributedAttention):
                 "use a head count divisible by the world size, or a sequence-parallel implementation"
             )
         config = f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{key_padding_mask is not None}"
-        check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device)
+        check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device,
+                         owner=self)
         self.stats.call()
         group, stats = self.process_group, self.stats
         qh, kh, vh = (_AllToAll.apply(x, True, group, stats) for x in (q, k, v))

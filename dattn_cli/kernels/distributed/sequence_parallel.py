@@ -203,36 +203,23 @@ def ring_sends(a: int, t: int, g: int, causal: bool) -> bool:
     return ring_receives((a + 1) % g, t, g, causal)
 
 
-_SUBGROUPS: dict[tuple[tuple[int, ...], ...], dict] = {}
-
-
 class SequenceParallelBase(DistributedAttention):
     """Contiguous sequence shards in, shards out. Subclasses supply `exchange_class`, the RemoteBlocks
-    strategy (ring rotation or all-gather) for the pairs whose segments span several ranks."""
+    strategy (ring rotation or all-gather) for the pairs whose segments span several ranks.
+
+    Every transfer happens inside `process_group` (point-to-point between a segment's ranks, or a
+    collective on the whole group): no sub-group is ever created, because torch's new_group is collective
+    over the whole job and ranks of different sequence-parallel groups (data x sequence parallel) would
+    call it with different rank lists and hang."""
 
     exchange_class: type
     strategy_summary = ""
 
     def global_rank(self, group_rank: int) -> int:
-        """A rank of `process_group` as the global rank that point-to-point calls and new_group take."""
+        """A rank of `process_group` as the global rank that point-to-point calls take."""
         if self.process_group is None:
             return group_rank
         return dist.get_global_rank(self.process_group, group_rank)
-
-    def subgroup(self, plan: SpanningPair, world: int):
-        """The process group of the ranks that share this rank's segment of `plan`, or None if alone.
-
-        torch's new_group is collective over the whole job (its group-local variant deadlocks once some
-        rank skipped an earlier group), so every rank creates every group of the partition into runs of
-        g ranks, in the same order, once per process.
-        """
-        size = plan.ranks_per_segment
-        partition = tuple(
-            tuple(self.global_rank(r) for r in range(first, min(first + size, world))) for first in range(0, world, size)
-        )
-        if partition not in _SUBGROUPS:
-            _SUBGROUPS[partition] = {ranks: dist.new_group(list(ranks)) if len(ranks) > 1 else None for ranks in partition}
-        return _SUBGROUPS[partition][tuple(self.global_rank(r) for r in plan.group)]
 
     def forward_with_lse(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
@@ -250,7 +237,7 @@ class SequenceParallelBase(DistributedAttention):
                                      self.semantics, name)
         config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|"
                   f"{key_padding_mask is not None}|{self.attention.dropout}|{self.training}")
-        check_consistent(self.process_group, name, tuple(q.shape), q.dtype, config, q.device)
+        check_consistent(self.process_group, name, tuple(q.shape), q.dtype, config, q.device, owner=self)
         self.stats.call()
         backend, call, pool = self.attention.prepare_call(q, is_causal, key_padding_mask is not None)
         remote = self.exchange_class(self, spanning, world) if spanning else None
