@@ -13,6 +13,8 @@ from .distributed.head_parallel import HeadParallelDilatedAttention
 from .merge import merge_partial_, merge_partials
 from .multihead import (
     BlockSparseRingMultiheadDilatedAttention,
+    DistributedImprovedMultiheadDilatedAttention,
+    HeadParallelMultiheadDilatedAttention,
     ImprovedMultiheadDilatedAttention,
     MultiheadDilatedAttention,
     RingMultiheadDilatedAttention,
@@ -38,6 +40,8 @@ __all__ = [
     "RingDilatedAttention",
     "RingMultiheadDilatedAttention",
     "DistributedImprovedDilatedAttention",
+    "DistributedImprovedMultiheadDilatedAttention",
+    "HeadParallelMultiheadDilatedAttention",
     "BlockSparseRingDilatedAttention",
     "BlockSparseRingMultiheadDilatedAttention",
     "BlockPattern",

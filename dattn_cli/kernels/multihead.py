@@ -16,6 +16,8 @@ from torch import nn
 
 from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .block_sparse.attention import BlockSparseRingDilatedAttention
+from .distributed.allgather import DistributedImprovedDilatedAttention
+from .distributed.head_parallel import HeadParallelDilatedAttention
 from .distributed.ring import RingDilatedAttention
 from .rotary import apply_rotary
 
@@ -46,7 +48,7 @@ class MultiheadDilatedAttention(nn.Module):
         rotary: bool = False,
         **attention_options,
     ):
-        """attention_options go to the core (e.g. process_group for the ring forms; pattern, block_size,
+        """attention_options go to the core (e.g. process_group for the distributed forms; pattern, block_size,
         window, density for the block-sparse form); a core that does not take one raises TypeError."""
         super().__init__()
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
@@ -144,14 +146,31 @@ class ImprovedMultiheadDilatedAttention(MultiheadDilatedAttention):
     attention_class = ImprovedDilatedAttention
 
 
-class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
-    """Projections around RingDilatedAttention: each rank passes its sequence shard (batch, N/p, embed_dim)
-    and gets its output shard; the weights must be the same on every rank (as under DDP)."""
-
-    attention_class = RingDilatedAttention
+class ShardedMultiheadDilatedAttention(MultiheadDilatedAttention):
+    """Projections around a distributed core (process_group as a keyword): each rank passes its sequence
+    shard (batch, N/p, embed_dim) and gets its output shard; the weights must be the same on every rank
+    (as under DDP), and their gradients summed over the ranks (as DDP's all-reduce does)."""
 
     def comm_stats(self) -> dict[str, int]:
         return self.attention.comm_stats()
+
+
+class RingMultiheadDilatedAttention(ShardedMultiheadDilatedAttention):
+    """Projections around RingDilatedAttention."""
+
+    attention_class = RingDilatedAttention
+
+
+class DistributedImprovedMultiheadDilatedAttention(ShardedMultiheadDilatedAttention):
+    """Projections around DistributedImprovedDilatedAttention (the all-gather form)."""
+
+    attention_class = DistributedImprovedDilatedAttention
+
+
+class HeadParallelMultiheadDilatedAttention(ShardedMultiheadDilatedAttention):
+    """Projections around HeadParallelDilatedAttention (num_heads divisible by the group's size)."""
+
+    attention_class = HeadParallelDilatedAttention
 
 
 class BlockSparseRingMultiheadDilatedAttention(RingMultiheadDilatedAttention):

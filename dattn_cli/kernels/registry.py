@@ -32,6 +32,8 @@ from .distributed.ring import RingDilatedAttention
 from .distributed.sharding import padded_length
 from .multihead import (
     BlockSparseRingMultiheadDilatedAttention,
+    DistributedImprovedMultiheadDilatedAttention,
+    HeadParallelMultiheadDilatedAttention,
     ImprovedMultiheadDilatedAttention,
     MultiheadDilatedAttention,
     RingMultiheadDilatedAttention,
@@ -172,6 +174,7 @@ def unregister(name: str) -> None:
 
 
 _SEQUENCE_PARALLEL = dict(distributed=True, single_device=False, shard_rule=segment_aligned_shards)
+_HEAD_PARALLEL = dict(distributed=True, single_device=False, shard_rule=head_shards)
 _BLOCK_SPARSE = dict(strategy="block_sparse", pairs=block_sparse_pairs, memory_model=None, distributed=True,
                      block_sparse=True, shard_rule=block_aligned_shards)
 _BASELINE = dict(kind="core", baseline=True, backends=())
@@ -191,9 +194,14 @@ register(ImplSpec("RingMultiheadDilatedAttention", RingMultiheadDilatedAttention
 register(ImplSpec("DistributedImprovedDilatedAttention", DistributedImprovedDilatedAttention, "core", "allgather",
                   "contiguous shards; sparsified K/V all-gathered within each segment's ranks (LongNet)",
                   **_SEQUENCE_PARALLEL))
+register(ImplSpec("DistributedImprovedMultiheadDilatedAttention", DistributedImprovedMultiheadDilatedAttention,
+                  "multihead", "allgather", "projections around DistributedImprovedDilatedAttention",
+                  **_SEQUENCE_PARALLEL))
 register(ImplSpec("HeadParallelDilatedAttention", HeadParallelDilatedAttention, "core", "head_parallel",
                   "all-to-all sequence shards -> head shards, dilated attention on H/p heads, all-to-all back",
-                  distributed=True, single_device=False, shard_rule=head_shards))
+                  **_HEAD_PARALLEL))
+register(ImplSpec("HeadParallelMultiheadDilatedAttention", HeadParallelMultiheadDilatedAttention, "multihead",
+                  "head_parallel", "projections around HeadParallelDilatedAttention", **_HEAD_PARALLEL))
 register(ImplSpec("BlockSparseRingDilatedAttention", BlockSparseRingDilatedAttention, "core",
                   summary="block patterns (local, dilated, global_local, hierarchical, longnet) on FlexAttention or "
                   "gathered key blocks; ring form sends only used key blocks", **_BLOCK_SPARSE))
@@ -221,37 +229,57 @@ def names(predicate: Callable[[ImplSpec], bool] = lambda spec: True) -> list[str
     return [name for name, spec in REGISTRY.items() if predicate(spec)]
 
 
-def _choose(kind: str, wanted: Literal["core", "multihead"]) -> tuple[ImplSpec, str]:
+def _choose(kind: str, wanted: Literal["core", "multihead"], cfg: dict[str, Any]) -> tuple[ImplSpec, str, dict[str, Any]]:
+    """The implementation, why, and its constructor options. `auto` shards one sequence over ranks only
+    when a sequence-parallel group is given (process_group=..., e.g. torch.distributed.group.WORLD):
+    without one, each rank of a multi-process job has its own batch (data parallel), so single-device."""
     if kind != "auto":
         impl = get_implementation(kind)
         if impl.kind != wanted or impl.baseline:
             raise ValueError(f"kind={kind!r} is a {'baseline' if impl.baseline else impl.kind} implementation; pick a "
                              f"{wanted} one: " + ", ".join(names(lambda s: s.kind == wanted and not s.baseline)))
-        return impl, f"chosen: {impl.name} (requested)"
-    dist = torch.distributed.is_available() and torch.distributed.is_initialized()
-    world = torch.distributed.get_world_size() if dist else 1
+        return impl, f"chosen: {impl.name} (requested)", cfg
     own_kind = [i for i in REGISTRY.values() if i.kind == wanted and not i.baseline]
-    candidates = [i for i in own_kind if (i.distributed if world > 1 else i.single_device)]
-    if not candidates:
-        candidates = [i for i in own_kind if i.single_device]
-        why = f"world size {world} but no distributed {wanted} implementation is registered, so single-device"
+    group = cfg.get("process_group")
+    if group is not None:
+        candidates = [i for i in own_kind if i.distributed]
+        if not candidates:
+            raise ValueError(f"process_group is given but no distributed {wanted} implementation is registered: "
+                             "leave process_group out for a single-device module")
+        why = f"process_group of {_group_size(group)} rank(s) given: sequence parallel"
     else:
-        why = f"world size {world}"
+        cfg = {key: value for key, value in cfg.items() if key != "process_group"}  # an explicit None
+        candidates = [i for i in own_kind if i.single_device]
+        world = _group_size(None)
+        why = f"world size {world}" if world == 1 else (
+            f"world size {world} but no process_group given: data parallel, single-device (pass "
+            "process_group= to shard one sequence over its ranks)")
     impl = next((i for i in candidates if i.preferred), candidates[0])
-    return impl, f"auto chose {impl.name} ({why}; {impl.summary})"
+    return impl, f"auto chose {impl.name} ({why}; {impl.summary})", cfg
+
+
+def _group_size(group: Any) -> int:
+    """Ranks in `group` (None: the whole job; 1 without torch.distributed)."""
+    initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not initialised:
+        if group is not None:
+            raise ValueError("process_group is given but torch.distributed is not initialised: call "
+                             "torch.distributed.init_process_group first, or leave process_group out")
+        return 1
+    return torch.distributed.get_world_size(group)
 
 
 def create_dilated_attention(kind: str = "auto", **cfg: Any) -> nn.Module:
-    """Build a core implementation by registry name, or `auto` (see `module.describe()`)."""
-    impl, why = _choose(kind, "core")
+    """Build a core implementation by registry name, or `auto` (see `_choose`, and `module.describe()`)."""
+    impl, why, cfg = _choose(kind, "core", cfg)
     module = impl.cls(**cfg)
     module.selection_reason = why
     return module
 
 
 def create_multihead_dilated_attention(kind: str = "auto", **cfg: Any) -> nn.Module:
-    """Build a multihead implementation by registry name, or `auto` (see `module.describe()`)."""
-    impl, why = _choose(kind, "multihead")
+    """Build a multihead implementation by registry name, or `auto` (see `_choose`, and `module.describe()`)."""
+    impl, why, cfg = _choose(kind, "multihead", cfg)
     module = impl.cls(**cfg)
     module.attention.selection_reason = why
     return module

@@ -71,8 +71,10 @@ def test_verify_world_sizes_from_the_cli(tmp_path, capsys):
     rows = json.loads(report.read_text())["results"]
     by_world = {w: [r for r in rows if r["world_size"] == w] for w in (1, 2, 4)}
     assert all(by_world[w] for w in (1, 2, 4))
-    assert {r["impl"] for r in rows} == {"HeadParallelDilatedAttention", "RingDilatedAttention",
-                                         "RingMultiheadDilatedAttention", "DistributedImprovedDilatedAttention",
+    assert {r["impl"] for r in rows} == {"HeadParallelDilatedAttention", "HeadParallelMultiheadDilatedAttention",
+                                         "RingDilatedAttention", "RingMultiheadDilatedAttention",
+                                         "DistributedImprovedDilatedAttention",
+                                         "DistributedImprovedMultiheadDilatedAttention",
                                          "BlockSparseRingDilatedAttention", "BlockSparseRingMultiheadDilatedAttention"}
     assert all(r["passed"] for r in rows)
     assert max(e["rel"] for r in by_world[4] for name, e in r["errors"].items() if name.startswith("d")) <= 1e-4

@@ -43,3 +43,30 @@ def test_auto_backend_choices():
     m.eval()
     m(q, q, q)
     assert m.last_backend[0] == "sdpa"
+
+
+def test_auto_shards_one_sequence_only_when_a_sequence_parallel_group_is_given():
+    from dattn_cli.runtime.launch import run_distributed
+    from tests.distributed import workers
+
+    for choices in run_distributed(workers.auto_choices, 2, timeout_s=60):
+        for name in ("core", "core, process_group=None"):  # a plain data-parallel job: each rank its own batch
+            cls, why = choices[name]
+            assert cls == "ImprovedDilatedAttention", (name, cls)
+            assert "world size 2 but no process_group given: data parallel, single-device" in why
+        assert choices["multihead"][0] == "ImprovedMultiheadDilatedAttention"
+        cls, why = choices["core, process_group"]
+        assert cls == "RingDilatedAttention" and "process_group of 2 rank(s) given: sequence parallel" in why
+        assert choices["multihead, process_group"][0] == "RingMultiheadDilatedAttention"
+
+
+def test_auto_with_a_group_but_no_process_group_initialised_says_so():
+    with pytest.raises(ValueError, match="process_group is given but torch.distributed is not initialised"):
+        create_dilated_attention(segment_lengths=[8], dilation_rates=[1], process_group=object())
+    m = create_dilated_attention(segment_lengths=[8], dilation_rates=[1], process_group=None)
+    assert isinstance(m, ImprovedDilatedAttention) and "world size 1" in m.selection_reason
+
+
+def test_every_distributed_form_has_a_registered_multihead_wrapper():
+    forms = lambda kind: {s.strategy for s in REGISTRY.values() if s.kind == kind and s.distributed}  # noqa: E731
+    assert forms("core") == forms("multihead") == {"ring", "allgather", "head_parallel", "block_sparse"}
