@@ -12,16 +12,11 @@ trusted (a peer may still be blocked in a collective), so the points after it ar
 from __future__ import annotations
 
 from ..runtime.attach import RankSilent, World, exchange, post_failure
-from ..runtime.launch import PEER_SYMPTOMS
+from ..runtime.launch import peer_symptom
 from ..workload.problem import Problem
 from .config import Sweep
 from .point import measure_point
 from .worker import _combine_ranks, _set_threads, failure_row
-
-def _peer_symptom(result: dict) -> bool:
-    """A failure that only says a peer went away (the cause is another rank's)."""
-    text = str(result.get("error", "")).lower()
-    return any(s in text for s in PEER_SYMPTOMS)
 
 
 class AttachedRunner:
@@ -55,7 +50,7 @@ class AttachedRunner:
         failed = [(k, r) for k, r in bad if r.get("status") != "skipped"]
         if not failed:  # the ranks agree on skips (every clock decision is all-reduced)
             return bad[0][1]
-        rank, first = next(((k, r) for k, r in failed if not _peer_symptom(r)), failed[0])
+        rank, first = next(((k, r) for k, r in failed if not peer_symptom(str(r.get("error", "")))), failed[0])
         self.broken = f"not measured: an earlier point failed on rank {rank} (attached world; see that row)"
         said = str(first.get("error") or first.get("reason"))
         return {**first, "reason": f"{first.get('reason', 'failed')} on rank {rank}",

@@ -169,12 +169,6 @@ def failed_ranks(world_size: int) -> dict[int, str]:
         return {}
 
 
-def clean_environment(env: dict | None = None) -> dict:
-    """`env` (default: this process's) without a launcher's variables, for ranks spawned here."""
-    source = os.environ if env is None else env
-    return {k: v for k, v in source.items() if k not in LAUNCHER_VARIABLES and not k.startswith(LAUNCHER_PREFIXES)}
-
-
 def strip_launcher_variables() -> None:
     """Remove a launcher's variables from this process (a rank or worker spawned here)."""
     for key in list(os.environ):

@@ -151,6 +151,11 @@ def _rank_main(conn, rank: int, world_size: int, port: int, backend: str, timeou
 PEER_SYMPTOMS = ("connection closed by peer", "connection reset", "remote worker", "broken pipe", "timed out")
 
 
+def peer_symptom(message: str) -> bool:
+    """Does this error only say that a peer went away (the cause is another rank's)?"""
+    return any(p in message.lower() for p in PEER_SYMPTOMS)
+
+
 def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
@@ -205,7 +210,7 @@ class _Group:
             self.wait(0.05)
             self.read()
         errors = self.errors
-        causes = [r for r, m in errors.items() if not any(p in m.lower() for p in PEER_SYMPTOMS)]
+        causes = [r for r, m in errors.items() if not peer_symptom(m)]
         if not causes and self.silent():
             return f"{self.not_reported(self.elapsed())}; the ranks waiting for it failed: {errors[min(errors)]}"
         first = min(causes or errors)

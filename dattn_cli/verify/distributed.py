@@ -102,7 +102,7 @@ def _attached_outputs(world: Any, impl: str, jobs: list[tuple[dict, int]], timeo
     """rank_outputs on this rank of the launcher's world, and every other rank's through the store; a rank that
     failed or fell silent is a DistributedError naming it (the cause, not a peer that only lost it)."""
     from ..runtime.attach import RankSilent, exchange, post_failure
-    from ..runtime.launch import PEER_SYMPTOMS, DistributedError
+    from ..runtime.launch import DistributedError, peer_symptom
 
     try:
         mine: Any = rank_outputs(world.rank, world.world_size, jobs)
@@ -112,6 +112,6 @@ def _attached_outputs(world: Any, impl: str, jobs: list[tuple[dict, int]], timeo
     results = exchange(f"verify/{impl}/{jobs[0][1]}", mine, world, timeout_s)
     failures = [r.message if isinstance(r, RankSilent) else r for r in results if isinstance(r, (str, RankSilent))]
     if failures:
-        cause = next((f for f in failures if not any(s in f.lower() for s in PEER_SYMPTOMS)), failures[0])
+        cause = next((f for f in failures if not peer_symptom(f)), failures[0])
         raise DistributedError(cause)
     return results
