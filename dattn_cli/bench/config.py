@@ -94,7 +94,7 @@ class Sweep(Problem):
         if self.until_oom == bool(self.seq_lens):
             raise ValueError("give exactly one of --seq-len and --until-oom")
         if self.world_size > 1 and not self.attached:
-            check_spawned_ranks(self.world_size)
+            check_spawned_ranks(self.world_size, device=self.device)
         if self.processes is None:
             self.processes = 1 if (self.repeat is not None or self.until_oom or self.interleave or self.world_size > 1
                                    or self.attached) else DEFAULT_PROCESSES

@@ -51,10 +51,19 @@ def max_spawned_ranks() -> int:
     return max(MIN_RANK_LIMIT, RANKS_PER_CORE * (os.cpu_count() or 1))
 
 
-def check_spawned_ranks(world_size: int, option: str = "--world-size") -> None:
-    """ValueError naming `option` when `world_size` ranks are more than this machine may spawn."""
+def check_spawned_ranks(world_size: int, option: str = "--world-size", device: str = "cpu") -> None:
+    """ValueError naming `option` when `world_size` ranks are more than this machine may spawn: on CUDA one GPU
+    per rank (NCCL refuses two ranks on one device)."""
     import os
 
+    if device.startswith("cuda"):
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if world_size > gpus:
+            raise ValueError(f"{option} {world_size:,} on {device}: NCCL needs one GPU per rank and this machine has "
+                             f"{gpus}; use at most {gpus} ranks, or run under torchrun/srun across nodes")
+        return
     limit = max_spawned_ranks()
     if world_size > limit:
         raise ValueError(f"{option} {world_size:,}: at most {limit} ranks are spawned on this machine "

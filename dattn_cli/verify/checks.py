@@ -4,7 +4,7 @@ an implementation refuses, a case a world size cannot shard."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ..kernels.registry import REGISTRY
@@ -74,6 +74,5 @@ def shardable(impl: str, world: int, cases: list[Case], skipped: list[str]) -> l
 
 
 def group_checks(impl: str, world: int, cases: list[Case], grid: Grid, skipped: list[str]) -> list[Variant]:
-    """The checks one process group of `world` ranks runs for `impl` (on the CPU)."""
-    return impl_checks(impl, shardable(impl, world, cases, skipped), replace(grid, device="cpu"), skipped,
-                       world_size=world)
+    """The checks one process group of `world` ranks runs for `impl`, on the grid's device (a GPU per rank)."""
+    return impl_checks(impl, shardable(impl, world, cases, skipped), grid, skipped, world_size=world)

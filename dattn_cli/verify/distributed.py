@@ -11,12 +11,14 @@ caller draw the same inputs and weights.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from ..kernels.distributed.sharding import join_shards, rank_shard
 from ..kernels.registry import REGISTRY, shard_call_options, shard_length
+from ..runtime.attach import backend as attach_backend
 from ..runtime.launch import run_distributed
 from ..workload.build import build_module
 from ..workload.problem import Problem
@@ -33,7 +35,7 @@ def rank_outputs(rank: int, world: int, jobs: list[tuple[dict, int]]) -> list[di
     masked; `seq_len` in each result tells `combine` where the real sequence ends."""
     results = []
     for data, seed in jobs:
-        p = Problem.model_validate(data)
+        p = _on_rank_device(Problem.model_validate(data), rank)
         dtype = DTYPES[p.dtype]
         length = shard_length(p, world)
         inputs, upstream = draw_inputs(p, torch.Generator().manual_seed(seed))
@@ -41,23 +43,34 @@ def rank_outputs(rank: int, world: int, jobs: list[tuple[dict, int]]) -> list[di
         upstream, mask = rank_shard(upstream, rank, world, length)
         options = shard_call_options(p, mask)
         if p.spec.kind == "multihead":
-            module = seeded_multihead(p, seed, torch.float64).to(dtype)
+            module = seeded_multihead(p, seed, torch.float64).to(device=p.device, dtype=dtype)
             result = multihead_outputs(module, shards[0].to(dtype), upstream, p.causal, **options)
         else:
             module = build_module(p)
             xs = [x.to(dtype).clone().requires_grad_() for x in shards]
             result = core_outputs(lambda q, k, v: module.forward_with_lse(q, k, v, p.causal, **options), xs, upstream)
+        result = {k: v.cpu() for k, v in result.items()}  # CUDA tensors do not travel between processes as values
         results.append({**result, "comm": module.comm_stats(), "seq_len": p.seq_len})
     return results
 
 
-def combine(multihead: bool, per_rank: list[list[dict]], job: int) -> dict[str, torch.Tensor]:
-    """The whole-sequence result of job `job` from the ranks' shards, the padding cut off."""
+def _on_rank_device(p: Problem, rank: int) -> Problem:
+    """On CUDA each rank works on its own GPU: LOCAL_RANK's under a launcher, else the rank's (spawned here)."""
+    if not p.device.startswith("cuda"):
+        return p
+    local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
+    torch.cuda.set_device(local)
+    return p.model_copy(update={"device": f"cuda:{local}"})
+
+
+def combine(multihead: bool, per_rank: list[list[dict]], job: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """The whole-sequence result of job `job` from the ranks' shards, the padding cut off, on `device` (the
+    reference's)."""
     seq_len = per_rank[0][job]["seq_len"]
     keys = ("out", "dx") if multihead else CORE_KEYS
-    got = {k: join_shards([r[job][k] for r in per_rank], seq_len) for k in keys}
+    got = {k: join_shards([r[job][k] for r in per_rank], seq_len).to(device) for k in keys}
     if multihead:
-        got["dparams"] = torch.stack([r[job]["dparams"] for r in per_rank]).sum(0)
+        got["dparams"] = torch.stack([r[job]["dparams"] for r in per_rank]).sum(0).to(device)
     return got
 
 
@@ -67,7 +80,7 @@ def reference_of(p: Problem, seed: int) -> Reference:
     def reference(compute_dtype: torch.dtype, src_dtype: torch.dtype) -> dict[str, torch.Tensor]:
         inputs, upstream = draw_inputs(p, torch.Generator().manual_seed(seed))
         if p.spec.kind == "multihead":
-            module = seeded_multihead(p, seed, torch.float64)
+            module = seeded_multihead(p, seed, torch.float64).to(p.device)
             module.attention = ReferenceCore(module.attention, compute_dtype)
             return multihead_outputs(module.to(src_dtype), inputs[0].to(src_dtype), upstream, p.causal)
         core = build_module(p)
@@ -79,20 +92,23 @@ def reference_of(p: Problem, seed: int) -> Reference:
 
 def verify_group(impl: str, world: int, checks: list[Variant], dtype: str, seed: int,
                  timeout_s: float, attached: Any = None) -> list[CaseResult]:
-    """One process group of `world` ranks runs `checks`, the (CPU) checks of `impl`: spawned here, or the
-    launcher's world when `attached` (runtime.attach.World; every rank gets every rank's shards)."""
+    """One process group of `world` ranks runs `checks`, the checks of `impl`: spawned here (gloo on CPU,
+    "cpu:gloo,cuda:nccl" on CUDA, a GPU per rank), or the launcher's world when `attached`
+    (runtime.attach.World; every rank gets every rank's shards)."""
     if not checks:
         return []
     jobs = [(v.problem.model_dump(), seed * 1000 + j) for j, v in enumerate(checks)]
     try:
         if attached is None:
-            per_rank = run_distributed(rank_outputs, world, jobs, timeout_s=timeout_s)
+            backend = attach_backend() if checks[0].problem.device.startswith("cuda") else "gloo"
+            per_rank = run_distributed(rank_outputs, world, jobs, backend=backend, timeout_s=timeout_s)
         else:
             per_rank = _attached_outputs(attached, impl, jobs, timeout_s)
     except Exception as exc:  # the whole group failed: every check of it is a failure, reported
         return [case_result(v, failure=str(exc)) for v in checks]
     multihead = REGISTRY[impl].kind == "multihead"
-    return [case_result(v, errors_against(combine(multihead, per_rank, j), reference_of(v.problem, job_seed),
+    return [case_result(v, errors_against(combine(multihead, per_rank, j, v.problem.device),
+                                          reference_of(v.problem, job_seed),
                                           DTYPES[dtype]),
                         comm=[r[j]["comm"] for r in per_rank])
             for j, (v, (_, job_seed)) in enumerate(zip(checks, jobs))]

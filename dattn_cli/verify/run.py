@@ -52,7 +52,7 @@ def collect_checks(
     if not worlds or any(w < 1 for w in worlds):
         raise ValueError(f"--world-size values must be >= 1, got {worlds or 'none'}: e.g. --world-size 1,2")
     if attached is None:
-        check_spawned_ranks(worlds[-1])
+        check_spawned_ranks(worlds[-1], device=device)
     elif worlds != [attached.world_size]:
         raise ValueError(f"--world-size {','.join(map(str, worlds))}: attached to a world of {attached.world_size} "
                          f"ranks ({attached.launcher}), which is the one size checked: drop --world-size or pass "
@@ -101,12 +101,10 @@ def run_checks(checks: Checks, on_result: Callable[[CaseResult], None] | None = 
 
 
 def _runnable(chosen: list[str], requested: bool, distributed_run: bool, device: str, skipped: list[str]) -> list[str]:
-    """`chosen` without the implementations that cannot run here: requested ones are refused, defaults skipped
-    (process groups run on the CPU)."""
+    """`chosen` without the implementations that cannot run here: requested ones are refused, defaults skipped."""
     runnable = []
     for name in chosen:
-        where = "cpu" if distributed_run and REGISTRY[name].distributed else device
-        reason = unavailable_here(name, where)
+        reason = unavailable_here(name, device)
         if reason and requested:
             raise ValueError(f"--impl {name} cannot run here: {reason}")
         if REGISTRY[name].baseline:  # dense attention computes another function than the dilated reference

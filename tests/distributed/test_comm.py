@@ -8,10 +8,10 @@ from tests.distributed import workers
 
 
 def test_the_consistency_collective_runs_once_per_new_shape_per_module():
-    # two modules (ring, head-parallel): 3 calls of one shape -> 1 check each; a new shape -> 1 more each;
-    # both shapes again -> none; under DATTN_DEBUG_CONSISTENCY=1, 2 calls -> 2 more each
+    # three modules (ring, head-parallel, block-sparse ring): 3 calls of one shape -> 1 check each; a new shape
+    # -> 1 more each; both shapes again -> none; under DATTN_DEBUG_CONSISTENCY=1, 2 calls -> 2 more each
     for counts in run_distributed(workers.consistency_all_gathers, 2, timeout_s=60):
-        assert counts == [2, 4, 4, 8], counts
+        assert counts == [3, 6, 6, 12], counts
 
 
 @pytest.mark.parametrize("debug", [False, True])

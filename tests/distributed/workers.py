@@ -297,7 +297,7 @@ def consistency_all_gathers(rank: int, world: int) -> list[int]:
 
     import torch.distributed as dist
 
-    from dattn_cli.kernels import HeadParallelDilatedAttention, RingDilatedAttention
+    from dattn_cli.kernels import BlockSparseRingDilatedAttention, HeadParallelDilatedAttention, RingDilatedAttention
 
     calls = []
     real = dist.all_gather
@@ -309,6 +309,7 @@ def consistency_all_gathers(rank: int, world: int) -> list[int]:
     dist.all_gather = counted
     try:
         ring, heads = RingDilatedAttention([8, 32], [1, 2]), HeadParallelDilatedAttention([8, 32], [1, 2])
+        sparse = BlockSparseRingDilatedAttention([8, 32], [1, 2], block_size=8)  # p2p only: no all_gather of its own
         small, large = torch.randn(1, 16, 2, 4), torch.randn(1, 32, 2, 4)
         counts = []
         for stage in (["small"] * 3, ["large"], ["small", "large"], "debug"):
@@ -319,6 +320,7 @@ def consistency_all_gathers(rank: int, world: int) -> list[int]:
                 x = small if name == "small" else large
                 ring(x, x, x)
                 heads(x, x, x)
+                sparse(x, x, x)
             counts.append(len(calls))
         return counts
     finally:

@@ -223,7 +223,8 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         if world > 1:
             config = (f"{self.pattern}|{seq_len}|{is_causal}|{key_padding_mask is not None}|{self.dropout}|"
                       f"{self.training}")
-            check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device)
+            check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device,
+                             owner=self)
             self.stats.call()
         backend, call, pool = self.prepare_call(q, is_causal, key_padding_mask is not None)
         key = ("block_plan", self.pattern, seq_len, padded, num_heads, bool(is_causal), rank, world, str(q.device))
