@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel
 
 from ..kernels.pattern import Block, build_blocks, pair_blocks
-from ..workload.counts import spanning_pairs
+from ..workload.counts import shard_of, spanning_pairs
 from ..workload.problem import ELEMENT_BYTES, Problem
 from .profiles import HardwareProfile
 
@@ -88,7 +88,7 @@ def estimate_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cp
     """Peak bytes on one device for one call of `s` (fwd, or fwd+bwd), itemised."""
     e = ELEMENT_BYTES[s.dtype]
     p = max(1, s.world_size)
-    length = s.seq_len // p if s.strategy in ("ring", "allgather", "head_parallel") else s.seq_len
+    length = shard_of(s) if s.strategy in ("ring", "allgather", "head_parallel") else s.seq_len
     t = _Tally()
     x_shard = s.batch * length * s.heads * s.head_dim * e  # one (B, L, H, D) tensor
     t.add("inputs q, k, v", 3 * x_shard)
@@ -128,7 +128,7 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
     heads, first = s.heads, 0
     work_len = length
     if s.strategy == "head_parallel":
-        heads, work_len = s.heads // p, s.seq_len
+        heads, work_len = s.heads // p, length * p  # the whole (padded) sequence of H/p heads
     blocks = _local_blocks(s, work_len, heads, first)
     x_work = s.batch * work_len * heads * s.head_dim * e
     acc_e = 8 if s.dtype == "float64" else 4

@@ -9,7 +9,7 @@ import math
 
 from pydantic import BaseModel, SerializeAsAny
 
-from ..workload.counts import FWD_BWD_FACTOR, spanning_pairs
+from ..workload.counts import FWD_BWD_FACTOR, shard_of, spanning_pairs
 from ..workload.parse import MAX_SEQ_LEN
 from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
 from .layers import estimate_layer_time, layer_memory
@@ -32,6 +32,7 @@ class Plan(BaseModel):
     time: TimeBreakdown | None
     feasible: bool
     reason: str
+    shard_len: int | None = None  # distributed: positions per device, N padded to devices x shard_len
 
 
 class SeqSearch(BaseModel):
@@ -56,6 +57,8 @@ def _memory(s: Problem, profile: HardwareProfile, device_type: str) -> MemoryBre
         return layer_memory(s, framework_bytes(profile, s.mode), device_type)
     if s.world_size > 1 and not s.spec.distributed:
         raise ValueError(f"{s.impl} runs on one process, not on {s.world_size} devices: plan a distributed --impl")
+    if s.world_size > 1 and (reason := s.spec.shard_rule(s, s.world_size)):
+        raise ValueError(f"{s.impl} cannot shard N={s.seq_len:,} over {s.world_size} devices: {reason}")
     return estimate_memory(s, framework_bytes(profile, s.mode), device_type)
 
 
@@ -80,8 +83,9 @@ def plan(s: Problem, profile: HardwareProfile, devices: int | None = None) -> Pl
         reason = f"fits: {memory.total / 2**30:.2f} GiB of {capacity / 2**30:.2f} GiB per device"
     else:
         reason = f"does not fit: needs {memory.total / 2**30:.2f} GiB per device, has {capacity / 2**30:.2f} GiB"
+    shard = shard_of(s) if devices > 1 and s.target == "attention" else None
     return Plan(problem=s, profile=profile.name, devices=devices, memory=memory, capacity_bytes=capacity, fits=fits,
-                time=time, feasible=fits, reason=reason)
+                time=time, feasible=fits, reason=reason, shard_len=shard)
 
 
 def predicted_peak_bytes(s: Problem) -> int | None:
@@ -102,7 +106,8 @@ def predicted_peak_bytes(s: Problem) -> int | None:
 
 
 def _granule(s: Problem, devices: int) -> int:
-    """N must be a multiple of this for the plan to be valid (shards aligned with segments)."""
+    """The N searched are multiples of this: shards that align with the segments without padding (any other N
+    is padded to such a length by the kernels, so it costs as much as the next multiple)."""
     step = devices
     if devices > 1 and s.spec.strategy in ("ring", "allgather"):
         for w in s.segment_lengths:
@@ -160,9 +165,7 @@ def min_devices(s: Problem, profile: HardwareProfile, limit: int = DEVICE_SEARCH
         p = plan(s, profile, d)
         if p.fits:
             lo = d // 2
-            for candidate in range(max(1, lo + 1), d + 1):
-                if s.seq_len % candidate:
-                    continue
+            for candidate in range(max(1, lo + 1), d + 1):  # any count: N not divisible by it is padded
                 q = plan(s, profile, candidate)
                 if q.fits:
                     return candidate, q
@@ -182,7 +185,9 @@ def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
     if peak <= 0:
         return "the profile has no rate for this dtype"
     worst = None
-    spanning = {r for g, r, _ in spanning_pairs(s.model_copy(update={"world_size": devices}))}
+    sharded = s.model_copy(update={"world_size": devices})
+    shard = shard_of(sharded)
+    spanning = {r for g, r, _ in spanning_pairs(sharded)}
     for w, r in zip(s.segment_lengths, s.dilation_rates):
         if r not in spanning:
             continue
@@ -194,8 +199,8 @@ def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
         if worst is None or threshold > worst[0]:
             worst = (threshold, w, r)
     if worst is None:
-        return f"every segment fits in a shard of N/p = {s.seq_len // devices:,}: no ring traffic"
+        return f"every segment fits in a shard of L = {shard:,}: no ring traffic"
     threshold, w, r = worst
-    verdict = "hidden" if s.seq_len // devices >= threshold else "exposed"
-    return (f"the sparsest spanning pair (w={w}, r={r}) hides its ring transfer once N/p >= {int(threshold):,}; "
-            f"here N/p = {s.seq_len // devices:,}: {verdict}")
+    verdict = "hidden" if shard >= threshold else "exposed"
+    return (f"the sparsest spanning pair (w={w}, r={r}) hides its ring transfer once the shard L >= {int(threshold):,}; "
+            f"here L = {shard:,}: {verdict}")

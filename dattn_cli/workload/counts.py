@@ -6,7 +6,8 @@ computed, summed over batch, heads and dilation pairs, causal counted exactly (e
 2·T·E·V for a model's head, x3 with backward.
 
 Communication (docs/communication.md): per spanning pair (a segment over g > 1 ranks) with
-S = 2·B·H_i·D·e·⌈L/r⌉, the packed kept K/V rows of one rank (L = N/p): ring non-causal (g-1)·S forward,
+S = 2·B·H_i·D·e·⌈L/r⌉, the packed kept K/V rows of one rank (L = shard_of: ⌈N/p⌉, or more where shards must
+align with the segments or blocks; the sequence is padded to N' = p·L, kernels/distributed/sharding.py): ring non-causal (g-1)·S forward,
 3·(g-1)·S fwd+bwd (rotation twice, dK/dV home); causal, the last rank of a group (g-1)·S forward,
 2·(g-1)·S fwd+bwd; all-gather (g-1)·S forward, 2·(g-1)·S fwd+bwd. Head-parallel: two all-to-alls of
 q, k, v, out forward (and of their gradients backward), each moving (p-1)/p of a rank's shard.
@@ -14,6 +15,7 @@ q, k, v, out forward (and of their gradients backward), each moving (p-1)/p of a
 
 from __future__ import annotations
 
+from ..kernels.registry import shard_length
 from .problem import ELEMENT_BYTES, Problem
 
 FWD_BWD_FACTOR = 3.5
@@ -56,13 +58,19 @@ def total_flops(p: Problem) -> float:
     return p.layers * attention_flops(p) + linear_flops(p) if p.target != "attention" else attention_flops(p)
 
 
+def shard_of(p: Problem) -> int:
+    """L, the positions one of p.world_size ranks holds (the whole N on one device): registry.shard_length."""
+    return shard_length(p, p.world_size) if p.world_size > 1 and p.spec.distributed else p.seq_len
+
+
 def spanning_pairs(p: Problem) -> list[tuple[int, int, int]]:
-    """(g, r, heads using the pair) for each pair whose segment spans g > 1 ranks."""
-    shard = p.seq_len // p.world_size
+    """(g, r, heads using the pair) for each pair whose segment spans g > 1 ranks of the padded sequence."""
+    shard = shard_of(p)
+    padded = shard * p.world_size
     pairs = []
     m = len(p.segment_lengths)
     for i, (w, r) in enumerate(zip(p.segment_lengths, p.dilation_rates)):
-        span = min(w, p.seq_len)
+        span = min(w, padded)
         if shard % span == 0:
             continue
         if span % shard:
@@ -76,7 +84,7 @@ def spanning_pairs(p: Problem) -> list[tuple[int, int, int]]:
 
 def packed_kv_bytes(p: Problem, heads: int, rate: int) -> int:
     """S: one rank's packed kept K/V rows of one pair, 2·B·H_i·D·e·⌈L/r⌉."""
-    shard = p.seq_len // p.world_size
+    shard = shard_of(p)
     return 2 * p.batch * heads * p.head_dim * ELEMENT_BYTES[p.dtype] * -(-shard // rate)
 
 
@@ -100,6 +108,6 @@ def sequence_parallel_traffic(p: Problem) -> tuple[int, int, float]:
 def head_parallel_traffic(p: Problem) -> tuple[int, int]:
     """(bytes, messages) of one rank's all-to-alls."""
     world = p.world_size
-    shard = p.batch * (p.seq_len // world) * p.heads * p.head_dim * ELEMENT_BYTES[p.dtype]
+    shard = p.batch * shard_of(p) * p.heads * p.head_dim * ELEMENT_BYTES[p.dtype]
     calls = 2 if p.mode == "fwdbwd" else 1
     return 4 * shard * (world - 1) // world * calls, 4 * calls * (world - 1)

@@ -49,10 +49,44 @@ def test_ring_time_counts_comm_from_the_closed_form():
     assert t.comm_s == pytest.approx(t.messages * link.latency_us * 1e-6 + expected / (link.bandwidth_gb_s * 1e9 * H100.efficiency.communication))
 
 
+@pytest.mark.parametrize("impl, strategy", [("RingDilatedAttention", "ring"),
+                                            ("DistributedImprovedDilatedAttention", "allgather")])
+@pytest.mark.parametrize("seq_len, world, segments", [(50000, 3, [4096, 65536]), (100000, 6, [16384, 65536]),
+                                                      (10000, 4, [1000, 10000])])
+def test_any_n_over_any_p_plans_the_padded_shards(impl, strategy, seq_len, world, segments):
+    """N not divisible by p, segments neither dividing nor multiples of N/p: the planner takes the kernels'
+    padded shard (registry.shard_length) and its bytes are the closed form on the padded length."""
+    from dattn_cli.kernels import padded_length
+    from dattn_cli.kernels.distributed.sequence_parallel import comm_volume
+
+    shape = Problem(impl=impl, seq_len=seq_len, segment_lengths=segments, dilation_rates=[1, 2], mode="fwdbwd",
+                    world_size=world, heads=8)
+    padded = padded_length(seq_len, world, segments)
+    t = estimate_time(shape, H100)
+    volume = comm_volume(strategy, padded, world, 1, 8, 64, 4, segments, [1, 2])
+    expected = max(c["forward_bytes_received"] + c["backward_bytes_received"] for c in volume)
+    assert padded > seq_len and t.comm_bytes == expected > 0
+    plan = solve.plan(shape, H100)
+    assert plan.memory.items["inputs q, k, v"] == 3 * (padded // world) * 8 * 64 * 4
+    assert plan.shard_len * world == padded
+
+
+def test_layouts_the_kernels_refuse_are_not_planned():
+    # padding 10000 to 84000 (shards aligned with 3000 and 7000 over 4 ranks) is beyond the 4x N the kernels pad
+    shape = Problem(impl="RingDilatedAttention", seq_len=10000, segment_lengths=[3000, 7000], dilation_rates=[1, 2],
+                    world_size=4)
+    refused = solve.plan(shape, H100)
+    assert not refused.feasible and "cannot shard N=10,000 over 4 devices" in refused.reason
+    heads = solve.plan(Problem(impl="HeadParallelDilatedAttention", seq_len=8192, heads=6, world_size=4), H100)
+    assert not heads.feasible and "heads" in heads.reason
+
+
 def test_head_parallel_volume_by_hand():
     shape = Problem(impl="HeadParallelDilatedAttention", seq_len=8192, mode="fwd", world_size=4)
     t = estimate_time(shape, H100)
     assert t.comm_bytes == 4 * (1 * 2048 * 8 * 64 * 4) * 3 // 4
+    uneven = estimate_time(shape.model_copy(update={"seq_len": 8190}), H100)  # shards of ceil(8190/4) = 2048
+    assert uneven.comm_bytes == t.comm_bytes
 
 
 def test_plan_cli_json_and_infeasible_exit(tmp_path, capsys):

@@ -50,6 +50,11 @@ def plan_table(result: Plan, solved: str | None, advice: str) -> Table:
     table = Table(title=title, show_header=True)
     table.add_column("item")
     table.add_column("per device", justify="right")
+    if result.shard_len is not None:
+        padded = result.shard_len * result.devices
+        padding = f", N padded to {padded:,} (the padding masked)" if padded > s.seq_len else ""
+        table.add_row("sequence shard", f"{result.shard_len:,} positions{padding}")
+        table.add_section()
     for name, value in result.memory.items.items():
         table.add_row(literal(name), size(value))
     table.add_section()
