@@ -1,5 +1,6 @@
 """Train the small LongNetLM with FSDP2 over data-parallel groups and sequence parallelism inside each
-sequence-parallel group (RingMultiheadDilatedAttention by default; --attention picks another).
+sequence-parallel group (DistributedImprovedMultiheadDilatedAttention, the all-gather form, by default;
+--attention picks another, e.g. RingMultiheadDilatedAttention).
 
     torchrun --standalone --nproc-per-node 4 examples/train_longnet_fsdp_sp.py --sp 2 --steps 2     # CPU, gloo
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
@@ -50,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--attention", default="RingMultiheadDilatedAttention",
+    parser.add_argument("--attention", default="DistributedImprovedMultiheadDilatedAttention",
                         help="a sequence-parallel multihead implementation (dattn impls)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)

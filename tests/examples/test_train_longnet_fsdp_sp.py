@@ -53,7 +53,7 @@ def test_the_documented_command_trains(sp2):
     code, out, err = sp2
     assert code == 0, err[-4000:]
     assert out.startswith("world 4 = dp 2 x sp 2 on cpu (gloo)"), out
-    assert "RingDilatedAttention over 2 rank(s)" in out, out
+    assert "DistributedImprovedDilatedAttention over 2 rank(s)" in out, out
     found = steps(out)
     assert len(found) == 2 and all(math.isfinite(x) for pair in found for x in pair), out
     assert abs(found[0][0] - math.log(256)) < 2, "an untrained model's loss is about ln(vocab)"
