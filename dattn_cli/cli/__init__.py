@@ -62,7 +62,7 @@ def _one_line(exc: Exception) -> str:
 # --start also collided with torchrun's own options (--nproc-per-node, --start-method) under torchrun.
 DEPRECATED = {
     "bench": {"--seq-lens": "--seq-len", "--nproc": "--world-size", "--start": "--start-seq-len"},
-    "plan": {"--devices": "--world-size", "--memory": "--max-memory"},
+    "plan": {"--memory": "--max-memory"},  # --devices is plan's own name again (--target model --devices N)
 }
 ROOT_OPTIONS_WITH_VALUES = ("--config",)
 

@@ -134,6 +134,10 @@ CheckpointingOption = Annotated[bool, typer.Option(
     "--checkpointing/--no-checkpointing", help="Per-block gradient checkpointing (layer/model).", rich_help_panel=LAYER)]
 AmpOption = Annotated[Optional[str], _choice(
     "--amp", ("bf16", "fp16"), "Autocast the layer/model (--dtype stays the weights' dtype).", LAYER)]
+OptimizerOption = Annotated[str, _choice(
+    "--optimizer", ("adamw", "adam8bit", "sgd", "torch-adamw"), "plan --target model: adamw (two fp32 states; half "
+    "weights also an fp32 master copy), adam8bit (two 1-byte states + absmax per 256), sgd (fp32 momentum), "
+    "torch-adamw (states in the weight dtype, no master copy: what bench's model step runs).", LAYER)]
 
 # --- measurement ------------------------------------------------------------------------------------
 FullOption = Annotated[bool, typer.Option("--full/--quick", help="Full case matrix, or the quick one.", rich_help_panel=MEASURE)]
@@ -189,7 +193,17 @@ RanksOption = Annotated[int, typer.Option(
     "(at most 4 per CPU core).",
     rich_help_panel=DIST)]
 DevicesOption = Annotated[int, typer.Option(
-    "--world-size", help="Devices sharing the sequence (the world size planned for, at most 2**20).",
+    "--world-size", "--devices", help="Devices: for --target attention those sharing the sequence; for --target model "
+    "all devices of the training job, data parallel x --sequence-parallel (at most 2**20).",
+    rich_help_panel=DIST)]
+SequenceParallelOption = Annotated[int, typer.Option(
+    "--sequence-parallel", help="--target model: devices sharing each sequence (the attention's ring, all-gather or "
+    "head-parallel group; default impl RingMultiheadDilatedAttention); data parallel = --devices / this.",
+    rich_help_panel=DIST)]
+ZeroOption = Annotated[int, typer.Option(
+    "--zero", help="--target model over --devices: 0 DDP (replicated, gradients all-reduced), 1 ZeRO-1 (optimizer "
+    "states sharded), 2 ZeRO-2 (+ gradients), 3 ZeRO-3 / FSDP full shard (+ parameters).", metavar="0|1|2|3",
+    callback=lambda v: v if v in (0, 1, 2, 3) else int(one_of("--zero", ("0", "1", "2", "3"))(str(v))),
     rich_help_panel=DIST)]
 AttachOption = Annotated[Optional[bool], typer.Option(
     "--attach/--spawn", help="Join the world of the launcher that started dattn (torchrun, srun: detected from its "

@@ -10,7 +10,8 @@ import typer
 from .options import (DEFAULT_MODE, AmpOption, BatchOption, CalibrateOption, CausalOption, CheckOption, CheckpointingOption,
                       DevicesOption, DilationsOption, DTypeOption, EmbedDimOption, FailIfInfeasibleOption,
                       HeadDimOption, HeadsOption, ImplOption, JsonOption, CsvOption, LayersOption, MaxSeqOption, MemoryOption,
-                      MinDevicesOption, ModeOption, ProfileOption, SaveOption, SegmentsOption, SemanticsOption,
+                      MinDevicesOption, ModeOption, OptimizerOption, ProfileOption, SaveOption, SegmentsOption,
+                      SemanticsOption, SequenceParallelOption, ZeroOption,
                       SeqLenOption, TargetOption, VocabSizeOption, check_ranks)
 from .render.common import machine_output, emit_csv, emit_json, note, stdout
 from .render.plan import check_table, plan_table
@@ -42,6 +43,8 @@ def _calibrate(hw, report: Path, save: Path | None) -> None:
         print(text, end="")
     for impl_name, value in calibrated.efficiency.per_impl.items():
         note(f"{impl_name}: attention efficiency {value:.4f} of peak")
+    for kernel, value in calibrated.efficiency.kernel_scale.items():
+        note(f"{kernel}: {value:.3f} x the profile's efficiency curve")
 
 
 def _check_files(check: Path | None, calibrate: Path | None, save: Path | None, json_out: str | None,
@@ -71,20 +74,20 @@ def _check(hw, report: Path, json_out: str | None, csv_out: str | None) -> None:
         emit_csv(csv_out, frame.to_dict(orient="records"))
 
 
-def _solve(problem, hw, max_seq: bool, min_devices: bool):
-    """(plan, the solver's sentence or None)."""
+def _solve(problem, hw, max_seq: bool, min_devices: bool, training=None):
+    """(plan, the solver's sentence or None); `training`: a model's layout over devices (plan/parallel.py)."""
     from ..plan import solve
 
     if max_seq and min_devices:
         raise ValueError("--max-seq and --min-devices solve for different things: give one")
     devices = problem.world_size
     if max_seq:
-        found = solve.max_seq_search(problem, hw, devices)
+        found = solve.max_seq_search(problem, hw, devices, training)
         n, result = found.seq_len, found.plan
         solved = (f"no bound found up to N={n:,}: every N the search tried fits on {devices} x {hw.name} (it stops "
                   "at 2**40)" if found.capped else f"largest N that fits on {devices} x {hw.name}: {n:,}" if n
                   else f"no N fits on {devices} x {hw.name}")
-        return result or solve.plan(problem, hw, devices), solved
+        return result or solve.plan(problem, hw, devices, training), solved
     if min_devices:
         if problem.target != "attention":
             raise ValueError(f"--min-devices applies to --target attention; --target {problem.target} is planned on one device")
@@ -93,7 +96,28 @@ def _solve(problem, hw, max_seq: bool, min_devices: bool):
         solved = (f"fewest devices for N={problem.seq_len:,}: {d}" if d else
                   f"no bound found: N={problem.seq_len:,} fits on no number of devices up to {most:,}")
         return result or solve.plan(problem, hw, devices), solved
-    return solve.plan(problem, hw, devices), None
+    return solve.plan(problem, hw, devices, training), None
+
+
+def _training(target: str, devices: int, sequence_parallel: int, zero: int, optimizer: str):
+    """A model's layout and optimizer (plan/parallel.py); the options are refused for other targets."""
+    from ..plan.parallel import Training
+
+    if target != "model":
+        if (sequence_parallel, zero, optimizer) != (1, 0, "adamw"):
+            raise ValueError("--sequence-parallel, --zero and --optimizer apply to --target model")
+        return None
+    return Training(devices=devices, sequence_parallel=sequence_parallel, zero=zero, optimizer=optimizer)
+
+
+def _model_advice(solve, problem, hw, training) -> str:
+    from ..plan.layers import attention_call
+
+    sp = training.sequence_parallel
+    try:
+        return solve.chunk_advice(attention_call(problem, sp), hw, sp)
+    except ValueError as exc:
+        return str(exc)
 
 
 def plan(
@@ -104,7 +128,8 @@ def plan(
     semantics: SemanticsOption = "longnet", causal: CausalOption = False,
     target: TargetOption = "attention", embed_dim: EmbedDimOption = None, layers: LayersOption = 12,
     vocab_size: VocabSizeOption = 50304, checkpointing: CheckpointingOption = False, amp: AmpOption = None,
-    devices: DevicesOption = 1,
+    devices: DevicesOption = 1, sequence_parallel: SequenceParallelOption = 1, zero: ZeroOption = 0,
+    optimizer: OptimizerOption = "adamw",
     profile: ProfileOption = "cpu-host", memory: MemoryOption = None,
     max_seq: MaxSeqOption = False, min_devices: MinDevicesOption = False, check: CheckOption = None,
     calibrate: CalibrateOption = None, fail_if_infeasible: FailIfInfeasibleOption = False,
@@ -130,6 +155,10 @@ def plan(
         return _check(hw, check, json_out, csv_out)
     if target == "attention":
         check_ranks([impl or DEFAULT_IMPL[target]], devices, "--world-size")
+    training = _training(target, devices, sequence_parallel, zero, optimizer)
+    if training is not None:
+        devices = 1  # the Problem is one replica's sequence; training.devices carries the layout
+        impl = impl or ("RingMultiheadDilatedAttention" if sequence_parallel > 1 else None)
     problem = Problem(
         impl=impl or DEFAULT_IMPL[target], seq_len=parse_seq_len(seq_len), batch=batch, heads=heads,
         head_dim=head_dim, dtype=dtype, mode=mode, segment_lengths=parse_int_list(segments, "--segments"),
@@ -137,8 +166,13 @@ def plan(
         world_size=devices, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
         checkpointing=checkpointing, amp=amp,
     )
-    result, solved = _solve(problem, hw, max_seq, min_devices)
-    advice = solve.chunk_advice(result.problem, hw, result.devices)
+    if training is not None:
+        from ..plan.parallel import check_impl
+
+        check_impl(problem, training)
+    result, solved = _solve(problem, hw, max_seq, min_devices, training)
+    advice = (solve.chunk_advice(result.problem, hw, result.devices) if training is None
+              else _model_advice(solve, result.problem, hw, training))
     stdout.print(plan_table(result, solved, advice))
     if json_out:
         emit_json(json_out, {**result.model_dump(), "solved": solved, "chunk_advice": advice})

@@ -37,7 +37,9 @@ forward (x4/3 linear, x4.5/3.5 attention) to the time, not to the FLOPs.
 
 from __future__ import annotations
 
-from ..workload.counts import linear_flops
+from dataclasses import dataclass, field
+
+from ..workload.counts import linear_flops, shard_of
 from ..workload.problem import ELEMENT_BYTES, Problem
 from .memory import MemoryBreakdown, estimate_memory
 from .profiles import HardwareProfile
@@ -56,6 +58,50 @@ class LayerMemory(MemoryBreakdown):
     phase: str  # which phase of the step the peak (and this breakdown) belongs to
 
 
+@dataclass
+class ModelStates:
+    """Per-device bytes of the weights, gradients and optimizer, by the phases they are alive in. The default
+    (`bench_states`) is what a dattn bench point holds; plan/parallel.py builds them for data parallel, ZeRO
+    and the optimizer choice."""
+
+    resident: dict[str, int]  # every phase: weights (or their shard), optimizer states, persistent buffers
+    step: dict[str, int] = field(default_factory=dict)  # the optimizer step adds: gradients, temporaries
+    backward: dict[str, int] = field(default_factory=dict)  # a block's backward adds (gradients so far, buckets)
+    forward: dict[str, int] = field(default_factory=dict)  # forward, loss and backward add (FSDP gathered units)
+    step_name: str = "AdamW step"
+
+
+def bench_states(s: Problem) -> ModelStates:
+    """What a bench point of `s` holds: weights in --dtype; a layer bench's gradients accumulate over its calls;
+    a model step's torch.optim.AdamW keeps two moments in the weight dtype, the gradients exist from the
+    backward to zero_grad, and its foreach step takes one temporary of the largest parameter (measured)."""
+    p, params = ELEMENT_BYTES[s.dtype], model_parameters(s)
+    train = s.mode == "fwdbwd"
+    resident = {"weights": params * p}
+    if s.target != "model":
+        return ModelStates({**resident, "parameter gradients": params * p} if train else resident)
+    if not train:
+        return ModelStates(resident)
+    largest = max(s.vocab_size * s.width, s.width * s.hidden)
+    return ModelStates({**resident, "AdamW moments": 2 * params * p},
+                       step={"parameter gradients": params * p, "optimizer temporary": largest * p},
+                       backward={"embedding/head gradient": s.vocab_size * s.width * p})
+
+
+def attention_call(s: Problem, sequence_parallel: int = 1) -> Problem:
+    """One block's attention call, its sequence sharded over `sequence_parallel` devices (the block's impl
+    must then be a distributed one: plan/parallel.py checks)."""
+    attention = s.attention_problem()
+    return attention.model_copy(update={"world_size": sequence_parallel}) if sequence_parallel > 1 else attention
+
+
+def local_part(s: Problem, sequence_parallel: int = 1) -> Problem:
+    """The positions one device holds: N, or the sequence shard L of the attention's layout."""
+    if sequence_parallel == 1:
+        return s
+    return s.model_copy(update={"seq_len": shard_of(attention_call(s, sequence_parallel))})
+
+
 class _Phase:
     def __init__(self, name: str, common: dict[str, int]):
         self.name = name
@@ -64,6 +110,11 @@ class _Phase:
     def add(self, name: str, nbytes: float) -> "_Phase":
         if nbytes:
             self.items[name] = self.items.get(name, 0) + int(nbytes)
+        return self
+
+    def update(self, items: dict[str, int]) -> "_Phase":
+        for name, nbytes in items.items():
+            self.add(name, nbytes)
         return self
 
     @property
@@ -98,33 +149,38 @@ def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
     if c != p:
         items["autocast weight copies"] = (4 * width * width + 2 * width * hidden) * c
     items["attention accumulator"] = attention.get("fp32 accumulator", 0)
+    if attention.get(KEPT_COMM):
+        items[KEPT_COMM] = attention[KEPT_COMM]
     return items
 
 
-def layer_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cpu") -> LayerMemory:
-    """Peak bytes of one bench point of --target layer|model, itemised for the phase that peaks."""
+def layer_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cpu", states: ModelStates | None = None,
+                 sequence_parallel: int = 1) -> LayerMemory:
+    """Peak bytes of one bench point of --target layer|model, itemised for the phase that peaks; `states`: the
+    weights, gradients and optimizer per device (default: a bench point's), `sequence_parallel`: devices
+    sharing each sequence (each holds L positions, the attention's own items from plan/memory.py)."""
+    call = attention_call(s, sequence_parallel)
+    s = local_part(s, sequence_parallel)
     p = ELEMENT_BYTES[s.dtype]
     tokens, width = s.batch * s.seq_len, s.width
-    residual = tokens * width * p
-    params = model_parameters(s)
     train = s.mode == "fwdbwd"
-    attention = estimate_memory(s.attention_problem(), 0, device_type).items
+    attention = estimate_memory(call, 0, device_type).items
+    if sequence_parallel > 1 and train:
+        attention[KEPT_COMM] = _kept_for_backward(call, device_type)
     pool = attention.get("gather buffers (memory pool)", 0)
     model = s.target == "model"
+    states = states or bench_states(s)
 
-    common = {"weights": params * p}
+    common = dict(states.resident)
     if model:
         common["tokens"] = 16 * tokens
-        if train:
-            common["AdamW moments"] = 2 * params * p
     else:
-        common["input and output"] = 2 * residual
-        if train:
-            common["parameter gradients"] = params * p
+        common["input and output"] = 2 * tokens * width * p
     if pool:
         common["attention kept-row buffers (memory pool)"] = pool
 
-    phases = _training_phases(s, common, attention) if train else _forward_phases(s, common, attention)
+    phases = (_training_phases(s, common, attention, states) if train
+              else _forward_phases(s, common, attention, states))
     peak = max(phases, key=lambda ph: ph.total)
     if device_type == "cpu":
         options = ["block"] + ["autocast"] * bool(s.amp) + ["checkpointing"] * (s.checkpointing and train) + ["model"] * model
@@ -134,7 +190,21 @@ def layer_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cpu")
     return LayerMemory(items=peak.items, total=peak.total, phase=peak.name)
 
 
-def _forward_phases(s: Problem, common: dict[str, int], attention: dict[str, int]) -> list[_Phase]:
+KEPT_COMM = "sequence-parallel K/V kept for backward"
+
+
+def _kept_for_backward(call: Problem, device_type: str) -> int:
+    """What a sequence-parallel attention keeps per block until its backward: the all-gather form its gathered
+    K/V rows (the forward's comm buffers), head-parallel its head-shard q, k, v, out; the ring nothing (it
+    rotates K/V again in the backward)."""
+    if call.strategy == "allgather":
+        return estimate_memory(call.model_copy(update={"mode": "fwd"}), 0, device_type).items.get("comm buffers", 0)
+    if call.strategy == "head_parallel":
+        return estimate_memory(call, 0, device_type).items.get("head-shard q, k, v, out", 0)
+    return 0
+
+
+def _forward_phases(s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates) -> list[_Phase]:
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
     core = sum(v for k, v in attention.items() if k not in ("inputs q, k, v", "output", "gather buffers (memory pool)",
@@ -148,16 +218,17 @@ def _forward_phases(s: Problem, common: dict[str, int], attention: dict[str, int
         half_copy = 4 if c != 4 else 0  # the fp32 copy cross_entropy takes of half logits
         loss = _Phase("forward (no grad): loss", common).add("final LayerNorm output", tokens * width * c)
         phases.append(loss.add("logits and log-softmax", tokens * s.vocab_size * (c + 4 + half_copy)))
+    for phase in phases:
+        phase.update(states.forward)
     return phases
 
 
-def _training_phases(s: Problem, common: dict[str, int], attention: dict[str, int]) -> list[_Phase]:
+def _training_phases(s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates) -> list[_Phase]:
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
     residual = tokens * width * p
     saved = sum(block_saved_bytes(s, attention).values())
     model = s.target == "model"
-    params = model_parameters(s)
     upstream = residual + (tokens * width * c if c != p else 0)
     mlp_backward = tokens * hidden * c + width * hidden * c
 
@@ -178,28 +249,25 @@ def _training_phases(s: Problem, common: dict[str, int], attention: dict[str, in
 
     phases = []
     if model:
-        loss = kept(_Phase("loss backward (logits)", common), None)
+        loss = kept(_Phase("loss backward (logits)", common), None).update(states.forward)
         loss.add("final LayerNorm input and output", residual + tokens * width * c)
         if c != p:
             loss.add("autocast copy of the tied head weight", s.vocab_size * width * c)
         loss.add("log-softmax, its gradient, the logits' gradient (fp32)", 12 * tokens * s.vocab_size)
         phases.append(loss)
-        largest = max(s.vocab_size * width, width * hidden)
-        step = _Phase("AdamW step", common).add("parameter gradients", params * p).add("optimizer temporary", largest * p)
-        phases.append(step)
+        phases.append(_Phase(states.step_name, common).update(states.step))
     block = kept(_Phase("last block's backward (MLP)" if model else "block backward (MLP)", common), saved)
-    if model:
-        block.add("embedding/head gradient", s.vocab_size * width * p)
+    block.update(states.forward).update(states.backward)
     block.add("upstream gradient, fc2 input and weight gradients", upstream + mlp_backward)
     phases.append(block)
     # the attention's backward: the MLP half of the block's saved set is gone; the core's gradients and
-    # scratch and the packed q/k/v gradient appear
+    # scratch (and a sequence-parallel form's buffers) and the packed q/k/v gradient appear
     attention_half = saved - 2 * tokens * hidden * c - tokens * width * (c + p)
-    core_backward = sum(v for k, v in attention.items() if k in ("gradients (upstream, dq, dk, dv)", "block result",
-                                                                 "merge copies", "index tensors", "gather buffers"))
+    core_backward = sum(v for k, v in attention.items() if k in (
+        "gradients (upstream, dq, dk, dv)", "block result", "merge copies", "index tensors", "gather buffers",
+        "comm buffers", "all-to-all copies", "head-shard q, k, v, out"))
     att = kept(_Phase("last block's backward (attention)" if model else "block backward (attention)", common), attention_half)
-    if model:
-        att.add("embedding/head gradient", s.vocab_size * width * p)
+    att.update(states.forward).update(states.backward)
     att.add("residual gradients, packed dq/dk/dv, attention gradients and scratch",
             2 * residual + 3 * tokens * width * c + core_backward)
     phases.append(att)

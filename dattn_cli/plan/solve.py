@@ -12,8 +12,9 @@ from pydantic import BaseModel, SerializeAsAny
 from ..workload.counts import FWD_BWD_FACTOR, shard_of, spanning_pairs
 from ..workload.parse import MAX_SEQ_LEN
 from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
-from .layers import estimate_layer_time, layer_memory
+from .layers import attention_call, estimate_layer_time, layer_memory
 from .memory import MemoryBreakdown, estimate_memory, framework_bytes
+from .parallel import Training, model_memory, model_time
 from .profiles import HardwareProfile, load_profile
 from .time import TimeBreakdown, estimate_time
 
@@ -29,10 +30,11 @@ class Plan(BaseModel):
     memory: SerializeAsAny[MemoryBreakdown]  # a LayerMemory (with its phase) for layer/model problems
     capacity_bytes: int
     fits: bool
-    time: TimeBreakdown | None
+    time: SerializeAsAny[TimeBreakdown] | None  # a parallel.StepTime (with its collectives) for a model's training
     feasible: bool
     reason: str
     shard_len: int | None = None  # distributed: positions per device, N padded to devices x shard_len
+    training: Training | None = None  # a whole model's layout over devices and its optimizer (plan/parallel.py)
 
 
 class SeqSearch(BaseModel):
@@ -62,8 +64,11 @@ def _memory(s: Problem, profile: HardwareProfile, device_type: str) -> MemoryBre
     return estimate_memory(s, framework_bytes(profile, s.mode), device_type)
 
 
-def plan(s: Problem, profile: HardwareProfile, devices: int | None = None) -> Plan:
-    """Memory per device and time per call of `s` on `devices` x `profile`, and whether it fits."""
+def plan(s: Problem, profile: HardwareProfile, devices: int | None = None, training: Training | None = None) -> Plan:
+    """Memory per device and time per call of `s` on `devices` x `profile`, and whether it fits; a model with
+    `training`: its step on training.devices laid out and optimised as that says (plan/parallel.py)."""
+    if training is not None and s.target == "model":
+        return _model_plan(s, profile, training)
     devices = devices or s.world_size
     s = s.model_copy(update={"world_size": devices})
     device_type = "cpu" if profile.kind == "cpu" else "cuda"
@@ -86,6 +91,27 @@ def plan(s: Problem, profile: HardwareProfile, devices: int | None = None) -> Pl
     shard = shard_of(s) if devices > 1 and s.target == "attention" else None
     return Plan(problem=s, profile=profile.name, devices=devices, memory=memory, capacity_bytes=capacity, fits=fits,
                 time=time, feasible=fits, reason=reason, shard_len=shard)
+
+
+def _verdict(total: int, capacity: int) -> str:
+    if total <= capacity:
+        return f"fits: {total / 2**30:.2f} GiB of {capacity / 2**30:.2f} GiB per device"
+    return f"does not fit: needs {total / 2**30:.2f} GiB per device, has {capacity / 2**30:.2f} GiB"
+
+
+def _model_plan(s: Problem, profile: HardwareProfile, training: Training) -> Plan:
+    device_type = "cpu" if profile.kind == "cpu" else "cuda"
+    try:
+        memory = model_memory(s, profile, training, device_type)
+        time = model_time(s, profile, training)
+    except ValueError as exc:
+        return _infeasible(s, profile, training.devices, str(exc)).model_copy(update={"training": training})
+    fits = memory.total <= profile.memory_bytes
+    sp = training.sequence_parallel
+    shard = shard_of(s.attention_problem().model_copy(update={"world_size": sp})) if sp > 1 else None
+    return Plan(problem=s, profile=profile.name, devices=training.devices, memory=memory,
+                capacity_bytes=profile.memory_bytes, fits=fits, time=time, feasible=fits,
+                reason=_verdict(memory.total, profile.memory_bytes), shard_len=shard, training=training)
 
 
 def predicted_peak_bytes(s: Problem) -> int | None:
@@ -115,23 +141,26 @@ def _granule(s: Problem, devices: int) -> int:
     return step
 
 
-def max_seq(s: Problem, profile: HardwareProfile, devices: int = 1) -> tuple[int, Plan | None]:
-    """Largest N (a multiple of the alignment granule) whose plan fits on `devices` devices; (0, None)
-    if none does. At the search cap (see max_seq_search) N is the cap itself, not a bound."""
-    found = max_seq_search(s, profile, devices)
+def max_seq(s: Problem, profile: HardwareProfile, devices: int = 1,
+            training: Training | None = None) -> tuple[int, Plan | None]:
+    """Largest N (a multiple of the alignment granule) whose plan fits on `devices` devices (a model: laid out
+    by `training`); (0, None) if none does. At the search cap (see max_seq_search) N is the cap itself."""
+    found = max_seq_search(s, profile, devices, training)
     return found.seq_len, found.plan
 
 
-def max_seq_search(s: Problem, profile: HardwareProfile, devices: int = 1) -> SeqSearch:
+def max_seq_search(s: Problem, profile: HardwareProfile, devices: int = 1, training: Training | None = None) -> SeqSearch:
     """Largest N (a multiple of the alignment granule, at most SEQ_SEARCH_CAP) whose plan fits on `devices`
     devices. Memory grows monotonically with N, so doubling then bisection finds it; when even the cap
     fits, the answer says so (capped) instead of passing the cap off as the largest N."""
-    granule = _granule(s, devices)
+    if training is not None and s.target == "model":
+        devices = training.sequence_parallel  # the sequence is shared by the sp devices of a replica
+    granule = _granule(attention_call(s, devices) if devices > 1 and s.target != "attention" else s, devices)
     if granule > SEQ_SEARCH_CAP:
         return SeqSearch(seq_len=0, plan=None, capped=False)
 
     def fits(n: int) -> Plan | None:
-        p = plan(s.model_copy(update={"seq_len": n}), profile, devices)
+        p = plan(s.model_copy(update={"seq_len": n}), profile, devices, training)
         return p if p.fits else None
 
     lo, hi = 0, granule

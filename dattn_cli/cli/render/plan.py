@@ -39,8 +39,20 @@ def _time_rows(table: Table, result: Plan) -> None:
     if s.target == "attention":
         table.add_row(f"communication ({t.link}, {t.messages} messages)", f"{size(t.comm_bytes)}, {_ms(t.comm_s, 2)}")
         table.add_row("communication hidden under compute", ("yes" if t.comm_hidden else "no") + f" ({literal(t.note)})")
+    _step_rows(table, result)
     label = "time per forward" if s.target == "model" and s.mode == "fwd" else TIME_LABELS[s.target]
     table.add_row(f"[bold]{label}[/]", f"[bold]{_ms(t.total_s)}[/]")
+
+
+def _step_rows(table: Table, result: Plan) -> None:
+    """A model's training step over devices: each collective, its time and what of it is exposed, with the
+    overlap assumed (plan/parallel.py), and the optimizer step."""
+    t = result.time
+    for c in getattr(t, "collectives", []):
+        table.add_row(f"{literal(c.name)} ({c.link})",
+                      f"{size(c.bytes)}, {_ms(c.seconds, 2)}, exposed {_ms(c.exposed_s, 2)} ({literal(c.overlap)})")
+    if getattr(t, "optimizer_s", 0):
+        table.add_row("optimizer step (memory-bound)", _ms(t.optimizer_s, 2))
 
 
 def plan_table(result: Plan, solved: str | None, advice: str) -> Table:
@@ -50,8 +62,10 @@ def plan_table(result: Plan, solved: str | None, advice: str) -> Table:
     table = Table(title=title, show_header=True)
     table.add_column("item")
     table.add_column("per device", justify="right")
+    if result.training is not None:
+        table.add_row("layout", literal(result.training.describe()))
     if result.shard_len is not None:
-        padded = result.shard_len * result.devices
+        padded = result.shard_len * (result.training.sequence_parallel if result.training else result.devices)
         padding = f", N padded to {padded:,} (the padding masked)" if padded > s.seq_len else ""
         table.add_row("sequence shard", f"{result.shard_len:,} positions{padding}")
         table.add_section()
@@ -68,7 +82,7 @@ def plan_table(result: Plan, solved: str | None, advice: str) -> Table:
     table.add_row("verdict", f"{verdict}: {literal(result.reason)}")
     if solved:
         table.add_row("solver", literal(solved))
-    if s.target == "attention":
+    if s.target == "attention" or (result.training and result.training.sequence_parallel > 1):
         table.add_row("ring chunk advice", literal(advice))
     return table
 

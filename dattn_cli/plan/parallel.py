@@ -1,0 +1,277 @@
+"""Whole-model training plans across devices (`plan --target model --devices N`): data parallel (DDP),
+ZeRO stages 1-3 / FSDP, sequence parallel attention and their product, the optimizer's states, and the
+gradient and parameter collectives with their overlap (docs/plan.md, "Whole-model plans across devices").
+
+Layout: N devices = dp x sp. A data-parallel replica of sp devices shares each of its --batch sequences,
+each device holding L = N/sp positions (the attention's shard rule, registry.shard_length); every device
+holds the same weights, so ZeRO shards over all N (sequence-parallel ranks share the shards, as
+DeepSpeed-Ulysses does) and gradients are reduced over all N.
+
+Model states per device, P parameters, p bytes per weight (--dtype), Ψ as in the ZeRO paper
+(Rajbhandari et al. 2020, arXiv:1910.02054, §3.1: mixed-precision Adam holds 2Ψ + 2Ψ + 12Ψ):
+* parameters P·p, /N with ZeRO-3; gradients P·p (in the weight dtype, as autograd makes them), /N with
+  ZeRO-2 and 3; optimizer states and the fp32 master copy, /N with ZeRO >= 1 (OPTIMIZERS)
+* DDP's buckets: torch DDP copies gradients into its all-reduce buckets unless gradient_as_bucket_view=True
+  ("the saved memory size will be equal to the total gradients size", torch.nn.parallel.DistributedDataParallel
+  docs): P·p more, allocated when DDP is built
+* ZeRO-3/FSDP: the unit in use and the prefetched one all-gathered (p bytes): max(2 blocks, head + block);
+  ZeRO-2/3: the unsharded gradient of the unit being reduce-scattered
+Collectives (ring algorithms; bytes each device sends, NCCL's bus-bandwidth convention, nccl-tests
+doc/PERFORMANCE.md): all-reduce 2(N-1)/N·G, all-gather and reduce-scatter (N-1)/N·G, at the profile's
+intra-node link while N <= devices_per_node, else inter-node. DDP: one all-reduce of the gradients; ZeRO-1/2:
+a reduce-scatter of the gradients and an all-gather of the updated parameters; ZeRO-3: all-gathers in the
+forward and in the backward and a reduce-scatter of the gradients (3Ψ against DDP's 2Ψ, ZeRO paper §7.2).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, field_validator, model_validator
+
+from ..kernels.registry import names
+from ..workload.counts import linear_flops
+from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
+from .layers import (LayerMemory, ModelStates, attention_call, block_parameters, layer_memory, local_part,
+                     matmul_key, model_parameters, recompute_factors)
+from .memory import framework_bytes
+from .profiles import HardwareProfile
+from .time import TimeBreakdown, estimate_time
+
+Optimizer = Literal["adamw", "adam8bit", "sgd", "torch-adamw"]
+# bytes per parameter of the optimizer's states, and what they are
+OPTIMIZERS: dict[str, tuple[float | None, str]] = {
+    "adamw": (8.0, "AdamW: exp_avg and exp_avg_sq in fp32"),
+    # bitsandbytes Optimizer2State.init_state: uint8 state1/state2 and one fp32 absmax per 256 values each
+    # (bitsandbytes/optim/optimizer.py; block-wise quantization, Dettmers et al. 2022, arXiv:2110.02861)
+    "adam8bit": (2 + 2 * 4 / 256, "8-bit Adam: two uint8 states + an fp32 absmax per 256 values each"),
+    "sgd": (4.0, "SGD: one fp32 momentum buffer"),
+    "torch-adamw": (None, "torch AdamW on the weights as they are: two states in the weight dtype, no master copy"),
+}
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default
+ZERO_NAMES = {0: "DDP (replicated)", 1: "ZeRO-1 (optimizer states sharded)", 2: "ZeRO-2 (+ gradients sharded)",
+              3: "ZeRO-3 / FSDP full shard (+ parameters sharded)"}
+
+
+class Training(BaseModel):
+    """How a model's training step is spread over devices and optimised (plan --target model)."""
+
+    devices: int = 1
+    sequence_parallel: int = 1
+    zero: Literal[0, 1, 2, 3] = 0
+    optimizer: Optimizer = "adamw"
+
+    @field_validator("devices", "sequence_parallel")
+    @classmethod
+    def _count(cls, value: int, info) -> int:
+        option = "--devices" if info.field_name == "devices" else "--sequence-parallel"
+        if not 1 <= value <= SIZE_LIMITS["world_size"]:
+            raise ValueError(f"{option} must be from 1 to {SIZE_LIMITS['world_size']:,}, got {value:,}")
+        return value
+
+    @model_validator(mode="after")
+    def _layout(self) -> "Training":
+        if self.devices % self.sequence_parallel:
+            raise ValueError(f"--sequence-parallel {self.sequence_parallel} does not divide --devices {self.devices}: "
+                             "devices = data parallel x sequence parallel")
+        return self
+
+    @property
+    def data_parallel(self) -> int:
+        return self.devices // self.sequence_parallel
+
+    def describe(self) -> str:
+        return (f"{self.devices} devices = dp {self.data_parallel} x sp {self.sequence_parallel}; "
+                f"{ZERO_NAMES[self.zero] if self.devices > 1 else 'one device'}; {OPTIMIZERS[self.optimizer][1]}")
+
+
+def check_impl(s: Problem, t: Training) -> None:
+    """A sequence-parallel layout needs a distributed multihead attention (bad input: the CLI exits 2)."""
+    if t.sequence_parallel > 1 and not s.spec.distributed:
+        raise ValueError(f"--sequence-parallel {t.sequence_parallel} needs a distributed multihead --impl, not "
+                         f"{s.impl}: use " + ", ".join(names(lambda x: x.distributed and x.kind == "multihead")))
+
+
+def check_layout(s: Problem, t: Training) -> None:
+    """The attention can shard N over the sp devices (else the plan is infeasible, saying why)."""
+    sp = t.sequence_parallel
+    check_impl(s, t)
+    if sp == 1:
+        return
+    if sp > s.seq_len:
+        raise ValueError(f"--sequence-parallel {sp} is more than N={s.seq_len:,}: use fewer devices per sequence")
+    if reason := s.spec.shard_rule(attention_call(s, sp), sp):
+        raise ValueError(f"{s.impl} cannot shard N={s.seq_len:,} over --sequence-parallel {sp}: {reason}")
+
+
+def optimizer_bytes(optimizer: str, weight_bytes: int) -> tuple[float, float]:
+    """(state bytes, fp32 master-copy bytes) per parameter. Half weights train against an fp32 master copy
+    (mixed precision, whatever the optimizer); fp32 weights (--dtype float32, with or without --amp) are
+    their own master. torch-adamw is what dattn bench's model step runs: states in the weight dtype."""
+    states, _ = OPTIMIZERS[optimizer]
+    if states is None:
+        return 2.0 * weight_bytes, 0.0
+    return states, 4.0 if weight_bytes < 4 else 0.0
+
+
+def _units(s: Problem) -> tuple[int, int]:
+    """(parameters of the largest block, of the tied embedding/head): FSDP's wrapping units."""
+    return block_parameters(s.width, s.mlp_ratio), s.vocab_size * s.width
+
+
+def model_states(s: Problem, t: Training) -> ModelStates:
+    """The weights, gradients and optimizer of one device, by phase (module docstring)."""
+    p, params, n, z = ELEMENT_BYTES[s.dtype], model_parameters(s), t.devices, t.zero
+    block, head = _units(s)
+    sharded = n > 1
+    resident = {"parameters" + (f" (1/{n} shard)" if z == 3 and sharded else ""): params * p / (n if z == 3 else 1)}
+    forward = {}
+    if z == 3 and sharded:
+        forward["all-gathered parameters (unit in use + prefetched)"] = max(2 * block, head + block) * p
+    if s.mode != "fwdbwd":
+        return ModelStates(resident, forward=forward, step_name="no optimizer step")
+    states, master = optimizer_bytes(t.optimizer, p)
+    split = n if z >= 1 else 1
+    shard = f" (1/{n} shard)" if z >= 1 and sharded else ""
+    resident[f"optimizer states{shard}"] = params * states / split
+    if master:
+        resident[f"fp32 master weights{shard}"] = params * master / split
+    if z == 0 and sharded:
+        resident["DDP gradient buckets (all-reduce copies)"] = params * p
+    backward = dict(forward)
+    if z >= 2 and sharded:
+        backward["unsharded gradient of the unit being reduce-scattered"] = max(block, head) * p
+    else:
+        backward["embedding/head gradient"] = head * p
+    gradients = params * p / (n if z >= 2 else 1)
+    temporary = 0 if t.optimizer == "adam8bit" else max(block, head) * (states / 2 if t.optimizer != "sgd" else states)
+    step = {"gradients" + (f" (1/{n} shard)" if z >= 2 and sharded else ""): gradients,
+            "optimizer temporary": temporary / split}
+    return ModelStates(resident, step=step, backward=backward, forward=forward, step_name="optimizer step")
+
+
+def model_memory(s: Problem, profile: HardwareProfile, t: Training, device_type: str) -> LayerMemory:
+    """Peak bytes per device of one training step of `s` laid out by `t`, itemised for the peak phase."""
+    check_layout(s, t)
+    states = model_states(s, t)
+    return layer_memory(s, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel)
+
+
+class Collective(BaseModel):
+    name: str
+    bytes: int  # sent per device
+    seconds: float
+    exposed_s: float  # the part not hidden under compute
+    overlap: str  # the overlap assumption
+    link: str = "intra-node"
+
+
+class StepTime(TimeBreakdown):
+    collectives: list[Collective] = []
+    optimizer_s: float = 0.0
+
+
+def _collective(name: str, nbytes: float, messages: int, profile: HardwareProfile, n: int) -> tuple[str, int, float]:
+    link = profile.intra_node if n <= profile.devices_per_node else profile.inter_node
+    seconds = messages * link.latency_us * 1e-6 + nbytes / (link.bandwidth_gb_s * 1e9 * profile.efficiency.communication)
+    return name, int(nbytes), seconds
+
+
+def data_parallel_collectives(s: Problem, profile: HardwareProfile, t: Training, forward_s: float,
+                              backward_s: float) -> list[Collective]:
+    """The gradient and parameter collectives of one step and what of each is exposed (module docstring)."""
+    n, z, p = t.devices, t.zero, ELEMENT_BYTES[s.dtype]
+    if n == 1:
+        return []
+    total = model_parameters(s) * p
+    block, head = _units(s)
+    units = s.layers + 1
+    share = (n - 1) / n
+    unit = max(block, head) * p
+    out = []
+    if s.mode != "fwdbwd":
+        if z == 3:
+            name, nbytes, sec = _collective("FSDP all-gather (forward)", share * total, units * (n - 1), profile, n)
+            first = _collective("", share * unit, n - 1, profile, n)[2]
+            out.append(Collective(name=name, bytes=nbytes, seconds=sec, exposed_s=max(0.0, sec - forward_s) + first,
+                                  overlap="prefetched one unit ahead under the forward; the first unit's gather exposed"))
+        return out
+    if z == 0:
+        buckets = max(1, -(-total // DDP_BUCKET_BYTES))
+        name, nbytes, sec = _collective("DDP all-reduce of gradients", 2 * share * total, buckets * 2 * (n - 1), profile, n)
+        last = _collective("", 2 * share * min(total, DDP_BUCKET_BYTES), 2 * (n - 1), profile, n)[2]
+        out.append(Collective(name=name, bytes=nbytes, seconds=sec, exposed_s=max(0.0, sec - backward_s) + last,
+                              overlap="25 MiB buckets all-reduced during the backward; what exceeds the backward "
+                                      "compute and the last bucket are exposed"))
+        return out
+    rs_name = "ZeRO reduce-scatter of gradients" if z < 3 else "FSDP reduce-scatter of gradients"
+    name, nbytes, rs = _collective(rs_name, share * total, units * (n - 1), profile, n)
+    last = _collective("", share * unit, n - 1, profile, n)[2]
+    if z < 3:
+        out.append(Collective(name=name, bytes=nbytes, seconds=rs, exposed_s=max(0.0, rs - backward_s) + last,
+                              overlap="per unit during the backward; what exceeds the backward and the last unit exposed"))
+        name, nbytes, ag = _collective("ZeRO all-gather of updated parameters", share * total, units * (n - 1), profile, n)
+        out.append(Collective(name=name, bytes=nbytes, seconds=ag, exposed_s=ag,
+                              overlap="after the optimizer step, nothing to hide under: exposed"))
+        return out
+    fname, fbytes, fag = _collective("FSDP all-gather (forward)", share * total, units * (n - 1), profile, n)
+    first = _collective("", share * unit, n - 1, profile, n)[2]
+    out.append(Collective(name=fname, bytes=fbytes, seconds=fag, exposed_s=max(0.0, fag - forward_s) + first,
+                          overlap="prefetched one unit ahead under the forward; the first unit's gather exposed"))
+    bname, bbytes, bag = _collective("FSDP all-gather (backward)", share * total, units * (n - 1), profile, n)
+    hidden_room = max(0.0, backward_s - bag)
+    out.append(Collective(name=bname, bytes=bbytes, seconds=bag, exposed_s=max(0.0, bag - backward_s),
+                          overlap="prefetched one unit ahead under the backward"))
+    out.append(Collective(name=name, bytes=nbytes, seconds=rs, exposed_s=max(0.0, rs - hidden_room) + last,
+                          overlap="per unit under the backward compute left after the all-gathers; the last unit exposed"))
+    return out
+
+
+def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
+    """Time per training step per device: compute of the local positions (attention at its sequence-parallel
+    layout, linear layers at the matmul efficiency), the attention's exposed communication, the data-parallel
+    collectives' exposed part, and the optimizer step at memory bandwidth."""
+    sp = t.sequence_parallel
+    call, local = attention_call(s, sp), local_part(s, sp)
+    attention = estimate_time(call, profile)
+    recompute_attention, recompute_linear = recompute_factors(s)
+    attention_compute = (attention.compute_s + getattr(attention, "memory_s", 0.0)) * s.layers * recompute_attention
+    sp_exposed = max(0.0, attention.total_s - attention.compute_s - getattr(attention, "memory_s", 0.0)) * s.layers * recompute_attention
+    peak = profile.peak_flops(s.compute_dtype)
+    if peak is None:
+        raise ValueError(f"profile {profile.name!r} has no {s.compute_dtype} rate (null in its peak_tflops): pick another --dtype or --amp")
+    linear_s = linear_flops(local) * recompute_linear / (peak * profile.efficiency.compute_for(matmul_key(s), s.mode))
+    compute = attention_compute + linear_s
+    train = s.mode == "fwdbwd"
+    forward_s = compute / 3 if train else compute  # linear fwd is 1/3 of fwd+bwd, attention 1/3.5: about a third
+    link = "intra-node" if t.devices <= profile.devices_per_node else "inter-node"
+    collectives = [c.model_copy(update={"link": link})
+                   for c in data_parallel_collectives(s, profile, t, forward_s, compute - forward_s)]
+    optimizer_s = _optimizer_seconds(s, profile, t) if train else 0.0
+    dp_exposed = sum(c.exposed_s for c in collectives)
+    comm_bytes = sum(c.bytes for c in collectives) + attention.comm_bytes * s.layers
+    comm_s = sum(c.seconds for c in collectives) + attention.comm_s * s.layers * recompute_attention
+    exposed = dp_exposed + sp_exposed
+    if sp > 1:
+        collectives.append(Collective(name=f"attention {call.strategy} (sequence parallel, {s.layers} blocks)",
+                                      bytes=attention.comm_bytes * s.layers, seconds=attention.comm_s * s.layers * recompute_attention,
+                                      exposed_s=sp_exposed, overlap=attention.note, link=attention.link))
+    note = (f"attention {attention_compute * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms; optimizer step "
+            f"{optimizer_s * 1e3:.1f} ms at memory bandwidth; communication exposed {exposed * 1e3:.1f} ms")
+    flops = attention.flops * s.layers + linear_flops(local)
+    return StepTime(flops=flops, compute_s=compute, comm_bytes=int(comm_bytes), messages=attention.messages * s.layers,
+                    comm_s=comm_s, overlappable_s=max(0.0, comm_s - exposed), comm_hidden=exposed <= 0.01 * compute,
+                    total_s=compute + exposed + optimizer_s, link=link, note=note, collectives=collectives,
+                    optimizer_s=optimizer_s)
+
+
+def _optimizer_seconds(s: Problem, profile: HardwareProfile, t: Training) -> float:
+    """The optimizer step reads the gradients and reads and writes the weights, states and master copy of this
+    device's shard, at memory_bandwidth x efficiency.memory_bandwidth (memory-bound, a model)."""
+    states = model_states(s, t)
+    resident = sum(v for k, v in states.resident.items() if not k.startswith("DDP"))
+    gradients = sum(v for k, v in states.step.items() if k.startswith("gradients"))
+    if t.zero < 3 and t.zero >= 1 and t.devices > 1:  # only this device's shard of the weights is updated
+        resident -= sum(v for k, v in states.resident.items() if k.startswith("parameters")) * (1 - 1 / t.devices)
+    traffic = 2 * resident + gradients / (t.devices if 1 <= t.zero < 2 else 1)
+    return traffic / (profile.memory_bandwidth_gb_s * 1e9 * profile.efficiency.memory_bandwidth)
