@@ -10,9 +10,11 @@ import pandas as pd
 
 from ..workload.counts import flops_per_device, linear_flops
 from ..workload.records import BenchRow, read_rows, row_problem
+from .efficiency import has_curve
 from .layers import attention_part, matmul_key, recompute_factors
 from .profiles import HardwareProfile
 from .solve import plan
+from .time import estimate_time, kernel_for
 
 
 def ok_rows(path: Path | str) -> list[BenchRow]:
@@ -65,10 +67,15 @@ def summary(frame: pd.DataFrame) -> dict[str, float | None]:
 
 
 def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> HardwareProfile:
-    """Fit attention efficiency per implementation and mode ('impl/fwd', 'impl/fwdbwd'): the median over
-    its rows of achieved / peak FLOP/s (single-device rows; communication is not fitted here). Layer and
-    model rows fit the linear layers' efficiency per compute dtype and mode ('matmul:bfloat16/fwdbwd'):
-    their linear FLOPs over the time left after the attention's predicted time (attention fitted first)."""
+    """Fit the attention's efficiency, then the linear layers'. GPU rows (device cuda) whose kernel has an
+    efficiency curve on the profile (plan/efficiency.py) fit a scale on that curve per kernel and mode
+    ('flash/fwdbwd'): the median over the rows of curve-predicted compute time / measured time less the
+    predicted gather/merge time, so rows at many N calibrate the curve's level and keep its shape. Other
+    single-device attention rows (CPU, kernels without a curve) fit the efficiency per implementation and mode
+    ('impl/fwd'): the median of achieved / peak FLOP/s (communication is not fitted here). Layer and model rows
+    fit the linear layers' efficiency per compute dtype and mode ('matmul:bfloat16/fwdbwd'): their linear FLOPs
+    over the time left after the attention's predicted time (attention fitted first)."""
+    scales: dict[str, list[float]] = {}
     per_impl: dict[str, list[float]] = {}
     for row in rows:
         if row.world_size != 1 or not _timed(row) or row.target != "attention":
@@ -77,10 +84,33 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
         peak = profile.peak_flops(shape.dtype)
         if not peak:
             continue
-        achieved = flops_per_device(shape) / (row.time_ms / 1e3)
-        per_impl.setdefault(f"{row.impl}/{row.mode}", []).append(achieved / peak)
-    fitted = {impl: min(1.0, statistics.median(v)) for impl, v in per_impl.items()}
-    profile = _with_efficiency(profile, fitted, source)
+        seconds = row.time_ms / 1e3
+        kernel = kernel_for(shape, profile)
+        if shape.device.startswith("cuda") and has_curve(profile.efficiency, kernel, shape.dtype, shape.causal, shape.mode):
+            scale = _curve_scale(shape, profile, kernel, seconds)
+            if scale is not None:
+                scales.setdefault(f"{kernel}/{shape.mode}", []).append(scale)
+            continue
+        per_impl.setdefault(f"{row.impl}/{row.mode}", []).append(flops_per_device(shape) / seconds / peak)
+    profile = _with_scales(profile, {k: min(10.0, statistics.median(v)) for k, v in scales.items()})
+    profile = _with_efficiency(profile, {impl: min(1.0, statistics.median(v)) for impl, v in per_impl.items()}, source)
+    per_dtype = _linear_efficiencies(rows, profile)
+    if not per_impl and not per_dtype and not scales:
+        raise ValueError(f"{source}: no single-device ok rows with a time to calibrate from")
+    return _with_efficiency(profile, {k: min(1.0, statistics.median(v)) for k, v in per_dtype.items()}, source)
+
+
+def _curve_scale(shape, profile: HardwareProfile, kernel: str, seconds: float) -> float | None:
+    """Measured / curve-predicted efficiency of one row (the curve unscaled): predicted compute time over the
+    measured time less the predicted gather/merge time; None when that leaves no time."""
+    scale = {k: v for k, v in profile.efficiency.kernel_scale.items() if k not in (kernel, f"{kernel}/{shape.mode}")}
+    unscaled = profile.model_copy(update={"efficiency": profile.efficiency.model_copy(update={"kernel_scale": scale})})
+    predicted = estimate_time(shape, unscaled)
+    left = seconds - predicted.memory_s
+    return predicted.compute_s / left if left > 0 else None
+
+
+def _linear_efficiencies(rows: list[BenchRow], profile: HardwareProfile) -> dict[str, list[float]]:
     per_dtype: dict[str, list[float]] = {}
     for row in rows:
         if row.target == "attention" or not _timed(row):
@@ -92,9 +122,14 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
         if linear_s > 0 and peak:
             executed = linear_flops(shape) * recompute_factors(shape)[1]
             per_dtype.setdefault(f"{matmul_key(shape)}/{row.mode}", []).append(executed / linear_s / peak)
-    if not per_impl and not per_dtype:
-        raise ValueError(f"{source}: no single-device ok rows with a time to calibrate from")
-    return _with_efficiency(profile, {k: min(1.0, statistics.median(v)) for k, v in per_dtype.items()}, source)
+    return per_dtype
+
+
+def _with_scales(profile: HardwareProfile, fitted: dict[str, float]) -> HardwareProfile:
+    if not fitted:
+        return profile
+    efficiency = profile.efficiency.model_copy(update={"kernel_scale": {**profile.efficiency.kernel_scale, **fitted}})
+    return profile.model_copy(update={"efficiency": efficiency})
 
 
 def _timed(row: BenchRow) -> bool:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr, ValidationError,
+                      field_validator, model_validator)
 
 from ..workload.parse import clip
 from ..workload.yaml_input import load_yaml, read_yaml
@@ -80,6 +80,19 @@ class Link(_Strict):
     latency_us: Latency
 
 
+class AttentionCurve(_Strict):
+    """One dense kernel's efficiency curve, e_inf x N / (N + n_half), fitted to published figures (plan/efficiency.py)."""
+
+    kernel: StrictStr = Field(min_length=1, max_length=MAX_NAME)
+    direction: Literal["fwd", "bwd", "fwdbwd"]
+    causal: StrictBool
+    head_dim: _bounded(1, 2**16, low_open=False, integer=True)
+    dtypes: list[Literal[DTYPES]] = Field(default=["float16", "bfloat16"], min_length=1)
+    e_inf: Fraction
+    n_half: _bounded(0, 2**40, low_open=False)
+    source: StrictStr = Field(min_length=1, description="paper/README, figure or table the fit used")
+
+
 class Efficiency(_Strict):
     """Fractions of the peaks that real kernels reach (priors; `plan --calibrate` fits them)."""
 
@@ -88,6 +101,13 @@ class Efficiency(_Strict):
     communication: Fraction
     per_impl: dict[StrictStr, Fraction] = Field(
         default_factory=dict, description="attention_compute fitted per implementation, or per 'implementation/mode'")
+    attention_curves: list[AttentionCurve] = Field(
+        default_factory=list, description="dense kernels' efficiency vs N (plan/efficiency.py); attention_compute "
+        "is the fallback for kernels without one")
+    compute_units: _bounded(1, 2**20, low_open=False, integer=True) | None = Field(
+        None, description="SMs (CUs) the attention kernels spread thread blocks over: wave quantization")
+    kernel_scale: dict[StrictStr, _bounded(0, 10)] = Field(
+        default_factory=dict, description="plan --calibrate's factor on a kernel's curve, per 'kernel/mode' or 'kernel'")
 
     def compute_for(self, impl: str, mode: str | None = None) -> float:
         if mode is not None and f"{impl}/{mode}" in self.per_impl:

@@ -1,21 +1,34 @@
 """Time of one attention call per device on a hardware profile (the planner's time model).
 
 * compute   = FLOPs / (peak[dtype] x efficiency); FLOPs by workload/counts.py (4·D·P forward, P = attended
-              pairs this device computes; fwd+bwd = 3.5 x), efficiency per implementation from the
-              profile (`plan --calibrate` fits it)
+              pairs this device computes; fwd+bwd = 3.5 x). Efficiency: where the profile has a curve for
+              the kernel (plan/efficiency.py), the dense kernel's efficiency at each block the implementation
+              runs (its length and its count in flight), FLOP-weighted; else the profile's prior per
+              implementation (`per_impl`, fitted by `plan --calibrate`, or `attention_compute`)
+* memory    = with curves only: the gather/scatter and merge passes of the dilated implementations' blocks at
+              memory bandwidth x efficiency.memory_bandwidth (a model of the extra passes, not measured)
 * comm      = Σ messages (latency + bytes / (bandwidth x efficiency)); the link is intra-node while the
               group fits in `devices_per_node`, else inter-node; bytes from workload/counts.py
 * ring overlap: each ring step's transfer hides under the previous step's compute when
-              step compute time >= step transfer time; total = compute + max(0, comm - overlappable)
+              step compute time >= step transfer time; total = compute + memory + max(0, comm - overlappable)
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
-from ..workload.counts import flops_per_device, head_parallel_traffic, sequence_parallel_traffic
-from ..workload.problem import Problem
+from ..kernels.pattern import build_blocks
+from ..workload.counts import flops_per_device, head_parallel_traffic, sequence_parallel_traffic, shard_of
+from ..workload.problem import ELEMENT_BYTES, Problem
+from .efficiency import KERNELS, curve_efficiency, curve_source, has_curve
 from .profiles import HardwareProfile
+
+# Extra memory passes per block, in units of the block's q-sized tensor b·segments·rows·heads·D·e (a model):
+# forward: q, k, v gathered and out scattered back (read + write each) when r > 1; the LSE merge reads the
+# block's out and reads/writes the accumulator when a call has more than one block. Backward: q, k, v, dout, out
+# gathered (r > 1), dq, dk, dv read and accumulated (read + write) whenever gradients of several blocks add up.
+GATHER_PASSES = {"fwd": 8, "fwdbwd": 8 + 10}
+MERGE_PASSES = {"fwd": 3, "fwdbwd": 3 + 9}
 
 
 class TimeBreakdown(BaseModel):
@@ -29,6 +42,11 @@ class TimeBreakdown(BaseModel):
     total_s: float
     link: str
     note: str
+    kernel: str | None = None  # the dense kernel whose curve gave the efficiency (None: the profile's prior)
+    efficiency: float | None = None  # achieved / peak FLOP/s of the compute, FLOP-weighted over the blocks
+    efficiency_source: str = ""
+    memory_bytes: int = 0  # gather/merge traffic
+    memory_s: float = 0.0
 
 
 def estimate_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
@@ -36,7 +54,9 @@ def estimate_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
     if peak is None:
         raise ValueError(f"profile {profile.name!r} has no {s.dtype} rate (null in its peak_tflops): pick another --dtype")
     flops = flops_per_device(s)
-    compute = flops / (peak * profile.efficiency.compute_for(s.impl, s.mode))
+    kernel, efficiency, source, traffic = compute_efficiency(s, profile)
+    compute = flops / (peak * efficiency)
+    memory_s = traffic / (profile.memory_bandwidth_gb_s * 1e9 * profile.efficiency.memory_bandwidth)
     p = s.world_size
     link = profile.intra_node if p <= profile.devices_per_node else profile.inter_node
     link_name = "intra-node" if p <= profile.devices_per_node else "inter-node"
@@ -52,6 +72,65 @@ def estimate_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
         note = "head-parallel: all-to-alls before and after attention, not overlapped"
     comm = messages * link.latency_us * 1e-6 + comm_bytes / (link.bandwidth_gb_s * 1e9 * profile.efficiency.communication)
     hidden = comm <= overlappable if messages else True
-    total = compute + max(0.0, comm - overlappable)
+    total = compute + memory_s + max(0.0, comm - overlappable)
     return TimeBreakdown(flops=flops, compute_s=compute, comm_bytes=comm_bytes, messages=messages, comm_s=comm,
-                         overlappable_s=overlappable, comm_hidden=hidden, total_s=total, link=link_name, note=note)
+                         overlappable_s=overlappable, comm_hidden=hidden, total_s=total, link=link_name, note=note,
+                         kernel=kernel, efficiency=efficiency, efficiency_source=source, memory_bytes=traffic,
+                         memory_s=memory_s)
+
+
+def kernel_for(s: Problem, profile: HardwareProfile) -> str:
+    """The dense kernel that computes `s`'s blocks: a named backend (plan --kernel), the dense baseline itself, flex
+    for block-sparse patterns, else what kernels/backends.resolve_backend picks for `auto` with flash-attn
+    installed (flash for fp16/bf16 on a GPU, math for float64 on a GPU, sdpa otherwise)."""
+    if s.backend in KERNELS:
+        return s.backend
+    if s.spec.strategy in ("dense", "reference"):
+        return s.impl if s.impl in KERNELS else "math"
+    if s.spec.block_sparse:
+        return "flex"
+    if profile.kind == "gpu" and s.dtype in ("float16", "bfloat16"):
+        return "flash"
+    return "math" if profile.kind == "gpu" and s.dtype == "float64" else "sdpa"
+
+
+def kernel_blocks(s: Problem) -> list[tuple[int, int, int, int, int]]:
+    """(rows n, problems in flight, FLOP weight, rate, q-sized elements) of each dense call one device makes:
+    the whole N for dense kernels (and the shard for block-sparse ones, whose kernel walks it); for dilated
+    implementations the blocks of kernels/pattern.py on the device's rows (its shard, segments cut at the shard:
+    a ring step is one (L/r) x (L/r) block; head-parallel: H/p heads over all N)."""
+    if s.spec.strategy in ("dense", "reference") or s.spec.block_sparse:
+        n = shard_of(s) if s.spec.block_sparse else s.seq_len
+        return [(n, s.batch * s.heads, 1, 1, s.batch * s.heads * n)]
+    heads, length = s.heads, s.seq_len
+    if s.world_size > 1 and s.strategy == "head_parallel":
+        heads = max(1, s.heads // s.world_size)
+    elif s.world_size > 1:
+        length = shard_of(s)
+    segments = [min(w, length) for w in s.segment_lengths]
+    out = []
+    for b in build_blocks(length, heads, segments, s.dilation_rates, s.semantics):
+        in_flight = s.batch * b.num_segments * b.num_heads
+        out.append((b.rows, in_flight, b.pairs_attended(s.batch, s.causal), b.rate, in_flight * b.rows))
+    return out
+
+
+def compute_efficiency(s: Problem, profile: HardwareProfile) -> tuple[str | None, float, str, int]:
+    """(kernel or None, efficiency, its source, gather/merge bytes) of one call of `s` on `profile`."""
+    eff = profile.efficiency
+    kernel = kernel_for(s, profile)
+    if not has_curve(eff, kernel, s.dtype, s.causal, s.mode):
+        prior = eff.compute_for(s.impl, s.mode)
+        fitted = s.impl in eff.per_impl or f"{s.impl}/{s.mode}" in eff.per_impl
+        return None, prior, ("per_impl (plan --calibrate)" if fitted else "attention_compute prior"), 0
+    blocks = kernel_blocks(s)
+    weights = sum(w for _, _, w, _, _ in blocks) or 1
+    inverse = sum(w / curve_efficiency(eff, kernel, s.dtype, s.head_dim, s.causal, s.mode, n, k)
+                  for n, k, w, _, _ in blocks if w)
+    efficiency = weights / inverse if inverse else 1.0
+    element = ELEMENT_BYTES[s.dtype] * s.head_dim
+    traffic = sum(GATHER_PASSES[s.mode] * q * element for _, _, _, r, q in blocks if r > 1)
+    if len(blocks) > 1:
+        traffic += sum(MERGE_PASSES[s.mode] * q * element for *_, q in blocks)
+    source = f"{kernel} curve: {curve_source(eff, kernel, s.dtype, s.head_dim, s.causal, s.mode)}"
+    return kernel, efficiency, source, traffic

@@ -36,6 +36,11 @@ def _time_rows(table: Table, result: Plan) -> None:
     table.add_section()
     table.add_row("FLOPs (docs/semantics.md convention)", f"{t.flops:.3e}")
     table.add_row("compute time", _ms(t.compute_s) + (f" ({literal(t.note)})" if s.target != "attention" else ""))
+    if t.efficiency is not None:
+        kernel = f"{t.kernel} kernel, " if t.kernel else ""
+        table.add_row("attention efficiency (of peak)", f"{t.efficiency:.1%} ({kernel}{literal(t.efficiency_source)})")
+    if t.memory_bytes:
+        table.add_row("gather/merge memory traffic", f"{size(t.memory_bytes)}, {_ms(t.memory_s, 2)}")
     if s.target == "attention":
         table.add_row(f"communication ({t.link}, {t.messages} messages)", f"{size(t.comm_bytes)}, {_ms(t.comm_s, 2)}")
         table.add_row("communication hidden under compute", ("yes" if t.comm_hidden else "no") + f" ({literal(t.note)})")

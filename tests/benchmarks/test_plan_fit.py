@@ -1,0 +1,61 @@
+"""benchmarks/plan_fit.py (issue 19, item 1): it fits the efficiency curves to published cells, reports per cell and
+per (gpu, kernel), holds cells out, and writes a profile's curves block that still validates. The cells here are a
+fixture read off the flash-attention README charts (tests/benchmarks/data/published_cells.csv), not the
+benchmark's own CSV."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import plan_fit  # noqa: E402
+
+from dattn_cli.plan.profiles import load_profile  # noqa: E402
+
+CELLS = Path(__file__).parent / "data" / "published_cells.csv"
+
+
+def test_the_script_runs_and_reports_every_section():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plan_fit.py"), "--cells", str(CELLS), "--yaml"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for section in ("## fitted curves", "## per cell (in-sample)", "## in-sample", "## held out: every other N",
+                    "## held out: each head dim from the others", "attention_curves:"):
+        assert section in out
+    assert "within_25_pct" in out and "median_abs_pct" in out and "targets met" in out
+
+
+def test_fit_recovers_curves_and_a_wrong_curve_fails_the_targets():
+    cells = plan_fit.load_cells(CELLS)
+    entries = plan_fit.fit_all(cells)
+    good = plan_fit.scores(plan_fit.evaluate(cells, entries))
+    assert good["within_25_pct"] >= 80 and good["median_abs_pct"] <= 12
+    flat = [dict(e, e_inf=e["e_inf"] * 0.6) for e in entries]  # the targets can fail
+    bad = plan_fit.scores(plan_fit.evaluate(cells, flat))
+    assert bad["within_25_pct"] < 80
+
+
+def test_held_out_cells_are_not_the_fitted_ones():
+    cells = plan_fit.load_cells(CELLS)
+    held = plan_fit.held_out_alternate(cells)
+    assert 0 < len(held) < len(cells) and held["error_pct"].notna().all()
+
+
+def test_write_curves_replaces_the_block_and_the_profile_validates(tmp_path):
+    cells = plan_fit.load_cells(CELLS)
+    entries = plan_fit.fit_all(cells[cells["gpu"] == "a100-sxm-80gb"])
+    target = tmp_path / "a100.yaml"
+    shutil.copy(ROOT / "dattn_cli" / "profiles" / "a100-sxm-80gb.yaml", target)
+    curves = plan_fit.curves_of(entries, "a100-sxm-80gb")[:2]
+    plan_fit.write_curves(target, curves)
+    assert [c.head_dim for c in load_profile(target).efficiency.attention_curves] == [c.head_dim for c in curves]
+    bare = tmp_path / "bare.yaml"
+    shutil.copy(ROOT / "dattn_cli" / "profiles" / "l4.yaml", bare)  # no block yet: added after communication
+    plan_fit.write_curves(bare, curves)
+    assert len(load_profile(bare).efficiency.attention_curves) == 2
