@@ -9,7 +9,7 @@ import typer
 
 from .options import (DEFAULT_MODE, AmpOption, BatchOption, CalibrateOption, CausalOption, CheckOption, CheckpointingOption,
                       DevicesOption, DilationsOption, DTypeOption, EmbedDimOption, FailIfInfeasibleOption,
-                      HeadDimOption, HeadsOption, ImplOption, JsonOption, CsvOption, LayersOption, MaxSeqOption, MemoryOption,
+                      HeadDimOption, HeadsOption, ImplOption, KernelOption, JsonOption, CsvOption, LayersOption, MaxSeqOption, MemoryOption,
                       MinDevicesOption, ModeOption, OptimizerOption, ProfileOption, SaveOption, SegmentsOption,
                       SemanticsOption, SequenceParallelOption, ZeroOption,
                       SeqLenOption, TargetOption, VocabSizeOption, check_ranks)
@@ -130,7 +130,7 @@ def plan(
     vocab_size: VocabSizeOption = 50304, checkpointing: CheckpointingOption = False, amp: AmpOption = None,
     devices: DevicesOption = 1, sequence_parallel: SequenceParallelOption = 1, zero: ZeroOption = 0,
     optimizer: OptimizerOption = "adamw",
-    profile: ProfileOption = "cpu-host", memory: MemoryOption = None,
+    profile: ProfileOption = "cpu-host", memory: MemoryOption = None, kernel: KernelOption = "auto",
     max_seq: MaxSeqOption = False, min_devices: MinDevicesOption = False, check: CheckOption = None,
     calibrate: CalibrateOption = None, fail_if_infeasible: FailIfInfeasibleOption = False,
     save: SaveOption = None, json_out: JsonOption = None, csv_out: CsvOption = None,
@@ -164,7 +164,7 @@ def plan(
         head_dim=head_dim, dtype=dtype, mode=mode, segment_lengths=parse_int_list(segments, "--segments"),
         dilation_rates=parse_int_list(dilations, "--dilations"), semantics=semantics, causal=causal,
         world_size=devices, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
-        checkpointing=checkpointing, amp=amp,
+        checkpointing=checkpointing, amp=amp, backend=kernel,
     )
     if training is not None:
         from ..plan.parallel import check_impl

@@ -149,3 +149,17 @@ def test_every_curve_names_its_source():
     for name in shipped_profiles():
         for curve in load_profile(name).efficiency.attention_curves:
             assert curve.source.strip()
+
+
+def test_plan_kernel_option_picks_the_curve_and_a_bad_one_is_one_line(capsys):
+    from tests.cli.test_verify_env import run_cli
+
+    args = ["plan", "--impl", "flash", "--profile", "h100-sxm-80gb", "--dtype", "bfloat16", "--seq-len", "16k",
+            "--heads", "16", "--head-dim", "128", "--mode", "fwd"]
+    code, out, err = run_cli([*args, "--kernel", "flash3"], capsys)
+    assert code == 0, err
+    assert "flash3 kernel" in out and "attention efficiency" in out
+    code, out, _ = run_cli(args, capsys)
+    assert code == 0 and "flash kernel" in out
+    code, _, err = run_cli([*args, "--kernel", "flash4"], capsys)
+    assert code == 2 and "--kernel" in err and len(err.strip().splitlines()) == 1
