@@ -188,6 +188,18 @@ def write_curves(path: Path, curves: list[AttentionCurve]) -> None:
     load_profile(path)  # the result must still validate
 
 
+def markdown(entries: list[dict], fitted: pd.DataFrame) -> str:
+    """docs/plan.md's table: one line per fitted curve with its in-sample residuals."""
+    lines = ["| gpu | kernel | direction | causal | d | e_inf | n_half | cells | median \\|err\\| | max \\|err\\| |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        part = fitted.loc[e["cells"].index, "error_pct"].abs()
+        lines.append(f"| {e['gpu']} | {e['kernel']} | {e['direction']} | {'yes' if e['causal'] else 'no'} | "
+                     f"{e['head_dim']} | {e['e_inf']:.3f} | {e['n_half']:.0f} | {len(part)} | {part.median():.1f}% | "
+                     f"{part.max():.1f}% |")
+    return "\n".join(lines)
+
+
 def report(title: str, frame: pd.DataFrame) -> None:
     print(f"\n## {title}\n")
     print(score_table(frame).to_string(index=False, float_format=lambda v: f"{v:.1f}"))
@@ -198,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cells", type=Path, default=DEFAULT_CELLS, help="published cells (CSV)")
     parser.add_argument("--write", action="store_true", help="write the fitted curves into the shipped profiles")
     parser.add_argument("--yaml", action="store_true", help="print the attention_curves blocks")
+    parser.add_argument("--markdown", action="store_true", help="print docs/plan.md's table of curves and residuals")
     args = parser.parse_args(argv)
     cells = load_cells(args.cells)
     entries = fit_all(cells)
@@ -208,6 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     print("\n## per cell (in-sample)\n")
     shown = ["gpu", "kernel", "direction", "causal", "head_dim", "seq_len", "batch", "heads", "tflops", "predicted", "error_pct"]
     print(fitted[shown].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    if args.markdown:
+        print("\n" + markdown(entries, fitted))
     report("in-sample", fitted)
     report("held out: every other N", held_out_alternate(cells))
     report("held out: each head dim from the others", held_out_head_dim(cells))

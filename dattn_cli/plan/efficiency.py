@@ -12,7 +12,8 @@ of the blocks in flight, from curves fitted to published figures (the profile's 
   leaves SMs idle when few (batch x heads, or short segments) are in flight. The published cells are fitted
   with this factor in, so e_inf and n_half are what is left after wave quantization.
 * fwdbwd without its own curve but with fwd and bwd curves: the FLOP-weighted harmonic mean
-  (fwd+bwd FLOPs = 1 + 2.5 of the forward's, workload/counts.py).
+  (fwd+bwd FLOPs = 1 + 2.5 of the forward's, workload/counts.py); else fwd <-> fwdbwd stand in for each other,
+  and sdpa takes flash's curves (FALLBACK_KERNEL), each substitution named in the source the plan prints.
 * scale: `efficiency.kernel_scale["kernel/mode"]` (or `["kernel"]`), fitted by `plan --calibrate` on GPU
   bench rows; 1 without one.
 
@@ -27,6 +28,10 @@ from dataclasses import dataclass
 from .profiles import AttentionCurve, Efficiency
 
 KERNELS = ("flash", "flash3", "sdpa", "flex", "math")
+# A kernel without curves of its own borrows these, and says so: PyTorch's SDPA runs FlashAttention-2 as its
+# flash backend for fp16/bf16 on sm80+ (PyTorch 2.2 release notes), so its level is FA2's until cells of its own.
+FALLBACK_KERNEL = {"sdpa": "flash"}
+FALLBACK_WHY = {"sdpa": "SDPA's flash backend is FlashAttention-2 (PyTorch 2.2 release notes)"}
 TILE = 128  # query rows per thread block of FlashAttention-2/3 forward kernels (kBlockM = 128 for d <= 128)
 BWD_SHARE = 2.5  # backward FLOPs per forward FLOP (fwd+bwd = 3.5 x fwd, workload/counts.py)
 
@@ -75,37 +80,65 @@ def curve_at(eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bo
                  f"{lo.source}; interpolated between d={lo.head_dim} and d={hi.head_dim}")
 
 
+def _route(eff: Efficiency, kernel: str, dtype: str, causal: bool, direction: str) -> tuple[str, str, str] | None:
+    """(kernel, direction, note) of the curve that stands for `kernel`/`direction`, trying in order: its own; for
+    fwdbwd, its fwd and bwd curves combined ("fwd+bwd"); its other direction (fwd <-> fwdbwd: the same kernel's
+    level beats a constant prior); the same in FALLBACK_KERNEL's curves. Never across causal: causal curves
+    start far lower. None: no curve, the prior applies."""
+    for name in (kernel, FALLBACK_KERNEL.get(kernel)):
+        if name is None:
+            continue
+        via = "" if name == kernel else f"; {kernel} has no curve here, {name}'s: {FALLBACK_WHY[kernel]}"
+        if _matching(eff, name, dtype, causal, direction):
+            return name, direction, via
+        if direction == "fwdbwd" and all(_matching(eff, name, dtype, causal, d) for d in ("fwd", "bwd")):
+            return name, "fwd+bwd", via
+        other = {"fwd": "fwdbwd", "fwdbwd": "fwd"}.get(direction)
+        if other and _matching(eff, name, dtype, causal, other):
+            return name, other, f"{via}; no {direction} curve, the {other} one"
+    return None
+
+
 def has_curve(eff: Efficiency, kernel: str, dtype: str, causal: bool, direction: str) -> bool:
-    if _matching(eff, kernel, dtype, causal, direction):
-        return True
-    return direction == "fwdbwd" and all(_matching(eff, kernel, dtype, causal, d) for d in ("fwd", "bwd"))
+    return _route(eff, kernel, dtype, causal, direction) is not None
 
 
 def scale_for(eff: Efficiency, kernel: str, direction: str) -> float:
     return eff.kernel_scale.get(f"{kernel}/{direction}", eff.kernel_scale.get(kernel, 1.0))
 
 
+def _unscaled(eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bool, direction: str, n: int,
+              in_flight: int) -> float | None:
+    curve = curve_at(eff, kernel, dtype, head_dim, causal, direction)
+    if curve is None:
+        return None
+    return saturation(n, curve.e_inf, curve.n_half) * wave_factor(n, in_flight, eff.compute_units)
+
+
 def curve_efficiency(eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bool, direction: str,
                      n: int, in_flight: int, scaled: bool = True) -> float | None:
     """Achieved / peak FLOP/s of `kernel` on a dense (n x n) problem with `in_flight` independent (batch x head)
-    problems; None without a curve for it. `scaled`: times the calibrated kernel scale."""
-    scale = scale_for(eff, kernel, direction) if scaled else 1.0
-    curve = curve_at(eff, kernel, dtype, head_dim, causal, direction)
-    if curve is not None:
-        value = saturation(n, curve.e_inf, curve.n_half) * wave_factor(n, in_flight, eff.compute_units)
-        return min(1.0, scale * value)
-    if direction == "fwdbwd":
-        fwd = curve_efficiency(eff, kernel, dtype, head_dim, causal, "fwd", n, in_flight, scaled=False)
-        bwd = curve_efficiency(eff, kernel, dtype, head_dim, causal, "bwd", n, in_flight, scaled=False)
-        if fwd and bwd:
-            return min(1.0, scale * (1 + BWD_SHARE) / (1 / fwd + BWD_SHARE / bwd))
-    return None
+    problems; None without a curve for it. `scaled`: times the calibrated scale of `kernel`/`direction`."""
+    route = _route(eff, kernel, dtype, causal, direction)
+    if route is None:
+        return None
+    name, used, _ = route
+    if used == "fwd+bwd":
+        fwd, bwd = (_unscaled(eff, name, dtype, head_dim, causal, d, n, in_flight) for d in ("fwd", "bwd"))
+        value = (1 + BWD_SHARE) / (1 / fwd + BWD_SHARE / bwd)
+    else:
+        value = _unscaled(eff, name, dtype, head_dim, causal, used, n, in_flight)
+    return min(1.0, (scale_for(eff, kernel, direction) if scaled else 1.0) * value)
 
 
 def curve_source(eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bool, direction: str) -> str:
     """Where the efficiency of this kernel comes from, for the plan's note."""
-    curve = curve_at(eff, kernel, dtype, head_dim, causal, direction)
-    if curve is None and direction == "fwdbwd":
-        parts = [curve_at(eff, kernel, dtype, head_dim, causal, d) for d in ("fwd", "bwd")]
-        return " + ".join(f"{d}: {c.source}" for d, c in zip(("fwd", "bwd"), parts) if c)
-    return curve.source if curve else "no curve"
+    route = _route(eff, kernel, dtype, causal, direction)
+    if route is None:
+        return "no curve"
+    name, used, via = route
+    parts = ("fwd", "bwd") if used == "fwd+bwd" else (used,)
+    curves = [(d, curve_at(eff, name, dtype, head_dim, causal, d)) for d in parts]
+    text = " + ".join(f"{name} {d}: {c.source}" for d, c in curves)
+    scale = scale_for(eff, kernel, direction)
+    return text + via + (f"; x{scale:.3g} (plan --calibrate)" if scale != 1.0 else "")

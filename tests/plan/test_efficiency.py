@@ -163,3 +163,15 @@ def test_plan_kernel_option_picks_the_curve_and_a_bad_one_is_one_line(capsys):
     assert code == 0 and "flash kernel" in out
     code, _, err = run_cli([*args, "--kernel", "flash4"], capsys)
     assert code == 2 and "--kernel" in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_curves_borrow_a_stated_one():
+    sdpa = estimate_time(dense(4096, impl="sdpa"), H100)
+    flash = estimate_time(dense(4096), H100)
+    assert sdpa.efficiency == flash.efficiency and "FlashAttention-2" in sdpa.efficiency_source
+    fa3 = estimate_time(dense(4096, backend="flash3"), H100)  # FA3 has forward curves only here
+    assert fa3.kernel == "flash3" and "no fwdbwd curve, the fwd one" in fa3.efficiency_source
+    causal_only = H100.efficiency.model_copy(update={"attention_curves": [
+        c for c in H100.efficiency.attention_curves if not c.causal]})
+    lone = H100.model_copy(update={"efficiency": causal_only})
+    assert estimate_time(dense(4096, causal=True), lone).kernel is None  # never across causal: the prior
