@@ -231,7 +231,8 @@ KernelOption = Annotated[str, _choice(  # plan/efficiency.py KERNELS
     "baseline itself, flash for fp16/bf16 on a GPU, else sdpa (docs/plan.md).", PLAN)]
 MaxSeqOption = Annotated[bool, typer.Option("--max-seq", help="Solve for the largest N that fits on --world-size devices.", rich_help_panel=PLAN)]
 MinDevicesOption = Annotated[bool, typer.Option(
-    "--min-devices", help="Solve for the fewest devices that fit --seq-len (--target attention).", rich_help_panel=PLAN)]
+    "--min-devices", help="Solve for the fewest devices that fit --seq-len (--target attention), or a model's training "
+    "step at its --zero stage (--target model).", rich_help_panel=PLAN)]
 CheckOption = Annotated[Optional[Path], typer.Option(
     "--check", help="Bench JSONL report: predicted vs measured for every ok row.", rich_help_panel=PLAN)]
 CalibrateOption = Annotated[Optional[Path], typer.Option(

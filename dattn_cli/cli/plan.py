@@ -81,9 +81,12 @@ def _solve(problem, hw, max_seq: bool, min_devices: bool, training=None):
     if max_seq and min_devices:
         raise ValueError("--max-seq and --min-devices solve for different things: give one")
     devices = problem.world_size
+    if min_devices and training is not None:
+        return _min_model_devices(solve, problem, hw, training)
     if max_seq:
         found = solve.max_seq_search(problem, hw, devices, training)
         n, result = found.seq_len, found.plan
+        devices = training.devices if training is not None else devices
         solved = (f"no bound found up to N={n:,}: every N the search tried fits on {devices} x {hw.name} (it stops "
                   "at 2**40)" if found.capped else f"largest N that fits on {devices} x {hw.name}: {n:,}" if n
                   else f"no N fits on {devices} x {hw.name}")
@@ -97,6 +100,16 @@ def _solve(problem, hw, max_seq: bool, min_devices: bool, training=None):
                   f"no bound found: N={problem.seq_len:,} fits on no number of devices up to {most:,}")
         return result or solve.plan(problem, hw, devices), solved
     return solve.plan(problem, hw, devices, training), None
+
+
+def _min_model_devices(solve, problem, hw, training):
+    """--min-devices for --target model: the fewest devices, sp at a time, at --zero's stage."""
+    d, result = solve.min_model_devices(problem, hw, training)
+    if d:
+        return result, f"fewest devices for this model's step with --zero {training.zero}: {d}"
+    why = ("with --zero 0 (DDP) every device holds all weights, gradients and optimizer states: shard them with "
+           "--zero 1, 2 or 3" if training.zero == 0 else f"none up to {solve.DEVICE_SEARCH_CAP:,} devices")
+    return solve.plan(problem, hw, training=training), f"no number of devices fits: {why}"
 
 
 def _training(target: str, devices: int, sequence_parallel: int, zero: int, optimizer: str):

@@ -203,6 +203,31 @@ def min_devices(s: Problem, profile: HardwareProfile, limit: int = DEVICE_SEARCH
     return None, None
 
 
+def min_model_devices(s: Problem, profile: HardwareProfile, training: Training,
+                      limit: int = DEVICE_SEARCH_CAP) -> tuple[int | None, Plan | None]:
+    """Fewest devices (multiples of the sequence-parallel degree: doubling, then refined) on which a model's step
+    fits with `training`'s ZeRO stage and optimizer; (None, None) if none up to `limit`. Memory per device never
+    grows with more devices under ZeRO (DDP keeps every state on every device: only one device or none)."""
+    sp = training.sequence_parallel
+
+    def at(replicas: int) -> Plan:
+        return plan(s, profile, training=training.model_copy(update={"devices": replicas * sp}))
+
+    k = 1
+    while k * sp <= limit:
+        p = at(k)
+        if p.fits:
+            for candidate in range(k // 2 + 1, k):
+                q = at(candidate)
+                if q.fits:
+                    return candidate * sp, q
+            return k * sp, p
+        if training.zero == 0 and k > 1:
+            return None, None  # replicated states: more devices never help
+        k *= 2
+    return None, None
+
+
 def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
     """For ring strategies: the shard (chunk) length at which one ring step's transfer hides under its
     compute, from per-pair step compute vs step transfer time."""

@@ -7,7 +7,7 @@ import torch
 
 from dattn_cli.kernels import reset_global_memory_pool
 from dattn_cli.plan import check, solve
-from dattn_cli.plan.layers import block_parameters, layer_memory
+from dattn_cli.plan.layers import ModelStates, bench_states, block_parameters, layer_memory
 from dattn_cli.runtime.measure import LiveTensorBytes
 from dattn_cli.workload import Problem
 from dattn_cli.workload.build import build_call
@@ -84,6 +84,17 @@ def test_checkpointing_and_autocast_shrink_what_is_saved():
     assert half.total < full.total
 
 
+def test_model_states_enter_their_phases():
+    s = shape(vocab_size=256, layers=2)
+    assert layer_memory(s, 0, "cuda", bench_states(s)) == layer_memory(s, 0, "cuda")  # the default is a bench's
+    extra = ModelStates({"resident": 10**9}, step={"in the step": 10**10}, backward={"in a block's backward": 10**9},
+                        forward={"gathered": 10**9}, step_name="the step")
+    memory = layer_memory(s, 0, "cuda", extra)
+    assert memory.phase == "the step" and memory.items["in the step"] == 10**10 and "gathered" not in memory.items
+    gathered = layer_memory(s, 0, "cuda", ModelStates({}, forward={"gathered": 10**9}))
+    assert gathered.items["gathered"] == 10**9 and "weights" not in gathered.items  # forward/backward phases carry it
+
+
 def test_parameters_match_the_module():
     from dattn_cli.models.longnet import DilatedTransformerBlock
 
@@ -148,7 +159,7 @@ def test_plan_cli_target_model(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--target", "layer", "--impl", "ImprovedDilatedAttention"], "multihead"),
-    (["--target", "model", "--min-devices"], "--min-devices applies to --target attention"),
+    (["--target", "layer", "--min-devices"], "--min-devices applies to --target attention"),
     (["--target", "layer", "--amp", "fp8"], "--amp"),
     (["--amp", "bf16"], "apply to --target layer or model"),
     (["--target", "layer", "--world-size", "2"], "one device"),

@@ -95,6 +95,17 @@ def test_sequence_parallel_shards_the_activations():
     assert any("ring" in c.name for c in two.time.collectives)
 
 
+def test_fewest_devices_for_a_model_shrink_with_the_zero_stage():
+    s = llm()
+    counts = {z: solve.min_model_devices(s, H100, Training(zero=z))[0] for z in range(4)}
+    assert counts[0] is None  # DDP replicates every state: no number of devices fits a 7B with AdamW
+    assert counts[3] <= counts[2] <= counts[1] and counts[3] >= 2
+    d, p = solve.min_model_devices(s, H100, Training(zero=3))
+    assert p.fits and not solve.plan(s, H100, training=Training(devices=d - 1, zero=3)).fits
+    ring = llm(impl="RingMultiheadDilatedAttention")
+    assert solve.min_model_devices(ring, H100, Training(devices=2, sequence_parallel=2, zero=3))[0] % 2 == 0
+
+
 def test_layout_errors_name_the_option():
     with pytest.raises(ValueError, match="--sequence-parallel 3 does not divide --devices 4"):
         Training(devices=4, sequence_parallel=3)
@@ -113,6 +124,10 @@ def test_plan_cli_model_over_devices(tmp_path, capsys):
     assert "ZeRO-3" in stdout and "FSDP all-gather (forward)" in stdout and "exposed" in stdout
     data = json.loads(out.read_text())
     assert data["devices"] == 8 and data["training"]["zero"] == 3 and data["time"]["collectives"]
+    code, stdout, err = run_cli([*base, "--min-devices", "--zero", "3"], capsys)
+    assert code == 0 and "fewest devices for this model's step with --zero 3: 2" in " ".join(stdout.split()), stdout
+    code, stdout, err = run_cli([*base, "--min-devices"], capsys)
+    assert code == 0 and "no number of devices fits" in stdout
 
 
 @pytest.mark.parametrize("args, message", [
