@@ -16,7 +16,7 @@ from .layers import attention_call, estimate_layer_time, layer_memory
 from .memory import MemoryBreakdown, estimate_memory, framework_bytes
 from .parallel import Training, model_memory, model_time
 from .profiles import HardwareProfile, load_profile
-from .time import TimeBreakdown, estimate_time
+from .time import TimeBreakdown, compute_efficiency, estimate_time
 
 
 SEQ_SEARCH_CAP = MAX_SEQ_LEN  # max_seq searches no further: a Problem takes no longer sequence
@@ -235,11 +235,12 @@ def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
         return "no ring: chunk size does not apply"
     e = ELEMENT_BYTES[s.dtype]
     link = profile.intra_node if devices <= profile.devices_per_node else profile.inter_node
-    peak = (profile.peak_flops(s.dtype) or 0) * profile.efficiency.compute_for(s.impl, s.mode)
+    sharded = s.model_copy(update={"world_size": devices})
+    # the efficiency of this shard's blocks (plan/time.py: the kernel's curve, or the profile's prior)
+    peak = (profile.peak_flops(s.dtype) or 0) * compute_efficiency(sharded, profile)[1]
     if peak <= 0:
         return "the profile has no rate for this dtype"
     worst = None
-    sharded = s.model_copy(update={"world_size": devices})
     shard = shard_of(sharded)
     spanning = {r for g, r, _ in spanning_pairs(sharded)}
     for w, r in zip(s.segment_lengths, s.dilation_rates):
