@@ -24,6 +24,7 @@ The peak is the largest of these phases (the breakdown printed is the peak phase
 * a block's backward: the first op of the MLP's backward holds the upstream gradient (T·E·p, and its half
   copy), fc2's input gradient T·F·c and weight gradient E·F·c on top of the saved set; with
   checkpointing, the recomputed block's saved set and its output
+* (model) the backward's end: every gradient made, the first block's saved set and its attention backward
 * (model) the AdamW step: weights, gradients and both moments (4·P·p) plus one temporary of the largest
   parameter's size (torch's foreach AdamW, measured)
 AdamW's moments exist from the first step on; gradients are freed by zero_grad(set_to_none=True) between
@@ -268,9 +269,16 @@ def _training_phases(s: Problem, common: dict[str, int], attention: dict[str, in
         "comm buffers", "all-to-all copies", "head-shard q, k, v, out"))
     att = kept(_Phase("last block's backward (attention)" if model else "block backward (attention)", common), attention_half)
     att.update(states.forward).update(states.backward)
-    att.add("residual gradients, packed dq/dk/dv, attention gradients and scratch",
-            2 * residual + 3 * tokens * width * c + core_backward)
+    transients = 2 * residual + 3 * tokens * width * c + core_backward
+    att.add("residual gradients, packed dq/dk/dv, attention gradients and scratch", transients)
     phases.append(att)
+    if model:  # the backward's end: every gradient made, only the first block's saved set left
+        first = _Phase("first block's backward (attention), every gradient made", common).update(states.forward)
+        first.add("recomputed block: saved for backward" if s.checkpointing else "saved for backward (this block)",
+                  attention_half + (residual if s.checkpointing else 0))
+        first.update({k: v for k, v in states.step.items() if "gradients" in k})
+        first.update({k: v for k, v in states.backward.items() if not k.startswith("embedding/head gradient")})
+        phases.append(first.add("residual gradients, packed dq/dk/dv, attention gradients and scratch", transients))
     return phases
 
 
