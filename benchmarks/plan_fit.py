@@ -29,10 +29,10 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from dattn_cli.plan.efficiency import curve_efficiency, saturation, wave_factor
-from dattn_cli.plan.profiles import AttentionCurve, HardwareProfile, load_profile
+from dattn_cli.plan.efficiency import KERNELS, curve_efficiency, saturation, wave_factor
+from dattn_cli.plan.profiles import AttentionCurve, HardwareProfile, load_profile, shipped_profiles
 from dattn_cli.plan.time import estimate_time
-from dattn_cli.workload.problem import Problem
+from dattn_cli.workload.problem import ELEMENT_BYTES, Problem
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CELLS = ROOT / "benchmarks" / "published" / "attention_tflops.csv"
@@ -48,11 +48,19 @@ def load_cells(path: Path) -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise SystemExit(f"{path}: missing columns {', '.join(missing)}")
+    frame = frame[pd.to_numeric(frame["tflops"], errors="coerce").notna()].copy()  # OOM / missing bars
+    frame["tflops"] = frame["tflops"].astype(float)
     frame["causal"] = frame["causal"].map(lambda v: str(v).strip().lower() in ("true", "1", "yes"))
     frame["dtypes"] = frame["dtype"].map(lambda d: "float16,bfloat16" if d in HALF else d)
+    frame["batch"] = frame["batch"].fillna(16384 // frame["seq_len"])  # the standard shape: 16k tokens, hidden 2048
+    frame["heads"] = frame["heads"].fillna(2048 // frame["head_dim"])
     for col in ("head_dim", "seq_len", "batch", "heads"):
         frame[col] = frame[col].astype(int)
-    return frame.reset_index(drop=True)
+    known = set(shipped_profiles())
+    unknown = sorted(set(frame["gpu"]) - known)
+    if unknown:
+        print(f"skipping cells of {', '.join(unknown)}: no such shipped profile ({', '.join(sorted(known))})")
+    return frame[frame["gpu"].isin(known)].reset_index(drop=True)
 
 
 def published_flops(cell) -> float:
@@ -109,8 +117,9 @@ def with_curves(profile: HardwareProfile, curves: list[AttentionCurve]) -> Hardw
 
 
 def predict(cell, hw: HardwareProfile) -> float:
-    """Predicted TFLOP/s of one published cell in the published FLOP convention, by the planner."""
-    if cell.direction == "bwd" or cell.kernel not in IMPL and cell.kernel not in ("flash3", "flex"):
+    """Predicted TFLOP/s of one published cell in the published FLOP convention, by the planner (bwd cells, float8
+    and kernels the planner does not pick, e.g. cudnn: by the curve alone)."""
+    if cell.direction == "bwd" or cell.kernel not in KERNELS or cell.dtype not in ELEMENT_BYTES:
         eff = curve_efficiency(hw.efficiency, cell.kernel, cell.dtype, cell.head_dim, cell.causal, cell.direction,
                                cell.seq_len, cell.batch * cell.heads)
         return float("nan") if eff is None else eff * hw.peak_flops(cell.dtype) / 1e12

@@ -59,3 +59,20 @@ def test_write_curves_replaces_the_block_and_the_profile_validates(tmp_path):
     shutil.copy(ROOT / "dattn_cli" / "profiles" / "l4.yaml", bare)  # no block yet: added after communication
     plan_fit.write_curves(bare, curves)
     assert len(load_profile(bare).efficiency.attention_curves) == 2
+
+
+def test_cells_the_planner_cannot_run_are_predicted_by_the_curve_and_bad_rows_are_skipped(tmp_path, capsys):
+    text = CELLS.read_text()
+    extra = ("tpu-v9,flash,float16,fwd,false,64,512,32,32,100,somewhere,x\n"
+             "h100-sxm-80gb,flash,float16,fwd,false,128,32768,,,OOM,somewhere,x\n"
+             + "".join(f"h100-sxm-80gb,flash3,float8,fwd,false,128,{n},,,{t},somewhere,x\n"
+                       for n, t in ((4096, 900), (8192, 950), (16384, 1000)))
+             + "h100-sxm-80gb,flash3,float16,bwd,false,128,16384,1,16,500,somewhere,x\n")
+    cells_path = tmp_path / "cells.csv"
+    cells_path.write_text(text + extra)
+    cells = plan_fit.load_cells(cells_path)
+    assert "tpu-v9" in capsys.readouterr().out and "tpu-v9" not in set(cells["gpu"])
+    assert len(cells) == len(plan_fit.load_cells(CELLS)) + 4  # the OOM row dropped
+    fitted = plan_fit.evaluate(cells, plan_fit.fit_all(cells))
+    odd = fitted[(fitted["dtype"] == "float8") | (fitted["direction"] == "bwd")]
+    assert len(odd) == 4 and odd["error_pct"].abs().max() < 10
