@@ -18,7 +18,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from ..kernels.pattern import build_blocks
-from ..workload.counts import flops_per_device, head_parallel_traffic, sequence_parallel_traffic, shard_of
+from ..workload.counts import FWD_BWD_FACTOR, flops_per_device, head_parallel_traffic, sequence_parallel_traffic, shard_of
 from ..workload.problem import ELEMENT_BYTES, Problem
 from .efficiency import KERNELS, curve_efficiency, curve_source, has_curve
 from .profiles import HardwareProfile
@@ -96,12 +96,16 @@ def kernel_for(s: Problem, profile: HardwareProfile) -> str:
 
 def kernel_blocks(s: Problem) -> list[tuple[int, int, int, int, int]]:
     """(rows n, problems in flight, FLOP weight, rate, q-sized elements) of each dense call one device makes:
-    the whole N for dense kernels (and the shard for block-sparse ones, whose kernel walks it); for dilated
-    implementations the blocks of kernels/pattern.py on the device's rows (its shard, segments cut at the shard:
-    a ring step is one (L/r) x (L/r) block; head-parallel: H/p heads over all N)."""
-    if s.spec.strategy in ("dense", "reference") or s.spec.block_sparse:
-        n = shard_of(s) if s.spec.block_sparse else s.seq_len
-        return [(n, s.batch * s.heads, 1, 1, s.batch * s.heads * n)]
+    the whole N for dense kernels; for block-sparse ones the keys each query row attends to on average (a
+    query tile's inner loop runs over its kept key blocks only), with the shard's rows as the problems in flight;
+    for dilated implementations the blocks of kernels/pattern.py on the device's rows (its shard, segments cut at
+    the shard: a ring step is one (L/r) x (L/r) block; head-parallel: H/p heads over all N)."""
+    if s.spec.strategy in ("dense", "reference"):
+        return [(s.seq_len, s.batch * s.heads, 1, 1, s.batch * s.heads * s.seq_len)]
+    if s.spec.block_sparse:
+        rows = s.batch * s.heads * shard_of(s)
+        keys = max(1, round(flops_per_device(s) / (4 * s.head_dim * (FWD_BWD_FACTOR if s.mode == "fwdbwd" else 1)) / rows))
+        return [(keys, s.batch * s.heads * max(1, shard_of(s) // keys), 1, 1, rows)]
     heads, length = s.heads, s.seq_len
     if s.world_size > 1 and s.strategy == "head_parallel":
         heads = max(1, s.heads // s.world_size)

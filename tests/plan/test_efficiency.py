@@ -175,3 +175,14 @@ def test_missing_curves_borrow_a_stated_one():
         c for c in H100.efficiency.attention_curves if not c.causal]})
     lone = H100.model_copy(update={"efficiency": causal_only})
     assert estimate_time(dense(4096, causal=True), lone).kernel is None  # never across causal: the prior
+
+
+def test_block_sparse_runs_at_the_keys_each_query_row_attends():
+    s = Problem(impl="BlockSparseRingDilatedAttention", seq_len=16384, heads=8, head_dim=64, dtype="bfloat16",
+                device="cuda", pattern="local", window=2)
+    [(keys, in_flight, _, _, rows)] = kernel_blocks(s)
+    assert rows == 8 * 16384 and keys * rows == pytest.approx(s.spec.pairs(s), rel=1e-3)
+    flex = AttentionCurve(kernel="flex", direction="fwd", causal=False, head_dim=64, e_inf=0.5, n_half=500, source="t")
+    eff = H100.efficiency.model_copy(update={"attention_curves": [flex], "compute_units": None})
+    t = estimate_time(s, H100.model_copy(update={"efficiency": eff}))
+    assert t.kernel == "flex" and t.efficiency == pytest.approx(0.5 * keys / (keys + 500))
