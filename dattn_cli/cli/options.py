@@ -226,7 +226,7 @@ MemoryOption = Annotated[Optional[str], typer.Option(
     "--max-memory", help="Memory per device instead of the profile's, e.g. 2GiB (as bench's --max-memory cap).",
     rich_help_panel=PLAN)]
 KernelOption = Annotated[str, _choice(  # plan/efficiency.py KERNELS
-    "--kernel", ("auto", "flash", "flash3", "sdpa", "flex", "math"),
+    "--kernel", ("auto", "flash", "flash3", "cudnn", "sdpa", "flex", "math"),
     "Dense attention kernel the time model assumes for the attention (dilated: for its blocks); auto: the "
     "baseline itself, flash for fp16/bf16 on a GPU, else sdpa (docs/plan.md).", PLAN)]
 MaxSeqOption = Annotated[bool, typer.Option("--max-seq", help="Solve for the largest N that fits on --world-size devices.", rich_help_panel=PLAN)]

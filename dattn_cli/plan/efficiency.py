@@ -13,7 +13,8 @@ of the blocks in flight, from curves fitted to published figures (the profile's 
   with this factor in, so e_inf and n_half are what is left after wave quantization.
 * fwdbwd without its own curve but with fwd and bwd curves: the FLOP-weighted harmonic mean
   (fwd+bwd FLOPs = 1 + 2.5 of the forward's, workload/counts.py); else fwd <-> fwdbwd stand in for each other,
-  and sdpa takes flash's curves (FALLBACK_KERNEL), each substitution named in the source the plan prints.
+  and sdpa takes cuDNN's or else flash's curves (FALLBACK_KERNEL), each substitution named in the source the plan
+  prints.
 * scale: `efficiency.kernel_scale["kernel/mode"]` (or `["kernel"]`), fitted by `plan --calibrate` on GPU
   bench rows; 1 without one.
 
@@ -27,11 +28,15 @@ from dataclasses import dataclass
 
 from .profiles import AttentionCurve, Efficiency
 
-KERNELS = ("flash", "flash3", "sdpa", "flex", "math")
-# A kernel without curves of its own borrows these, and says so: PyTorch's SDPA runs FlashAttention-2 as its
-# flash backend for fp16/bf16 on sm80+ (PyTorch 2.2 release notes), so its level is FA2's until cells of its own.
-FALLBACK_KERNEL = {"sdpa": "flash"}
-FALLBACK_WHY = {"sdpa": "SDPA's flash backend is FlashAttention-2 (PyTorch 2.2 release notes)"}
+KERNELS = ("flash", "flash3", "cudnn", "sdpa", "flex", "math")
+# A kernel without curves of its own borrows these, in order, and says so. PyTorch's SDPA for fp16/bf16: on sm90/
+# sm100 torch >= 2.11 (bundled cuDNN > 9.15) tries cuDNN attention first (aten/src/ATen/native/transformers/cuda/
+# sdp_utils.cpp, check_prefer_cudnn_attention), so cuDNN's curves where the profile has them (Hopper); else its
+# flash backend, FlashAttention-2 (PyTorch 2.2 release notes).
+FALLBACK_KERNEL = {"sdpa": ("cudnn", "flash")}
+FALLBACK_WHY = {("sdpa", "cudnn"): "torch >= 2.11 SDPA prefers cuDNN attention on sm90/sm100 (sdp_utils.cpp "
+                "check_prefer_cudnn_attention)",
+                ("sdpa", "flash"): "SDPA's flash backend is FlashAttention-2 (PyTorch 2.2 release notes)"}
 TILE = 128  # query rows per thread block of FlashAttention-2/3 forward kernels (kBlockM = 128 for d <= 128)
 BWD_SHARE = 2.5  # backward FLOPs per forward FLOP (fwd+bwd = 3.5 x fwd, workload/counts.py)
 
@@ -85,10 +90,8 @@ def _route(eff: Efficiency, kernel: str, dtype: str, causal: bool, direction: st
     fwdbwd, its fwd and bwd curves combined ("fwd+bwd"); its other direction (fwd <-> fwdbwd: the same kernel's
     level beats a constant prior); the same in FALLBACK_KERNEL's curves. Never across causal: causal curves
     start far lower. None: no curve, the prior applies."""
-    for name in (kernel, FALLBACK_KERNEL.get(kernel)):
-        if name is None:
-            continue
-        via = "" if name == kernel else f"; {kernel} has no curve here, {name}'s: {FALLBACK_WHY[kernel]}"
+    for name in (kernel, *FALLBACK_KERNEL.get(kernel, ())):
+        via = "" if name == kernel else f"; {kernel} has no curve here, {name}'s: {FALLBACK_WHY[kernel, name]}"
         if _matching(eff, name, dtype, causal, direction):
             return name, direction, via
         if direction == "fwdbwd" and all(_matching(eff, name, dtype, causal, d) for d in ("fwd", "bwd")):

@@ -166,9 +166,12 @@ def test_plan_kernel_option_picks_the_curve_and_a_bad_one_is_one_line(capsys):
 
 
 def test_missing_curves_borrow_a_stated_one():
-    sdpa = estimate_time(dense(4096, impl="sdpa"), H100)
-    flash = estimate_time(dense(4096), H100)
-    assert sdpa.efficiency == flash.efficiency and "FlashAttention-2" in sdpa.efficiency_source
+    a100 = load_profile("a100-sxm-80gb")  # sm80: SDPA's flash backend, FlashAttention-2
+    sdpa = estimate_time(dense(4096, impl="sdpa"), a100)
+    assert sdpa.efficiency == estimate_time(dense(4096), a100).efficiency and "FlashAttention-2" in sdpa.efficiency_source
+    hopper = estimate_time(dense(4096, impl="sdpa", mode="fwd"), H100)  # torch >= 2.11 prefers cuDNN on sm90
+    cudnn = estimate_time(dense(4096, mode="fwd", backend="cudnn"), H100)
+    assert hopper.efficiency == cudnn.efficiency and "check_prefer_cudnn_attention" in hopper.efficiency_source
     fa3 = estimate_time(dense(4096, backend="flash3"), H100)  # FA3 has forward curves only here
     assert fa3.kernel == "flash3" and "no fwdbwd curve, the fwd one" in fa3.efficiency_source
     causal_only = H100.efficiency.model_copy(update={"attention_curves": [
