@@ -1,6 +1,7 @@
 """Fit the planner's attention efficiency curves to published TFLOP/s and report the residuals (issue 19).
 
-    python benchmarks/plan_fit.py [--cells benchmarks/published/attention_tflops.csv] [--write] [--yaml]
+    python benchmarks/plan_fit.py [--cells benchmarks/published/attention_tflops.csv] [--write] [--yaml] [--markdown]
+    python benchmarks/plan_fit.py --cells OTHER.csv --shipped   # no fit: the shipped curves on other cells
 
 Per (gpu, kernel, direction, causal, head dim, dtype) group: e_inf and n_half of
 eff = e_inf x N / (N + n_half) x wave(N, batch x heads) (dattn_cli/plan/efficiency.py), by least squares on
@@ -130,9 +131,10 @@ def predict(cell, hw: HardwareProfile) -> float:
     return published_flops(cell) / estimate_time(problem, hw).total_s / 1e12
 
 
-def evaluate(cells: pd.DataFrame, entries: list[dict]) -> pd.DataFrame:
-    """cells with predicted TFLOP/s and error (%) under the curves of `entries`."""
-    profiles = {g: with_curves(load_profile(g), curves_of(entries, g)) for g in cells["gpu"].unique()}
+def evaluate(cells: pd.DataFrame, entries: list[dict] | None) -> pd.DataFrame:
+    """cells with predicted TFLOP/s and error (%) under the curves of `entries` (None: the shipped profiles' own)."""
+    profiles = {g: load_profile(g) if entries is None else with_curves(load_profile(g), curves_of(entries, g))
+                for g in cells["gpu"].unique()}
     out = cells.copy()
     out["predicted"] = [predict(c, profiles[c.gpu]) for c in cells.itertuples()]
     out["error_pct"] = 100 * (out["predicted"] - out["tflops"]) / out["tflops"]
@@ -214,22 +216,17 @@ def report(title: str, frame: pd.DataFrame) -> None:
     print(score_table(frame).to_string(index=False, float_format=lambda v: f"{v:.1f}"))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cells", type=Path, default=DEFAULT_CELLS, help="published cells (CSV)")
-    parser.add_argument("--write", action="store_true", help="write the fitted curves into the shipped profiles")
-    parser.add_argument("--yaml", action="store_true", help="print the attention_curves blocks")
-    parser.add_argument("--markdown", action="store_true", help="print docs/plan.md's table of curves and residuals")
-    args = parser.parse_args(argv)
-    cells = load_cells(args.cells)
+SHOWN = ["gpu", "kernel", "direction", "causal", "head_dim", "seq_len", "batch", "heads", "tflops", "predicted", "error_pct"]
+
+
+def fit_and_report(cells: pd.DataFrame, args: argparse.Namespace) -> None:
     entries = fit_all(cells)
     print("## fitted curves (eff = e_inf x N / (N + n_half) x wave)\n")
     params = pd.DataFrame([{k: e[k] for k in GROUP + ["e_inf", "n_half"]} | {"cells": len(e["cells"])} for e in entries])
     print(params.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     fitted = evaluate(cells, entries)
     print("\n## per cell (in-sample)\n")
-    shown = ["gpu", "kernel", "direction", "causal", "head_dim", "seq_len", "batch", "heads", "tflops", "predicted", "error_pct"]
-    print(fitted[shown].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    print(fitted[SHOWN].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     if args.markdown:
         print("\n" + markdown(entries, fitted))
     report("in-sample", fitted)
@@ -243,6 +240,25 @@ def main(argv: list[str] | None = None) -> None:
             path = ROOT / "dattn_cli" / "profiles" / f"{gpu}.yaml"
             write_curves(path, curves)
             print(f"wrote {len(curves)} curves to {path.relative_to(ROOT)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cells", type=Path, default=DEFAULT_CELLS, help="published cells (CSV)")
+    parser.add_argument("--write", action="store_true", help="write the fitted curves into the shipped profiles")
+    parser.add_argument("--yaml", action="store_true", help="print the attention_curves blocks")
+    parser.add_argument("--markdown", action="store_true", help="print docs/plan.md's table of curves and residuals")
+    parser.add_argument("--shipped", action="store_true",
+                        help="no fit: predict the cells with the shipped profiles as they are (cells from other sources)")
+    args = parser.parse_args(argv)
+    cells = load_cells(args.cells)
+    if args.shipped:
+        checked = evaluate(cells, None)
+        print("## per cell (the shipped profiles' curves, no fit)\n")
+        print(checked[SHOWN].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+        report("shipped profiles", checked)
+        return
+    fit_and_report(cells, args)
 
 
 if __name__ == "__main__":

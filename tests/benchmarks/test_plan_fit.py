@@ -76,3 +76,11 @@ def test_cells_the_planner_cannot_run_are_predicted_by_the_curve_and_bad_rows_ar
     fitted = plan_fit.evaluate(cells, plan_fit.fit_all(cells))
     odd = fitted[(fitted["dtype"] == "float8") | (fitted["direction"] == "bwd")]
     assert len(odd) == 4 and odd["error_pct"].abs().max() < 10
+
+
+def test_shipped_mode_checks_the_profiles_without_fitting(capsys):
+    plan_fit.main(["--cells", str(CELLS.parent / "other_cells.csv"), "--shipped"])
+    out = capsys.readouterr().out
+    assert "## shipped profiles" in out and "## fitted curves" not in out
+    checked = plan_fit.evaluate(plan_fit.load_cells(CELLS.parent / "other_cells.csv"), None)
+    assert checked["error_pct"].notna().all()
