@@ -146,6 +146,7 @@ def dattn_figures(c: Config, profile: HardwareProfile) -> tuple[dict[str, float]
         "logits / loss": pick("log-softmax", alone.items),
         "FSDP gathered units": pick("all-gathered", items),
         "DDP buckets": pick("DDP", items),
+        "optimizer step temporaries": pick("optimizer temporary", states.step),
         "peak per device": result.memory.total - pick("framework", items),
     }
     return figures, result.time.total_s * 1e3
@@ -165,6 +166,7 @@ def compare(c: Config) -> list[tuple[str, float, float]]:
         "logits / loss": 2 * la.logits(),
         "FSDP gathered units": la.prefetch() if c.zero == 3 else 0.0,
         "DDP buckets": 0.0,
+        "optimizer step temporaries": 0.0,
         "peak per device": la.peak(),
     }
     rows = [(k, ours[k] / GIB, theirs[k] / GIB) for k in ours]

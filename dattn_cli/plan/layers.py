@@ -83,7 +83,9 @@ def bench_states(s: Problem) -> ModelStates:
         return ModelStates({**resident, "parameter gradients": params * p} if train else resident)
     if not train:
         return ModelStates(resident)
-    largest = max(s.vocab_size * s.width, s.width * s.hidden)
+    # torch's AdamW: the for-loop step on CPU holds one temporary of the largest parameter (measured); the foreach
+    # step, its default on CUDA, a tensor list of all ("~ sizeof(params) more peak memory", torch/optim/optimizer.py)
+    largest = params if s.device.startswith("cuda") else max(s.vocab_size * s.width, s.width * s.hidden)
     return ModelStates({**resident, "AdamW moments": 2 * params * p},
                        step={"parameter gradients": params * p, "optimizer temporary": largest * p},
                        backward={"embedding/head gradient": s.vocab_size * s.width * p})

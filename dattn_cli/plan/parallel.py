@@ -119,8 +119,20 @@ def _units(s: Problem) -> tuple[int, int]:
     return block_parameters(s.width, s.mlp_ratio), s.vocab_size * s.width
 
 
-def model_states(s: Problem, t: Training) -> ModelStates:
-    """The weights, gradients and optimizer of one device, by phase (module docstring)."""
+def step_temporary(optimizer: str, state_bytes: float, params: float, largest: float, device_type: str) -> float:
+    """What torch's AdamW step allocates on top of its states, per device: the for-loop step (torch's choice on CPU)
+    one temporary of the largest parameter, the foreach step (its default on CUDA) a tensor list of every one:
+    "the foreach implementation uses ~ sizeof(params) more peak memory than the for-loop version"
+    (torch/optim/optimizer.py, the foreach argument's doc); one state's bytes per value. SGD's momentum and the
+    8-bit step update in place: none."""
+    if optimizer in ("sgd", "adam8bit"):
+        return 0.0
+    return (params if device_type == "cuda" else largest) * state_bytes / 2
+
+
+def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelStates:
+    """The weights, gradients and optimizer of one device, by phase (module docstring); `device_type` decides
+    torch's AdamW implementation (step_temporary)."""
     p, params, n, z = ELEMENT_BYTES[s.dtype], model_parameters(s), t.devices, t.zero
     block, head = _units(s)
     sharded = n > 1
@@ -144,7 +156,7 @@ def model_states(s: Problem, t: Training) -> ModelStates:
     else:
         backward["embedding/head gradient"] = head * p
     gradients = params * p / (n if z >= 2 else 1)
-    temporary = 0 if t.optimizer == "adam8bit" else max(block, head) * (states / 2 if t.optimizer != "sgd" else states)
+    temporary = step_temporary(t.optimizer, states, params, max(block, head), device_type)
     step = {"gradients" + (f" (1/{n} shard)" if z >= 2 and sharded else ""): gradients,
             "optimizer temporary": temporary / split}
     return ModelStates(resident, step=step, backward=backward, forward=forward, step_name="optimizer step")
@@ -153,7 +165,7 @@ def model_states(s: Problem, t: Training) -> ModelStates:
 def model_memory(s: Problem, profile: HardwareProfile, t: Training, device_type: str) -> LayerMemory:
     """Peak bytes per device of one training step of `s` laid out by `t`, itemised for the peak phase."""
     check_layout(s, t)
-    states = model_states(s, t)
+    states = model_states(s, t, device_type)
     return layer_memory(s, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel)
 
 
