@@ -58,18 +58,29 @@ qs, ks, vs = (x.clone().requires_grad_() for x in (q, k, v))
 ref = F.scaled_dot_product_attention(qs, ks, vs, scale=0.125)
 rq, rk, rv = torch.autograd.grad(ref, (qs, ks, vs), g)
 print("flash op max |diff| out", (out - ref).abs().max().item(), "dq", (dq - rq).abs().max().item(), "dv", (dv - rv).abs().max().item())
+# the memory-efficient backward given `out` as a (b, h, m, D)-contiguous tensor (as gathered blocks were) vs (b, m, h, D)
+o, l = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, False, scale=0.125)[:2]
+z = torch.zeros((), dtype=torch.int64, device="cuda")
+for name, oo in (("out (b,m,h,D)-contiguous", o.transpose(1, 2).contiguous().transpose(1, 2)), ("out (b,h,m,D)-contiguous", o.contiguous())):
+    gq = torch.ops.aten._scaled_dot_product_efficient_attention_backward(g, q, k, v, None, oo, l, z, z, 0.0, [True, True, True, False], False, scale=0.125)[0]
+    print("efficient bwd,", name, ": max |dq - ref|", (gq - rq).abs().max().item())
 EOF
 }
 tests_cuda() {
-  python3 -m pytest -q -p no:cacheprovider -x tests/kernels/test_cuda.py -k "sdpa or flash_cuda" tests/runtime/test_gpustate.py \
+  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cuda.py -k "sdpa or flash_cuda" tests/runtime/test_gpustate.py \
     tests/verify/test_distributed.py --junitxml "$RESULTS/pytest_cuda.xml"
 }
 tests_flex() { python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cuda.py -k flex --junitxml "$RESULTS/pytest_flex.xml"; }
-verify_cuda() {
+verify_cuda() {   # the single-device classes (block-sparse compiles FlexAttention per shape: verify_flex)
   for dtype in bfloat16 float16; do
-    dattn verify --device "$DEVICE" --quick --world-size 1 --dtype $dtype --json "$RESULTS/verify_cuda_$dtype.json" \
+    dattn verify --device "$DEVICE" --quick --world-size 1 --dtype $dtype --impl DilatedAttention --impl ImprovedDilatedAttention \
+      --impl MultiheadDilatedAttention --impl ImprovedMultiheadDilatedAttention --json "$RESULTS/verify_cuda_$dtype.json" \
       --junit "$RESULTS/verify_cuda_$dtype.xml" || return 1
   done
+}
+verify_flex() {
+  dattn verify --device "$DEVICE" --quick --world-size 1 --dtype bfloat16 --impl BlockSparseRingDilatedAttention \
+    --impl BlockSparseRingMultiheadDilatedAttention --json "$RESULTS/verify_flex.json" --junit "$RESULTS/verify_flex.xml"
 }
 verify_nccl() {   # the distributed classes in a process group of one (NCCL on CUDA)
   dattn verify --device "$DEVICE" --quick --world-size 1 --dtype bfloat16 --impl RingDilatedAttention \
@@ -108,7 +119,7 @@ profile_cuda() {
 }
 
 export -f $(declare -F | awk '{print $3}'); export RESULTS DEVICE BIG
-ALL="env_info:30 flash_probe:20 tests_cuda:80 verify_cuda:60 oom_improved:130 dense_blocks:40 standard_shape:80 oom_sdpa:35 oom_dilated:45 verify_nccl:45 profile_cuda:25 tests_flex:120"
+ALL="env_info:30 flash_probe:20 tests_cuda:80 verify_cuda:60 oom_improved:130 dense_blocks:40 standard_shape:80 oom_sdpa:35 oom_dilated:45 verify_nccl:45 profile_cuda:25 tests_flex:120 verify_flex:120"
 [ "$DEVICE" = cuda ] || ALL=${ALL/flash_probe:20 /}
 for item in ${*:-$ALL}; do
   name=${item%%:*}; cap=${item##*:}; [ "$cap" = "$name" ] && cap=120

@@ -109,14 +109,26 @@ class MathBackend:
         return dq, dk, dv
 
 
+def _flash_op_applies(q: torch.Tensor, key_pad: torch.Tensor | None) -> bool:
+    """aten's FlashAttention-2 op: CUDA, fp16/bf16, no mask, head dim a multiple of 8 up to 256."""
+    d = q.shape[-1]
+    return q.is_cuda and key_pad is None and q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0 and d <= 256
+
+
 class SdpaBackend:
-    """PyTorch's fused attention: the CPU flash kernel, or on CUDA the memory-efficient kernel
-    (the one fused CUDA kernel that takes an additive mask and returns the logsumexp)."""
+    """PyTorch's fused attention: the CPU flash kernel; on CUDA aten's FlashAttention-2 op for fp16/bf16
+    without a mask, else the memory-efficient kernel (the fused CUDA kernel that takes an additive mask);
+    each returns the logsumexp the merge needs."""
 
     name = "sdpa"
 
     def forward(self, q, k, v, key_pad, call: BlockCall):
         bias = _key_bias(key_pad, q.dtype)
+        if _flash_op_applies(q, key_pad):
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+                q, k, v, 0.0, call.causal, False, scale=call.scale
+            )[:2]
+            return out, lse
         if q.is_cuda:
             if bias is not None:
                 bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
@@ -137,7 +149,16 @@ class SdpaBackend:
     def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
         bias = _key_bias(key_pad, q.dtype)
         lse = lse.masked_fill(lse == NEG_INF, float("inf")).contiguous()  # empty rows: p = 0
+        if _flash_op_applies(q, key_pad):
+            unused = torch.empty(0, dtype=torch.int64, device=q.device)  # philox state: read only with dropout
+            return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+                dout, q, k, v, out, lse, None, None, q.shape[2], k.shape[2], 0.0, call.causal, unused, unused,
+                scale=call.scale,
+            )
         if q.is_cuda:
+            # The memory-efficient backward reads `out` as if laid out (b, m, h, D) contiguously (its delta
+            # pass takes the row stride as h * D), so the gathered, strided rows are copied into that layout.
+            out, dout = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (out, dout))
             m = q.shape[2]
             padded = torch.nn.functional.pad(lse, (0, -(-m // 32) * 32 - m))
             if bias is not None:
