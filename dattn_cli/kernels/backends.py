@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -109,6 +110,39 @@ class MathBackend:
         return dq, dk, dv
 
 
+# aten's FlashAttention-2 op hit an illegal address on tensors of 2**32 elements (N = 8M, H = 8, D = 64 on an
+# H200, torch 2.11; 2**31 ran): its offsets overflow int32 there, so larger calls go in batch slices.
+FLASH_OP_MAX_ELEMENTS = 1 << 28
+
+
+def batch_sliced(op, tensors: Sequence[torch.Tensor], max_elements: int | None = None) -> tuple:
+    """op(*tensors) computed over slices of dim 0 with at most max_elements per tensor, the outputs written into
+    tensors laid out like the first slice's (so a (b, h, m, D) view of (b, m, h, D) memory stays one)."""
+    b = tensors[0].shape[0]
+    max_elements = FLASH_OP_MAX_ELEMENTS if max_elements is None else max_elements
+    step = max(1, max_elements // max(1, max(t[0].numel() for t in tensors)))
+    if step >= b:
+        return tuple(op(*tensors))
+    results = None
+    for start in range(0, b, step):
+        part = op(*(t[start : start + step] for t in tensors))
+        if results is None:
+            results = [_empty_like_batched(x, b) for x in part]
+        for full, piece in zip(results, part):
+            full[start : start + step].copy_(piece)
+    return tuple(results)
+
+
+def _empty_like_batched(x: torch.Tensor, b: int) -> torch.Tensor:
+    """An empty tensor of batch b with x's dimension order in memory."""
+    order = sorted(range(x.dim()), key=lambda i: -x.stride(i)) if x.dim() else []
+    if order and order[0] != 0:
+        order = [0] + [i for i in order if i != 0]
+    shape = (b, *x.shape[1:])
+    full = torch.empty([shape[i] for i in order], dtype=x.dtype, device=x.device)
+    return full.permute([order.index(i) for i in range(x.dim())])
+
+
 def _flash_op_applies(q: torch.Tensor, key_pad: torch.Tensor | None) -> bool:
     """aten's FlashAttention-2 op: CUDA, fp16/bf16, no mask, head dim a multiple of 8 up to 256."""
     d = q.shape[-1]
@@ -125,10 +159,9 @@ class SdpaBackend:
     def forward(self, q, k, v, key_pad, call: BlockCall):
         bias = _key_bias(key_pad, q.dtype)
         if _flash_op_applies(q, key_pad):
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
-                q, k, v, 0.0, call.causal, False, scale=call.scale
-            )[:2]
-            return out, lse
+            def flash(q, k, v):
+                return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, call.causal, False, scale=call.scale)[:2]
+            return batch_sliced(flash, (q, k, v))
         if q.is_cuda:
             if bias is not None:
                 bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
@@ -151,10 +184,13 @@ class SdpaBackend:
         lse = lse.masked_fill(lse == NEG_INF, float("inf")).contiguous()  # empty rows: p = 0
         if _flash_op_applies(q, key_pad):
             unused = torch.empty(0, dtype=torch.int64, device=q.device)  # philox state: read only with dropout
-            return torch.ops.aten._scaled_dot_product_flash_attention_backward(
-                dout, q, k, v, out, lse, None, None, q.shape[2], k.shape[2], 0.0, call.causal, unused, unused,
-                scale=call.scale,
-            )
+
+            def flash_backward(dout, q, k, v, out, lse):
+                return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+                    dout, q, k, v, out, lse, None, None, q.shape[2], k.shape[2], 0.0, call.causal, unused, unused,
+                    scale=call.scale,
+                )
+            return batch_sliced(flash_backward, (dout, q, k, v, out, lse))
         if q.is_cuda:
             # The memory-efficient backward reads `out` as if laid out (b, m, h, D) contiguously (its delta
             # pass takes the row stride as h * D), so the gathered, strided rows are copied into that layout.
