@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -106,15 +107,30 @@ def raising_interrupted() -> Iterator[None]:
         yield
         return
     previous = {s: signal.getsignal(s) for s in STOPPING}
+    previous_hook = sys.unraisablehook
     _Pending.clear()
     for s in STOPPING:
         signal.signal(s, _raise)
+    sys.unraisablehook = _quiet_about_interrupted(previous_hook)
     try:
         yield
     finally:
         _Pending.clear()
+        sys.unraisablehook = previous_hook
         for s, handler in previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def _quiet_about_interrupted(previous_hook):
+    """A signal landing in a weakref callback or __del__ (importlib's module-lock callback, during a start-up
+    import) raises where Python can only print 'Exception ignored ... Traceback'. The signal stays pending and
+    is delivered again a moment later (REDELIVER_S), so that report is dropped; any other is passed on."""
+
+    def hook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, Interrupted):
+            previous_hook(unraisable)
+
+    return hook
 
 
 def ignore_stopping_signals() -> None:
