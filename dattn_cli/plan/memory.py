@@ -46,6 +46,13 @@ WORKSPACE = {
 }
 
 
+# FlashAttention-2's backward (flash-attn, and aten's copy of it that the sdpa blocks use for fp16/bf16 on CUDA)
+# accumulates dq in an fp32 buffer of the block's q shape (flash_api.cpp mha_bwd: dq_accum), twice the
+# half-precision q: measured on an H200, sdpa fwd+bwd at 16k tokens x hidden 2048 peaks at exactly eight
+# q-sized tensors plus this buffer (benchmarks/gpu/h200_run2/standard_shape.jsonl).
+FLASH_BACKWARD_DQ_ACCUMULATOR = 2.0
+
+
 class MemoryBreakdown(BaseModel):
     items: dict[str, int]
     total: int
@@ -117,7 +124,13 @@ def _dense_items(t: _Tally, s: Problem, x_shard: int, device_type: str) -> None:
         t.add("gradients (upstream, dq, dk, dv)", 4 * x_shard)
     if s.spec.memory_model != "dense_scores":
         block_elems = s.batch * s.heads * s.seq_len * s.head_dim
-        t.add("kernel workspace", WORKSPACE[("dense", device_type, s.mode)] * block_elems * ELEMENT_BYTES[s.dtype])
+        t.add("kernel workspace", _workspace("dense", s, device_type) * block_elems * ELEMENT_BYTES[s.dtype])
+
+
+def _workspace(kind: str, s: Problem, device_type: str) -> float:
+    """Kernel workspace in units of the largest block's q-sized tensor."""
+    flash_backward = device_type == "cuda" and s.mode == "fwdbwd" and s.dtype in ("float16", "bfloat16")
+    return WORKSPACE[(kind, device_type, s.mode)] + (FLASH_BACKWARD_DQ_ACCUMULATOR if flash_backward else 0.0)
 
 
 def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type: str) -> None:
@@ -152,7 +165,9 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
         t.add("gather buffers", (5 if fwdbwd else 3) * max(gather_shapes.values(), default=0) * e)
         t.add("index tensors", sum(_block_elems(s.batch, b, 1) // s.batch * 8 for b in blocks))
         t.add("merge copies", 2 * largest * e)
-    t.add("block result", largest_free * (3 if fwdbwd else 1) * e)
+    # a block result is adopted as the accumulator only in the accumulator's dtype (engine._adopt): with half
+    # inputs every block's result, the covering one's too, is a separate tensor
+    t.add("block result", (largest_free if e == acc_e else largest) * (3 if fwdbwd else 1) * e)
     if fwdbwd:
         t.add("gradients (upstream, dq, dk, dv)", 4 * x_work)
     if s.strategy == "head_parallel":
@@ -160,7 +175,7 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
         t.add("head-shard q, k, v, out", 4 * x_work)
     elif s.strategy in ("ring", "allgather"):
         t.add("comm buffers", _sequence_parallel_buffers(s, length, fwdbwd, e))
-    t.add("kernel workspace", WORKSPACE[("dilated", device_type, s.mode)] * largest * e)
+    t.add("kernel workspace", _workspace("dilated", s, device_type) * largest * e)
 
 
 def _sequence_parallel_buffers(s: Problem, length: int, fwdbwd: bool, e: int) -> int:

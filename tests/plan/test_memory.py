@@ -43,3 +43,45 @@ def test_items_are_itemised_and_sum():
                               segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 2, 8], mode="fwdbwd"), 10)
     assert m.total == sum(m.items.values())
     assert m.items["comm buffers"] > 0 and m.items["framework"] == 10
+
+
+def _gpu_items(impl: str, dtype: str, mode: str = "fwdbwd") -> dict:
+    problem = Problem(impl=impl, seq_len=1 << 20, dtype=dtype, mode=mode, device="cuda")
+    return estimate_memory(problem, device_type="cuda").items
+
+
+def test_cuda_half_backward_counts_flash_fp32_dq_accumulator():
+    """Measured on an H200 (benchmarks/gpu/h200_run2): sdpa fwd+bwd in bf16 peaks at eight q-sized tensors plus
+    FlashAttention-2's fp32 dq accumulator (two more); forward holds none, fp32 inputs take the other kernel."""
+    x = (1 << 20) * 8 * 64 * 2  # one bf16 (B, N, H, D) tensor
+    assert _gpu_items("sdpa", "bfloat16")["kernel workspace"] == 2 * x
+    assert _gpu_items("sdpa", "bfloat16", mode="fwd")["kernel workspace"] == 0
+    assert _gpu_items("sdpa", "float32")["kernel workspace"] == 0
+
+
+def test_half_inputs_keep_the_covering_blocks_result_apart():
+    """With half inputs no block result is adopted as the fp32 accumulator (engine._adopt): the largest block, the
+    one covering every row (segment 2048, rate 1) included, holds its own dq, dk, dv."""
+    x = (1 << 20) * 8 * 64 * 2
+    assert _gpu_items("ImprovedDilatedAttention", "bfloat16")["block result"] == 3 * x
+    fp32 = estimate_memory(Problem(impl="ImprovedDilatedAttention", seq_len=1 << 20, mode="fwdbwd")).items
+    assert fp32["block result"] < 3 * 2 * x  # fp32: the covering block is adopted, a smaller one is the largest apart
+
+
+def test_check_compares_cuda_rows_without_the_cuda_context(tmp_path):
+    """max_memory_allocated() holds no CUDA context: plan --check leaves the profile's framework item out for CUDA rows."""
+    import json
+
+    from dattn_cli.plan.check import check_rows
+    from dattn_cli.plan.profiles import load_profile
+    from dattn_cli.workload.records import read_rows
+
+    from pathlib import Path
+
+    report = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "h200_plan_rows.jsonl"
+    rows = [json.loads(line) for line in report.open()]
+    sdpa = [r for r in rows if r.get("impl") == "sdpa" and r.get("mode") == "fwd"][:1]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [rows[0], *sdpa]))
+    frame = check_rows(read_rows(path), load_profile("h200-141gb"))
+    assert abs(frame["mem_error_pct"].iloc[0]) < 1.0, frame
