@@ -186,10 +186,12 @@ def plan(
     result, solved = _solve(problem, hw, max_seq, min_devices, training)
     advice = (solve.chunk_advice(result.problem, hw, result.devices) if training is None
               else _model_advice(solve, result.problem, hw, training))
-    stdout.print(plan_table(result, solved, advice))
+    room = solve.headroom(result, hw, training)
+    stdout.print(plan_table(result, solved, advice, room))
+    record = {**result.model_dump(), "solved": solved, "chunk_advice": advice, "headroom": room.model_dump()}
     if json_out:
-        emit_json(json_out, {**result.model_dump(), "solved": solved, "chunk_advice": advice})
+        emit_json(json_out, record)
     if csv_out:
-        emit_csv(csv_out, [{**result.model_dump(), "solved": solved, "chunk_advice": advice}])
+        emit_csv(csv_out, [record])
     if fail_if_infeasible and not result.feasible:
         raise typer.Exit(code=1)

@@ -46,6 +46,47 @@ class SeqSearch(BaseModel):
     capped: bool
 
 
+class Headroom(BaseModel):
+    """What is left around a plan: free memory at its peak (negative: over by), the largest N at its batch and the
+    largest batch at its N that still fit (None: none fits; `*_capped`: the search stopped at its cap)."""
+
+    free_bytes: int
+    largest_seq_len: int | None
+    seq_len_capped: bool = False
+    largest_batch: int | None
+    batch_capped: bool = False
+
+
+def headroom(result: Plan, profile: HardwareProfile, training: Training | None = None) -> Headroom:
+    s = result.problem
+    devices = s.world_size if training is not None else result.devices
+    found = max_seq_search(s, profile, devices, training)
+    batch, batch_capped = max_batch(s, profile, devices, training)
+    return Headroom(free_bytes=result.capacity_bytes - result.memory.total, largest_seq_len=found.seq_len or None,
+                    seq_len_capped=found.capped, largest_batch=batch or None, batch_capped=batch_capped)
+
+
+def max_batch(s: Problem, profile: HardwareProfile, devices: int = 1,
+              training: Training | None = None) -> tuple[int, bool]:
+    """Largest batch (at most the Problem's limit) whose plan fits at s.seq_len: doubling, then bisection (memory
+    grows with the batch); (0, False) if not even one fits, (cap, True) if the cap does."""
+    cap = SIZE_LIMITS["batch"]
+
+    def fits(b: int) -> bool:
+        return plan(s.model_copy(update={"batch": b}), profile, devices, training).fits
+
+    lo, hi = 0, 1
+    while fits(hi):
+        lo = hi
+        if hi == cap:
+            return cap, True
+        hi = min(2 * hi, cap)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo, False
+
+
 def _infeasible(s: Problem, profile: HardwareProfile, devices: int, reason: str,
                 memory: MemoryBreakdown | None = None) -> Plan:
     return Plan(problem=s, profile=profile.name, devices=devices, memory=memory or MemoryBreakdown(items={}, total=0),

@@ -134,3 +134,36 @@ def test_check_needs_ok_rows(tmp_path, capsys):
     empty.write_text("")
     code, _, err = run_cli(["plan", "--check", str(empty)], capsys)
     assert code == 2 and "no ok rows" in err
+
+
+def test_headroom_free_memory_and_the_largest_n_and_batch_that_fit():
+    """Issue 19 item 4: a plan states what is left, and the largest N and batch are tight (one more does not fit)."""
+    h100 = load_profile("h100-sxm-80gb")
+    s = Problem(impl="ImprovedDilatedAttention", seq_len=1 << 20, dtype="bfloat16", mode="fwdbwd", device="cuda")
+    result = solve.plan(s, h100)
+    room = solve.headroom(result, h100)
+    assert room.free_bytes == result.capacity_bytes - result.memory.total > 0
+    assert room.largest_seq_len == solve.max_seq(s, h100)[0] >= s.seq_len
+    b = room.largest_batch
+    assert b >= 1 and not room.batch_capped
+    assert solve.plan(s.model_copy(update={"batch": b}), h100).fits
+    assert not solve.plan(s.model_copy(update={"batch": b + 1}), h100).fits
+
+
+def test_headroom_of_a_plan_that_does_not_fit_names_the_excess():
+    h100 = load_profile("h100-sxm-80gb")
+    s = Problem(impl="ImprovedDilatedAttention", seq_len=1 << 24, dtype="bfloat16", mode="fwdbwd", device="cuda")
+    room = solve.headroom(solve.plan(s, h100), h100)
+    assert room.free_bytes < 0 and room.largest_batch is None
+    assert 0 < room.largest_seq_len < s.seq_len
+
+
+def test_cli_7b_on_one_gpu_says_no_n_fits_and_fails_if_asked(capsys):
+    args = ["plan", "--profile", "h100-sxm-80gb", "--target", "model", "--layers", "32", "--embed-dim", "4096",
+            "--heads", "32", "--dtype", "bfloat16", "--mode", "fwdbwd", "--seq-len", "4096"]
+    code, out, _ = run_cli([*args, "--json", "-"], capsys)
+    assert code == 0
+    room = json.loads(out)["headroom"]
+    assert room["free_bytes"] < 0 and room["largest_seq_len"] is None and room["largest_batch"] is None
+    code, out, _ = run_cli([*args, "--fail-if-infeasible"], capsys)
+    assert code == 1 and "no N fits at batch 1" in out.replace("\n", " ").replace("│", " ")

@@ -12,7 +12,7 @@ from .common import literal, size
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ...plan.solve import Plan
+    from ...plan.solve import Headroom, Plan
 
 TIME_LABELS = {"attention": "time per call", "layer": "time per block call", "model": "time per training step"}
 
@@ -60,7 +60,7 @@ def _step_rows(table: Table, result: Plan) -> None:
         table.add_row("optimizer step (memory-bound)", _ms(t.optimizer_s, 2))
 
 
-def plan_table(result: Plan, solved: str | None, advice: str) -> Table:
+def plan_table(result: Plan, solved: str | None, advice: str, room: Headroom | None = None) -> Table:
     s = result.problem
     title = (f"dattn plan: {_what(s)} on {result.devices} x {literal(result.profile)}, N={s.seq_len:,}, B={s.batch} "
              f"H={s.heads} D={s.head_dim}, {s.dtype}, {s.mode}" + (", causal" if s.causal else ""))
@@ -85,11 +85,27 @@ def plan_table(result: Plan, solved: str | None, advice: str) -> Table:
     table.add_section()
     verdict = "[green]feasible[/]" if result.feasible else "[red]infeasible[/]"
     table.add_row("verdict", f"{verdict}: {literal(result.reason)}")
+    if room is not None:
+        table.add_row("headroom", literal(headroom_text(result, room)))
     if solved:
         table.add_row("solver", literal(solved))
     if s.target == "attention" or (result.training and result.training.sequence_parallel > 1):
         table.add_row("ring chunk advice", literal(advice))
     return table
+
+
+def headroom_text(result: Plan, room: Headroom) -> str:
+    s = result.problem
+    free = (f"{size(room.free_bytes)} free" if room.free_bytes >= 0 else f"over by {size(-room.free_bytes)}")
+    if room.largest_seq_len is None:
+        seq = f"no N fits at batch {s.batch}"
+    else:
+        seq = f"largest N at batch {s.batch}: {room.largest_seq_len:,}" + (" (the search cap)" if room.seq_len_capped else "")
+    if room.largest_batch is None:
+        batch = f"no batch fits at N={s.seq_len:,}"
+    else:
+        batch = f"largest batch at N={s.seq_len:,}: {room.largest_batch:,}" + (" (the cap)" if room.batch_capped else "")
+    return f"{free}; {seq}; {batch}"
 
 
 def _pct(v) -> str:
