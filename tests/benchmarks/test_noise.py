@@ -176,7 +176,9 @@ def test_slowdown_pair_detected_and_resume_measures_nothing(tmp_path):
     assert pair["exit_code"] in (0, 1, 3) and pair["small_exit_code"] in (0, 1, 3)
     assert pair["exit_code_unflagged"] in (0, 1, 3)  # compare's statistics alone, flags left out
     if pair["comparable"]:
-        assert pair["exit_code"] == 1, pair  # a clean pair with samples x1.25 at threshold 10%: established
+        # samples x1.25 at threshold 10%: never 'same' or 'faster'; established (1) in >= 95% of such pairs, which
+        # is noise.py's target, not one pair's: CI once saw a comparable pair come out inconclusive on a busy runner
+        assert pair["exit_code"] in (1, 3), pair
     assert any(c.startswith("dattn bench ") for c in pair["commands"])
     assert any(c.startswith("dattn compare ") for c in pair["commands"])
     assert records[2]["targets"][0]["name"].startswith("25% slowdown")
