@@ -102,6 +102,15 @@ def _solve(problem, hw, max_seq: bool, min_devices: bool, training=None):
     return solve.plan(problem, hw, devices, training), None
 
 
+def _emit(result, solved: str | None, advice: str, room, json_out, csv_out) -> None:
+    stdout.print(plan_table(result, solved, advice, room))
+    record = {**result.model_dump(), "solved": solved, "chunk_advice": advice, "headroom": room.model_dump()}
+    if json_out:
+        emit_json(json_out, record)
+    if csv_out:
+        emit_csv(csv_out, [record])
+
+
 def _min_model_devices(solve, problem, hw, training):
     """--min-devices for --target model: the fewest devices, sp at a time, at --zero's stage."""
     d, result = solve.min_model_devices(problem, hw, training)
@@ -186,12 +195,6 @@ def plan(
     result, solved = _solve(problem, hw, max_seq, min_devices, training)
     advice = (solve.chunk_advice(result.problem, hw, result.devices) if training is None
               else _model_advice(solve, result.problem, hw, training))
-    room = solve.headroom(result, hw, training)
-    stdout.print(plan_table(result, solved, advice, room))
-    record = {**result.model_dump(), "solved": solved, "chunk_advice": advice, "headroom": room.model_dump()}
-    if json_out:
-        emit_json(json_out, record)
-    if csv_out:
-        emit_csv(csv_out, [record])
+    _emit(result, solved, advice, solve.headroom(result, hw, training), json_out, csv_out)
     if fail_if_infeasible and not result.feasible:
         raise typer.Exit(code=1)

@@ -18,6 +18,7 @@ from torch import nn
 
 from .backends import BlockCall, check_backend, resolve_backend
 from .cache import PatternCache, get_global_pattern_cache
+from .chunks import SEQUENCE_CHUNK_ELEMENTS, ChunkedAttention, chunk_bounds, chunk_length
 from .engine import BlockAttention, IndexAccess, RowAccess, ViewAccess, block_attention
 from .pattern import Block, pair_blocks, validate_pattern
 from .pool import MemoryPool, get_global_memory_pool
@@ -94,11 +95,20 @@ class _DilatedAttentionBase(AttentionCore):
         backend: str = "auto",
         use_pattern_cache: bool | None = None,
         enable_memory_pool: bool | None = None,
+        sequence_chunk_elements: int | None = SEQUENCE_CHUNK_ELEMENTS,
     ):
         super().__init__(scale=scale, dropout=dropout, backend=backend, use_pattern_cache=use_pattern_cache,
                          enable_memory_pool=enable_memory_pool)
         self.segment_lengths, self.dilation_rates = validate_pattern(segment_lengths, dilation_rates, semantics)
         self.semantics = semantics
+        if sequence_chunk_elements is not None and (
+                isinstance(sequence_chunk_elements, bool) or not isinstance(sequence_chunk_elements, int)
+                or sequence_chunk_elements < 1):
+            raise ValueError(f"sequence_chunk_elements must be a positive int or None (one call over N), "
+                             f"got {sequence_chunk_elements!r}")
+        # long calls run chunk by chunk of the sequence (kernels/chunks.py): same result, the engine's working set
+        # sized by the chunk; None: one call over N
+        self.sequence_chunk_elements = sequence_chunk_elements
 
     # planning ---------------------------------------------------------------------------------
     def _plan_pair(self, pair: int, seq_len: int, num_heads: int, device: torch.device, heads: tuple[int, int]):
@@ -146,8 +156,16 @@ class _DilatedAttentionBase(AttentionCore):
         batch, seq_len, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, seq_len, q.device)
         backend, call, pool = self.prepare_call(q, is_causal, key_padding_mask is not None)
-        blocks, access = self.plan(seq_len, num_heads, q.device, head_range)
-        return block_attention(q, k, v, key_padding_mask, BlockAttention(blocks, access, backend, call, pool))
+        length = chunk_length(batch, seq_len, num_heads, q.shape[-1], self.segment_lengths, self.sequence_chunk_elements)
+        if length is None:
+            blocks, access = self.plan(seq_len, num_heads, q.device, head_range)
+            return block_attention(q, k, v, key_padding_mask, BlockAttention(blocks, access, backend, call, pool))
+        chunks = []
+        for i, (start, end) in enumerate(chunk_bounds(seq_len, length)):
+            blocks, access = self.plan(end - start, num_heads, q.device, head_range)
+            attention = ChunkedAttention.reseeded(BlockAttention(blocks, access, backend, call, pool), i)
+            chunks.append((start, end, attention))
+        return block_attention(q, k, v, key_padding_mask, ChunkedAttention(chunks))
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,

@@ -256,7 +256,8 @@ class DilatedAttentionFunction(torch.autograd.Function):
 
 
 def block_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_pad: torch.Tensor | None, attention: BlockAttention
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_pad: torch.Tensor | None,
+    attention: "BlockAttention | ChunkedAttention",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         return DilatedAttentionFunction.apply(q, k, v, key_pad, attention)

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pydantic import BaseModel
 
+from ..kernels import chunks
+from ..kernels.chunks import chunk_length
 from ..kernels.pattern import Block, build_blocks, pair_blocks
 from ..workload.counts import shard_of, spanning_pairs
 from ..workload.problem import ELEMENT_BYTES, Problem
@@ -91,8 +93,10 @@ def _covers_all(block: Block, length: int, heads: int) -> bool:
             and block.head_step == 1 and block.num_heads == heads)
 
 
-def estimate_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cpu") -> MemoryBreakdown:
-    """Peak bytes on one device for one call of `s` (fwd, or fwd+bwd), itemised."""
+def estimate_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cpu", chunked: bool = True) -> MemoryBreakdown:
+    """Peak bytes on one device for one call of `s` (fwd, or fwd+bwd), itemised. A single-device dilated call
+    long enough to run in sequence chunks (kernels/chunks.py) is its full-size tensors plus one chunk's working
+    set (chunked=False: as one call)."""
     e = ELEMENT_BYTES[s.dtype]
     p = max(1, s.world_size)
     length = shard_of(s) if s.strategy in ("ring", "allgather", "head_parallel") else s.seq_len
@@ -108,8 +112,31 @@ def estimate_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cp
     if model in ("dense", "dense_scores"):
         _dense_items(t, s, x_shard, device_type)
         return _finish(t, framework_bytes)
+    chunk = _sequence_chunk(s) if chunked else None
+    if chunk is not None:
+        return _finish(t, framework_bytes, _chunked_items(s, chunk, x_shard, device_type))
     _dilated_items(t, s, length, x_shard, device_type)
     return _finish(t, framework_bytes)
+
+
+def _sequence_chunk(s: Problem) -> int | None:
+    """Positions per chunk of a single-device dilated call, as the module chooses them (None: one call)."""
+    if s.strategy != "single":
+        return None
+    return chunk_length(s.batch, s.seq_len, s.heads, s.head_dim, s.segment_lengths, chunks.SEQUENCE_CHUNK_ELEMENTS)
+
+
+def _chunked_items(s: Problem, chunk: int, x_shard: int, device_type: str) -> dict[str, int]:
+    """q, k, v, out, lse (and dout, dq, dk, dv) at full size; the engine's working set of one chunk (its own result
+    before the copy into out, accumulators, gathers, block results, gradient parts, kernel scratch)."""
+    items = {"inputs q, k, v": 3 * x_shard, "output": x_shard, "lse": s.batch * s.seq_len * s.heads * 4}
+    if s.mode == "fwdbwd":
+        items["gradients (upstream, dq, dk, dv)"] = 4 * x_shard
+    part = estimate_memory(s.model_copy(update={"seq_len": chunk}), 0, device_type, chunked=False)
+    for name, value in part.items.items():
+        if name not in ("inputs q, k, v", "lse"):
+            items[f"one chunk of {chunk:,} positions: {name}"] = value
+    return items
 
 
 def _dense_items(t: _Tally, s: Problem, x_shard: int, device_type: str) -> None:

@@ -47,7 +47,7 @@ def test_items_are_itemised_and_sum():
 
 def _gpu_items(impl: str, dtype: str, mode: str = "fwdbwd") -> dict:
     problem = Problem(impl=impl, seq_len=1 << 20, dtype=dtype, mode=mode, device="cuda")
-    return estimate_memory(problem, device_type="cuda").items
+    return estimate_memory(problem, device_type="cuda", chunked=False).items  # one call over N, as measured
 
 
 def test_cuda_half_backward_counts_flash_fp32_dq_accumulator():
@@ -64,7 +64,7 @@ def test_half_inputs_keep_the_covering_blocks_result_apart():
     one covering every row (segment 2048, rate 1) included, holds its own dq, dk, dv."""
     x = (1 << 20) * 8 * 64 * 2
     assert _gpu_items("ImprovedDilatedAttention", "bfloat16")["block result"] == 3 * x
-    fp32 = estimate_memory(Problem(impl="ImprovedDilatedAttention", seq_len=1 << 20, mode="fwdbwd")).items
+    fp32 = estimate_memory(Problem(impl="ImprovedDilatedAttention", seq_len=1 << 20, mode="fwdbwd"), chunked=False).items
     assert fp32["block result"] < 3 * 2 * x  # fp32: the covering block is adopted, a smaller one is the largest apart
 
 
@@ -85,3 +85,31 @@ def test_check_compares_cuda_rows_without_the_cuda_context(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in [rows[0], *sdpa]))
     frame = check_rows(read_rows(path), load_profile("h200-141gb"))
     assert abs(frame["mem_error_pct"].iloc[0]) < 1.0, frame
+
+
+@pytest.mark.parametrize("impl", ["ImprovedDilatedAttention", "DilatedAttention"])
+@pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
+def test_chunked_calls_match_live_tensor_bytes(monkeypatch, impl, mode):
+    """A call run in sequence chunks (kernels/chunks.py): full-size tensors plus one chunk's working set, as
+    allocated. N = 8192 in chunks of 1024 (the threshold lowered for the test, in the module and the planner)."""
+    from dattn_cli.kernels import chunks
+
+    limit = 1024 * 8 * 64
+    monkeypatch.setattr(chunks, "SEQUENCE_CHUNK_ELEMENTS", limit)
+    segs, rates, n = [512, 1024], [1, 2], 8192
+    problem = Problem(impl=impl, seq_len=n, segment_lengths=segs, dilation_rates=rates, mode=mode)
+    model = estimate_memory(problem)
+    assert any(name.startswith("one chunk of 1,024 positions") for name in model.items), model.items
+    tensors = model.total - sum(v for name, v in model.items.items() if name.endswith("kernel workspace"))
+    reset_global_memory_pool()
+    module = REGISTRY[impl].cls(segs, rates, sequence_chunk_elements=limit)
+    with LiveTensorBytes() as tracker:
+        q, k, v = (torch.randn(1, n, 8, 64, requires_grad=mode == "fwdbwd") for _ in range(3))
+        if mode == "fwd":
+            with torch.no_grad():
+                module(q, k, v)
+        else:
+            out = module(q, k, v)
+            out.backward(torch.ones_like(out))
+    assert abs(tensors - tracker.peak) <= 0.12 * tracker.peak, (tensors, tracker.peak)
+    assert tracker.peak < live_peak(impl, n, mode, segs, rates)  # the point of chunks
