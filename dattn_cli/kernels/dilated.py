@@ -19,6 +19,7 @@ from torch import nn
 from .backends import BlockCall, check_backend, resolve_backend
 from .cache import PatternCache, get_global_pattern_cache
 from .chunks import SEQUENCE_CHUNK_ELEMENTS, ChunkedAttention, chunk_bounds, chunk_length
+from .compiled import compiled_attention, register_class
 from .engine import BlockAttention, IndexAccess, RowAccess, ViewAccess, block_attention
 from .pattern import Block, pair_blocks, validate_pattern
 from .pool import MemoryPool, get_global_memory_pool
@@ -153,19 +154,27 @@ class _DilatedAttentionBase(AttentionCore):
         (head-parallel shards), so offsets and head groups follow the global head index.
         """
         check_qkv(q, k, v)
-        batch, seq_len, num_heads, _ = q.shape
-        check_key_padding_mask(key_padding_mask, batch, seq_len, q.device)
-        backend, call, pool = self.prepare_call(q, is_causal, key_padding_mask is not None)
-        length = chunk_length(batch, seq_len, num_heads, q.shape[-1], self.segment_lengths, self.sequence_chunk_elements)
+        check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[1], q.device)
+        if torch.compiler.is_compiling() and not (self.training and self.dropout > 0):
+            return compiled_attention(self, q, k, v, is_causal, key_padding_mask, head_range)
+        attention = self.attention_for(q, is_causal, key_padding_mask is not None, head_range)
+        return block_attention(q, k, v, key_padding_mask, attention)
+
+    def attention_for(
+        self, q: torch.Tensor, is_causal: bool, masked: bool, head_range: tuple[int, int] | None = None
+    ) -> BlockAttention | ChunkedAttention:
+        """The engine's work for a call on q's shape: its blocks, or one set per sequence chunk."""
+        batch, seq_len, num_heads, head_dim = q.shape
+        backend, call, pool = self.prepare_call(q, is_causal, masked)
+        length = chunk_length(batch, seq_len, num_heads, head_dim, self.segment_lengths, self.sequence_chunk_elements)
         if length is None:
             blocks, access = self.plan(seq_len, num_heads, q.device, head_range)
-            return block_attention(q, k, v, key_padding_mask, BlockAttention(blocks, access, backend, call, pool))
+            return BlockAttention(blocks, access, backend, call, pool)
         chunks = []
         for i, (start, end) in enumerate(chunk_bounds(seq_len, length)):
             blocks, access = self.plan(end - start, num_heads, q.device, head_range)
-            attention = ChunkedAttention.reseeded(BlockAttention(blocks, access, backend, call, pool), i)
-            chunks.append((start, end, attention))
-        return block_attention(q, k, v, key_padding_mask, ChunkedAttention(chunks))
+            chunks.append((start, end, ChunkedAttention.reseeded(BlockAttention(blocks, access, backend, call, pool), i)))
+        return ChunkedAttention(chunks)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
@@ -206,12 +215,14 @@ class _DilatedAttentionBase(AttentionCore):
         )
 
 
+@register_class
 class DilatedAttention(_DilatedAttentionBase):
     """Per pair: gather kept rows by index, attend with an (out, lse) backend, scatter, exact LSE merge."""
 
     gathers_by_index = True
 
 
+@register_class
 class ImprovedDilatedAttention(_DilatedAttentionBase):
     """Same function as DilatedAttention; strided views, pattern cache and memory pool."""
 

@@ -1,0 +1,105 @@
+"""torch.compile without graph breaks: a dilated attention call as one opaque custom op.
+
+Dynamo cannot trace the engine's Python (the pattern cache's and memory pool's locks, data-dependent block
+plans), and it need not: under torch.compile the single-device classes call `dattn::dilated_attention`, a
+torch.library custom op whose implementation is the eager engine, whose fake implementation states the output
+shapes, and whose registered backward is a second op, `dattn::dilated_attention_backward` (the engine's exact
+backward with the merged out and lse). Compiled output and gradients are therefore the eager ones. Dropout in
+training stays eager (its seeds are drawn per call).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+_MODULES: dict[tuple, torch.nn.Module] = {}
+_CLASSES: dict[str, type] = {}  # the classes that call the op, by name (registered by dilated.py)
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def register_class(cls: type) -> type:
+    _CLASSES[_name(cls)] = cls
+    return cls
+
+
+def _lse_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _module(segments, rates, semantics, cls_name, backend, scale, cache, pool, chunk):
+    """An eager module with this configuration (kept: building one validates and plans nothing heavy, but often)."""
+    key = (tuple(segments), tuple(rates), semantics, cls_name, backend, scale, cache, pool, chunk)
+    module = _MODULES.get(key)
+    if module is None:
+        module = _CLASSES[cls_name](list(segments), list(rates), semantics=semantics, scale=scale or None, backend=backend,
+                     use_pattern_cache=cache, enable_memory_pool=pool, sequence_chunk_elements=chunk or None).eval()
+        _MODULES[key] = module
+    return module
+
+
+def _attention(q, key_pad, config, causal, head_first, head_total):
+    head_range = None if head_total < 0 else (head_first, head_total)
+    return _module(*config).attention_for(q, causal, key_pad is not None, head_range)
+
+
+@torch.library.custom_op("dattn::dilated_attention", mutates_args=())
+def dilated_attention_op(
+    q: Tensor, k: Tensor, v: Tensor, key_pad: Optional[Tensor], segments: list[int], rates: list[int],
+    semantics: str, cls_name: str, backend: str, scale: float, cache: bool, pool: bool, chunk: int, causal: bool,
+    head_first: int, head_total: int,
+) -> tuple[Tensor, Tensor]:
+    config = (segments, rates, semantics, cls_name, backend, scale, cache, pool, chunk)
+    out, lse = _attention(q, key_pad, config, causal, head_first, head_total).forward(q, k, v, key_pad)
+    return out.contiguous(), lse.to(_lse_dtype(q)).contiguous()
+
+
+@dilated_attention_op.register_fake
+def _(q, k, v, key_pad, *rest):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("dattn::dilated_attention_backward", mutates_args=())
+def dilated_attention_backward_op(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, key_pad: Optional[Tensor],
+    segments: list[int], rates: list[int], semantics: str, cls_name: str, backend: str, scale: float, cache: bool,
+    pool: bool, chunk: int, causal: bool, head_first: int, head_total: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    config = (segments, rates, semantics, cls_name, backend, scale, cache, pool, chunk)
+    attention = _attention(q, key_pad, config, causal, head_first, head_total)
+    return tuple(g.contiguous() for g in attention.backward(dout, q, k, v, out, lse, key_pad))
+
+
+@dilated_attention_backward_op.register_fake
+def _(dout, q, k, v, *rest):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, key_pad, *config = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], key_pad)
+    ctx.config = config
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse, key_pad = ctx.saved_tensors
+    grads = dilated_attention_backward_op(dout.contiguous(), q, k, v, out, lse, key_pad, *ctx.config)
+    return (*grads, None) + (None,) * len(ctx.config)
+
+
+dilated_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def compiled_attention(module, q, k, v, is_causal, key_padding_mask, head_range) -> tuple[Tensor, Tensor]:
+    """`module`'s call as the custom op (its configuration passed as the op's arguments)."""
+    first, total = head_range if head_range is not None else (0, -1)
+    return dilated_attention_op(
+        q, k, v, key_padding_mask, list(module.segment_lengths), list(module.dilation_rates), module.semantics,
+        _name(type(module)), module.backend, float(module.scale or 0.0), module.use_pattern_cache,
+        module.enable_memory_pool, module.sequence_chunk_elements or 0, bool(is_causal), first, total,
+    )
