@@ -9,7 +9,7 @@ import typer
 
 from ..runtime.signals import Interrupted, take_pending
 from .attach import agreed_exit_code, attached_world
-from .options import (DEFAULT_MODE, AmpOption, AttachOption, MasterAddrOption, MasterPortOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption,
+from .options import (DEFAULT_MODE, AmpOption, AttachOption, MasterAddrOption, MasterPortOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption, CompileOption,
                       CacheOption, CsvOption, DensitiesOption, DeviceOption, DilationsOption, DistTimeoutOption, DTypeOption,
                       EmbedDimOption, ExecutorOption, FailOnRegressionOption, GlobalBlocksOption, HeadDimOption,
                       HeadsOption, ImplsOption, InterleaveOption, JsonOption, LayersOption, LevelsOption, MarkdownOption, MaxMemoryOption,
@@ -237,7 +237,7 @@ def bench(
     quick: QuickOption = False, until_oom: UntilOomOption = False, start: StartOption = "4k",
     warmup: WarmupOption = None, repeat: RepeatOption = None, precision: PrecisionOption = 3.0,
     cache: CacheOption = "warm", threads: ThreadsOption = None, processes: ProcessesOption = None,
-    interleave: InterleaveOption = False, seed: SeedOption = 0,
+    interleave: InterleaveOption = False, seed: SeedOption = 0, compile_module: CompileOption = False,
     max_memory: MaxMemoryOption = None, max_seconds: MaxSecondsOption = None,
     baseline: BaselineOption = None, fail_on_regression: FailOnRegressionOption = None,
     world_size: RanksOption = 1, dist_timeout: DistTimeoutOption = 120.0, attach: AttachOption = None,
@@ -272,7 +272,7 @@ def bench(
         block_size=block_size, window=window,
         densities=parse_float_list(density, "--density") if density else [], global_blocks=global_blocks,
         levels=levels, executor=executor, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
-        checkpointing=checkpointing, amp=amp,
+        checkpointing=checkpointing, amp=amp, compiled=compile_module,
     )
     try:
         result = _run(sweep, out, resume, world)

@@ -132,6 +132,9 @@ LayersOption = Annotated[int, typer.Option("--layers", help="Model depth (--targ
 VocabSizeOption = Annotated[int, typer.Option("--vocab-size", help="Model vocabulary (--target model).", rich_help_panel=LAYER)]
 CheckpointingOption = Annotated[bool, typer.Option(
     "--checkpointing/--no-checkpointing", help="Per-block gradient checkpointing (layer/model).", rich_help_panel=LAYER)]
+CompileOption = Annotated[bool, typer.Option(
+    "--compile", help="Measure the module under torch.compile (default inductor backend; the compilation is part "
+    "of the warm-up).", rich_help_panel=MEASURE)]
 AmpOption = Annotated[Optional[str], _choice(
     "--amp", ("bf16", "fp16"), "Autocast the layer/model (--dtype stays the weights' dtype).", LAYER)]
 OptimizerOption = Annotated[str, _choice(

@@ -67,6 +67,7 @@ class ComparePoint(BaseModel):
     layers: int | None = None
     checkpointing: bool = False
     amp: str | None = None
+    compiled: bool = False
     vocab_size: int | None = None
     base_ms: float | None = None  # medians
     new_ms: float | None = None

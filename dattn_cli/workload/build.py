@@ -82,13 +82,14 @@ def build_call(p: Problem, length: int | None = None, options: dict | None = Non
         return _layer_call(p) if p.target == "layer" else _model_call(p)
     device, dtype = torch.device(p.device), getattr(torch, p.dtype)
     module = build_module(p, device=device, dtype=dtype).to(device)
+    fn = torch.compile(module) if p.compiled else module
     options = options or {}
     if p.spec.kind == "multihead":
         def run(q, k, v):
-            return module(q, k, v, is_causal=p.causal, **options)[0]
+            return fn(q, k, v, is_causal=p.causal, **options)[0]
     else:
         def run(q, k, v):
-            return module(q, k, v, is_causal=p.causal, **options)
+            return fn(q, k, v, is_causal=p.causal, **options)
     return Call(module, lambda: make_inputs(p, length), run)
 
 

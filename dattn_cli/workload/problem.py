@@ -58,6 +58,7 @@ class Problem(BaseModel):
     mlp_ratio: float = 4.0
     checkpointing: bool = False
     amp: Literal["bf16", "fp16"] | None = None
+    compiled: bool = False  # the module measured under torch.compile (bench --compile)
 
     @field_validator("impl")
     @classmethod
@@ -115,6 +116,8 @@ class Problem(BaseModel):
                 raise ValueError("--checkpointing and --amp apply to --target layer or model")
         else:
             self._check_layer_target()
+            if self.compiled:
+                raise ValueError("--compile applies to --target attention: drop it for layers and models")
         if self.world_size > self.seq_len:
             raise ValueError(f"--world-size {self.world_size:,} is more than N={self.seq_len:,}: each rank needs at "
                              "least one position; use fewer ranks or a longer --seq-len")

@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -270,3 +271,32 @@ def test_sampling_options_refused_with_one_line(extra, needle, capsys):
     args = ["bench", "--impl", "sdpa", "--heads", "2", "--head-dim", "16"]
     code, _, err = run_cli([*args, *extra] + ([] if "--until-oom" in extra else ["--seq-len", "256"]), capsys)
     assert code == 2 and needle in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile's CPU backend needs a C++ compiler")
+def test_compile_measures_the_compiled_module_and_is_part_of_the_point(tmp_path):
+    """bench --compile (issue 20 item 4): the module under torch.compile, compiled in the warm-up; the row says so,
+    and compare keeps compiled and eager points apart (a key field)."""
+    args = ["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "512", "--segments", "128,256",
+            "--dilations", "1,2", "--heads", "2", "--head-dim", "16", "--mode", "fwdbwd", "--repeat", "3",
+            "--warmup", "2", "-q"]
+    done = subprocess.run(dattn(*args, "--compile", "--out", str(tmp_path / "c.jsonl")), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    subprocess.run(dattn(*args, "--out", str(tmp_path / "e.jsonl")), capture_output=True, text=True, timeout=300,
+                   check=True)
+    rows = read_rows(tmp_path / "c.jsonl") + read_rows(tmp_path / "e.jsonl")
+    assert [(r.status, r.compiled) for r in rows] == [("ok", True), ("ok", False)]
+    from dattn_cli.workload.records import point_key
+
+    assert point_key(rows[0].model_dump()) != point_key(rows[1].model_dump())
+
+
+def test_compile_is_refused_for_layers_with_one_line(capsys):
+    from dattn_cli.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--target", "layer", "--seq-len", "512", "--compile"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--compile applies to --target attention" in err and "Traceback" not in err
