@@ -10,22 +10,24 @@ training stays eager (its seeds are drawn per call).
 
 from __future__ import annotations
 
+import importlib
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 _MODULES: dict[tuple, torch.nn.Module] = {}
-_CLASSES: dict[str, type] = {}  # the classes that call the op, by name (registered by dilated.py)
 
 
 def _name(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def register_class(cls: type) -> type:
-    _CLASSES[_name(cls)] = cls
-    return cls
+def _class(name: str) -> type:
+    """The module class the op was called for, by name: this file is imported only when compiling (registering
+    custom ops at start-up would put C++ callbacks where a Ctrl-C can land), so it imports no module class."""
+    module_name, qualname = name.split(":")
+    return getattr(importlib.import_module(module_name), qualname)
 
 
 def _lse_dtype(q: Tensor) -> torch.dtype:
@@ -37,7 +39,7 @@ def _module(segments, rates, semantics, cls_name, backend, scale, cache, pool, c
     key = (tuple(segments), tuple(rates), semantics, cls_name, backend, scale, cache, pool, chunk)
     module = _MODULES.get(key)
     if module is None:
-        module = _CLASSES[cls_name](list(segments), list(rates), semantics=semantics, scale=scale or None, backend=backend,
+        module = _class(cls_name)(list(segments), list(rates), semantics=semantics, scale=scale or None, backend=backend,
                      use_pattern_cache=cache, enable_memory_pool=pool, sequence_chunk_elements=chunk or None).eval()
         _MODULES[key] = module
     return module

@@ -19,7 +19,6 @@ from torch import nn
 from .backends import BlockCall, check_backend, resolve_backend
 from .cache import PatternCache, get_global_pattern_cache
 from .chunks import SEQUENCE_CHUNK_ELEMENTS, ChunkedAttention, chunk_bounds, chunk_length
-from .compiled import compiled_attention, register_class
 from .engine import BlockAttention, IndexAccess, RowAccess, ViewAccess, block_attention
 from .pattern import Block, pair_blocks, validate_pattern
 from .pool import MemoryPool, get_global_memory_pool
@@ -156,6 +155,8 @@ class _DilatedAttentionBase(AttentionCore):
         check_qkv(q, k, v)
         check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[1], q.device)
         if torch.compiler.is_compiling() and not (self.training and self.dropout > 0):
+            from .compiled import compiled_attention  # one opaque custom op, no graph break (kernels/compiled.py)
+
             return compiled_attention(self, q, k, v, is_causal, key_padding_mask, head_range)
         attention = self.attention_for(q, is_causal, key_padding_mask is not None, head_range)
         return block_attention(q, k, v, key_padding_mask, attention)
@@ -215,14 +216,12 @@ class _DilatedAttentionBase(AttentionCore):
         )
 
 
-@register_class
 class DilatedAttention(_DilatedAttentionBase):
     """Per pair: gather kept rows by index, attend with an (out, lse) backend, scatter, exact LSE merge."""
 
     gathers_by_index = True
 
 
-@register_class
 class ImprovedDilatedAttention(_DilatedAttentionBase):
     """Same function as DilatedAttention; strided views, pattern cache and memory pool."""
 
