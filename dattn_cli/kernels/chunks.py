@@ -63,8 +63,7 @@ class ChunkedAttention:
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, key_pad=None) -> tuple[torch.Tensor, ...]:
-        grads = [torch.empty_like(x) for x in (q, k, v)]
-        dout = dout.to(q.dtype)
+        grads = [torch.empty_like(x) for x in (q, k, v)]  # each chunk's BlockAttention casts its dout slice
         for start, end, attention in self.chunks:
             part = [x[:, start:end] for x in (dout, q, k, v, out, lse)]
             parts = attention.backward(*part, None if key_pad is None else key_pad[:, start:end])
