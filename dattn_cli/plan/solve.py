@@ -70,21 +70,34 @@ def max_batch(s: Problem, profile: HardwareProfile, devices: int = 1,
               training: Training | None = None) -> tuple[int, bool]:
     """Largest batch (at most the Problem's limit) whose plan fits at s.seq_len: doubling, then bisection (memory
     grows with the batch); (0, False) if not even one fits, (cap, True) if the cap does."""
-    cap = SIZE_LIMITS["batch"]
+    def fits(b: int) -> Plan | None:
+        p = plan(s.model_copy(update={"batch": b}), profile, devices, training)
+        return p if p.fits else None
 
-    def fits(b: int) -> bool:
-        return plan(s.model_copy(update={"batch": b}), profile, devices, training).fits
+    batch, _, capped = _largest_fitting(fits, 1, SIZE_LIMITS["batch"])
+    return batch, capped
 
-    lo, hi = 0, 1
-    while fits(hi):
-        lo = hi
-        if hi == cap:
-            return cap, True
-        hi = min(2 * hi, cap)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo, False
+
+def _largest_fitting(fits, step: int, cap: int) -> tuple[int, Plan | None, bool]:
+    """The largest multiple of `step` up to `cap` for which fits(n) gives a plan (fits is monotone: memory grows with
+    n): doubling, then bisection. (n, its plan, whether the cap itself fits); (0, None, False) if `step` does not."""
+    top = cap // step * step
+    lo, best, hi = 0, None, step
+    while (p := fits(hi)) is not None:
+        lo, best = hi, p
+        if hi == top:
+            return lo, best, True
+        hi = min(hi * 2, top)
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        if mid <= lo:
+            break
+        p = fits(mid)
+        if p is not None:
+            lo, best = mid, p
+        else:
+            hi = mid
+    return lo, best, False
 
 
 def _infeasible(s: Problem, profile: HardwareProfile, devices: int, reason: str,
@@ -204,26 +217,8 @@ def max_seq_search(s: Problem, profile: HardwareProfile, devices: int = 1, train
         p = plan(s.model_copy(update={"seq_len": n}), profile, devices, training)
         return p if p.fits else None
 
-    lo, hi = 0, granule
-    best = None
-    while True:
-        p = fits(hi)
-        if p is None:
-            break
-        lo, best = hi, p
-        if hi == SEQ_SEARCH_CAP // granule * granule:
-            return SeqSearch(seq_len=lo, plan=best, capped=True)
-        hi = min(hi * 2, SEQ_SEARCH_CAP // granule * granule)
-    while hi - lo > granule:
-        mid = (lo + hi) // 2 // granule * granule
-        if mid <= lo:
-            break
-        p = fits(mid)
-        if p is not None:
-            lo, best = mid, p
-        else:
-            hi = mid
-    return SeqSearch(seq_len=lo, plan=best, capped=False)
+    n, best, capped = _largest_fitting(fits, granule, SEQ_SEARCH_CAP)
+    return SeqSearch(seq_len=n, plan=best, capped=capped)
 
 
 def min_devices(s: Problem, profile: HardwareProfile, limit: int = DEVICE_SEARCH_CAP) -> tuple[int | None, Plan | None]:
