@@ -9,7 +9,8 @@ reason in the note: other processes' CPU, GPU throttling; match._noisy), when ot
 point (`other_cpus`) differs by more than half a CPU between the sides (benchmarks/noise.py: load on one side
 moves the whole side, and the test alone called 9 of 10 such A/A pairs slower; with one torch thread on 2 CPUs a
 1-CPU neighbour is not contention by the bench's rule, so the flag alone would not catch it), or when the side that looks slower (faster) is far noisier than
-the other (stats.spread_differs: the mark of load on one side, not of a code change).
+the other (stats.spread_differs: the mark of load on one side, not of a code change) unless the CI lies wholly
+beyond HUGE (2x) either way: load on one side moved no CI bound of benchmarks/noise.py's A/A pairs past 1.46x.
 
 Without samples on a side (reports written before samples_ms) only the medians and p10/p90 of the
 repeats are known, which no test can use. The rule: slower when the ratio of medians is at least
@@ -142,12 +143,20 @@ def _failed(base: Side, new: Side) -> dict:
 def _decide(point: dict, base: Side, new: Side, p_adjusted: float | None, threshold_pct: float, alpha: float) -> dict:
     """The verdict of a sampled pair, and the reasons that make it inconclusive."""
     result = verdict(point["ci_low"], point["ci_high"], p_adjusted, threshold_pct, alpha)
-    if result in ("slower", "faster") and (spread := spread_differs(base.samples, new.samples)):
+    if result in ("slower", "faster") and not _beyond_load(point, threshold_pct) and \
+            (spread := spread_differs(base.samples, new.samples)):
         return {**point, "verdict": "inconclusive", "note": "; ".join(filter(None, [point["note"], spread]))}
     if result == "inconclusive" and point["ci_high"] is not None and point["ci_high"] <= band(threshold_pct)[1]:
         note = f"a regression beyond the threshold is excluded (CI up to {point['ci_high']:.3f})"
         return {**point, "verdict": result, "no_regression": True, "note": "; ".join(filter(None, [point["note"], note]))}
     return {**point, "verdict": result}
+
+
+def _beyond_load(point: dict, threshold_pct: float) -> bool:
+    """The CI lies wholly beyond max(HUGE, 1 + t) (or below its inverse): a change that one-sided load does not
+    make. benchmarks/noise.py's loaded and process A/A pairs never put a CI bound past 1.46x."""
+    huge = max(HUGE, band(threshold_pct)[1])
+    return point["ci_low"] >= huge or point["ci_high"] <= 1 / huge
 
 
 def _flagged(point: dict, base: Side, new: Side) -> dict:

@@ -136,6 +136,14 @@ def test_unknown_impl_refused_by_dattn_is_exit_2_and_leaves_no_results(tmp_path)
     assert list((tmp_path / "results").glob("*.jsonl")) == []
 
 
+def _cmdline(process: psutil.Process) -> list[str]:
+    """Its command line; [] for a child that exited meanwhile (a zombie until reaped, or gone)."""
+    try:
+        return process.cmdline()
+    except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
 def test_sigterm_stops_the_load_and_the_bench(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # a long pair (no --repeat: adaptive) so that the loaded side is still running when the signal comes
@@ -146,7 +154,7 @@ def test_sigterm_stops_the_load_and_the_bench(tmp_path):
     try:
         until, spinners = time.monotonic() + 120, []
         while time.monotonic() < until and not spinners and proc.poll() is None:
-            spinners = [c for c in script.children() if "-c" in c.cmdline() and "getppid" in " ".join(c.cmdline())]
+            spinners = [c for c in script.children() if "getppid" in " ".join(_cmdline(c))]
             time.sleep(0.1)
         assert spinners, "the loaded side never started its load"
         family = script.children(recursive=True)
