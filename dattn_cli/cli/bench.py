@@ -12,7 +12,7 @@ from .attach import agreed_exit_code, attached_world
 from .options import (DEFAULT_MODE, AmpOption, AttachOption, MasterAddrOption, MasterPortOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption, CompileOption,
                       CacheOption, CsvOption, DensitiesOption, DeviceOption, DilationsOption, DistTimeoutOption, DTypeOption,
                       EmbedDimOption, ExecutorOption, FailOnRegressionOption, GlobalBlocksOption, HeadDimOption,
-                      HeadsOption, ImplsOption, InterleaveOption, JsonOption, LayersOption, LevelsOption, MarkdownOption, MaxMemoryOption,
+                      HeadsOption, KVHeadsOption, ImplsOption, InterleaveOption, JsonOption, LayersOption, LevelsOption, MarkdownOption, MaxMemoryOption,
                       MaxSecondsOption, ModeOption, OutOption, PrecisionOption, QuietOption, RanksOption, PatternOption, PlotOption, PlotXOption,
                       QuickOption, RepeatOption, ResumeOption, SeedOption, SegmentsOption, SemanticsOption,
                       SeqLensOption, StartOption, TargetOption, ThreadsOption, ProcessesOption, UntilOomOption, VocabSizeOption, WarmupOption,
@@ -225,8 +225,8 @@ def _gate(result, baseline, threshold: float) -> int:
 
 def bench(
     impl: ImplsOption = None, device: DeviceOption = "cpu",
-    seq_lens: SeqLensOption = None, batch: BatchOption = 1, heads: HeadsOption = 8, head_dim: HeadDimOption = 64,
-    dtype: DTypeOption = "float32", mode: ModeOption = None,
+    seq_lens: SeqLensOption = None, batch: BatchOption = 1, heads: HeadsOption = 8, kv_heads: KVHeadsOption = None,
+    head_dim: HeadDimOption = 64, dtype: DTypeOption = "float32", mode: ModeOption = None,
     segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
     semantics: SemanticsOption = "longnet", causal: CausalOption = False,
     pattern: PatternOption = None, block_size: BlockSizeOption = 128, window: WindowOption = None,
@@ -262,7 +262,7 @@ def bench(
     check_ranks(impl, world_size, "--world-size")
     sweep = Sweep(
         impls=impl, seq_lens=parse_seq_lens(seq_lens) if seq_lens else [], until_oom=until_oom,
-        start=parse_seq_lens(start)[0], batch=batch, heads=heads, head_dim=head_dim, dtype=dtype, mode=mode,
+        start=parse_seq_lens(start)[0], batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, mode=mode,
         segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
         semantics=semantics, causal=causal, device=device, warmup=warmup, repeat=repeat, seed=seed,
         precision=precision, cache=cache, threads=threads, processes=processes or (1 if quick else None),

@@ -83,6 +83,8 @@ SeqLensOption = Annotated[Optional[str], typer.Option(
     "--seq-len", help="Lengths to measure, comma-separated, e.g. 4k,8k,32768.", metavar="N[,N...]", rich_help_panel=SHAPE)]
 BatchOption = Annotated[int, typer.Option("--batch", help="Batch size.", rich_help_panel=SHAPE)]
 HeadsOption = Annotated[int, typer.Option("--heads", help="Attention heads.", rich_help_panel=SHAPE)]
+KVHeadsOption = Annotated[Optional[int], typer.Option(
+    "--kv-heads", help="Key/value heads (GQA; 1 = MQA); must divide --heads. Default: --heads.", rich_help_panel=SHAPE)]
 HeadDimOption = Annotated[int, typer.Option("--head-dim", help="Dimension per head.", rich_help_panel=SHAPE)]
 DTypeOption = Annotated[DType, typer.Option("--dtype", help="Input (layer/model: weight) dtype.", rich_help_panel=SHAPE)]
 DEFAULT_MODE = "fwdbwd"  # bench, plan and profile alike: what training needs (bench --quick runs fwd)

@@ -9,7 +9,7 @@ import typer
 
 from .options import (DEFAULT_MODE, AmpOption, BatchOption, CalibrateOption, CausalOption, CheckOption, CheckpointingOption,
                       DevicesOption, DilationsOption, DTypeOption, EmbedDimOption, FailIfInfeasibleOption,
-                      HeadDimOption, HeadsOption, ImplOption, KernelOption, JsonOption, CsvOption, LayersOption, MaxSeqOption, MemoryOption,
+                      HeadDimOption, HeadsOption, KVHeadsOption, ImplOption, KernelOption, JsonOption, CsvOption, LayersOption, MaxSeqOption, MemoryOption,
                       MinDevicesOption, ModeOption, OptimizerOption, ProfileOption, SaveOption, SegmentsOption,
                       SemanticsOption, SequenceParallelOption, ZeroOption,
                       SeqLenOption, TargetOption, VocabSizeOption, check_ranks)
@@ -144,8 +144,8 @@ def _model_advice(solve, problem, hw, training) -> str:
 
 def plan(
     impl: ImplOption = None,
-    seq_len: SeqLenOption = "64k", batch: BatchOption = 1, heads: HeadsOption = 8, head_dim: HeadDimOption = 64,
-    dtype: DTypeOption = "float32", mode: ModeOption = DEFAULT_MODE,
+    seq_len: SeqLenOption = "64k", batch: BatchOption = 1, heads: HeadsOption = 8, kv_heads: KVHeadsOption = None,
+    head_dim: HeadDimOption = 64, dtype: DTypeOption = "float32", mode: ModeOption = DEFAULT_MODE,
     segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
     semantics: SemanticsOption = "longnet", causal: CausalOption = False,
     target: TargetOption = "attention", embed_dim: EmbedDimOption = None, layers: LayersOption = 12,
@@ -183,7 +183,7 @@ def plan(
         impl = impl or ("RingMultiheadDilatedAttention" if sequence_parallel > 1 else None)
     problem = Problem(
         impl=impl or DEFAULT_IMPL[target], seq_len=parse_seq_len(seq_len), batch=batch, heads=heads,
-        head_dim=head_dim, dtype=dtype, mode=mode, segment_lengths=parse_int_list(segments, "--segments"),
+        kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, mode=mode, segment_lengths=parse_int_list(segments, "--segments"),
         dilation_rates=parse_int_list(dilations, "--dilations"), semantics=semantics, causal=causal,
         world_size=devices, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
         checkpointing=checkpointing, amp=amp, backend=kernel,

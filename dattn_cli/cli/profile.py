@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .options import (DEFAULT_MODE, BatchOption, BlockSizeOption, CausalOption, DensityOption, DeviceOption, DilationsOption,
-                      DTypeOption, ExecutorOption, GlobalBlocksOption, HeadDimOption, HeadsOption, ImplOption,
+                      DTypeOption, ExecutorOption, GlobalBlocksOption, HeadDimOption, HeadsOption, KVHeadsOption, ImplOption,
                       IterationsOption, JsonOption, CsvOption, LevelsOption, ModeOption, PatternOption, QuietOption, SeedOption,
                       SegmentsOption, SemanticsOption, SeqLenOption, ShowPatternOption, TraceOption, WarmupOption,
                       WindowOption)
@@ -36,8 +36,8 @@ def _show_pattern(report, path: Path) -> None:
 
 def profile(
     impl: ImplOption = "ImprovedDilatedAttention", device: DeviceOption = "cpu",
-    seq_len: SeqLenOption = "8k", batch: BatchOption = 1, heads: HeadsOption = 8, head_dim: HeadDimOption = 64,
-    dtype: DTypeOption = "float32", mode: ModeOption = DEFAULT_MODE,
+    seq_len: SeqLenOption = "8k", batch: BatchOption = 1, heads: HeadsOption = 8, kv_heads: KVHeadsOption = None,
+    head_dim: HeadDimOption = 64, dtype: DTypeOption = "float32", mode: ModeOption = DEFAULT_MODE,
     segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
     semantics: SemanticsOption = "longnet", causal: CausalOption = False,
     pattern: PatternOption = None, block_size: BlockSizeOption = 128, window: WindowOption = None,
@@ -55,7 +55,8 @@ def profile(
     _refuse_block_options(impl, {"--pattern": pattern, "--window": window, "--density": density,
                                  "--show-pattern": show_pattern})
     problem = Problem(
-        impl=impl, seq_len=parse_seq_len(seq_len), batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
+        impl=impl, seq_len=parse_seq_len(seq_len), batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        dtype=dtype,
         mode=mode, segment_lengths=parse_int_list(segments, "--segments"),
         dilation_rates=parse_int_list(dilations, "--dilations"), semantics=semantics, causal=causal, device=device,
         pattern=pattern or "dilated", block_size=block_size, window=window, density=density,

@@ -54,6 +54,7 @@ class ComparePoint(BaseModel):
     mode: str
     batch: int
     heads: int
+    kv_heads: int | None = None
     head_dim: int
     segments: list[int]
     dilations: list[int]

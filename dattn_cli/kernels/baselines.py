@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .heads import expand_kv
 from .reference import dilated_attention_reference
 
 
@@ -32,12 +33,14 @@ class DenseBaseline(nn.Module):
 
 class SDPAAttention(DenseBaseline):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+        k, v = expand_kv(k, v, q.shape[2])
         t = lambda x: x.transpose(1, 2)  # noqa: E731  (B, N, H, D) <-> (B, H, N, D)
         return t(F.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=is_causal))
 
 
 class MathAttention(DenseBaseline):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+        k, v = expand_kv(k, v, q.shape[2])
         t = lambda x: x.transpose(1, 2)  # noqa: E731
         n = q.shape[1]
         scores = torch.matmul(t(q), t(k).transpose(-1, -2)) * q.shape[-1] ** -0.5

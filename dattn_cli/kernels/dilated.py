@@ -19,6 +19,7 @@ from torch import nn
 from .backends import BlockCall, check_backend, resolve_backend
 from .cache import PatternCache, get_global_pattern_cache
 from .chunks import SEQUENCE_CHUNK_ELEMENTS, ChunkedAttention, chunk_bounds, chunk_length
+from .heads import expand_kv
 from .engine import BlockAttention, IndexAccess, RowAccess, ViewAccess, block_attention
 from .pattern import Block, pair_blocks, validate_pattern
 from .pool import MemoryPool, get_global_memory_pool
@@ -147,13 +148,15 @@ class _DilatedAttentionBase(AttentionCore):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
         *, key_padding_mask: torch.Tensor | None = None, head_range: tuple[int, int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out (B, N, H, D), lse (B, N, H)); lse is −inf where no pair keeps a row.
+        """(out (B, N, H, D), lse (B, N, H)); lse is −inf where no pair keeps a row. k and v may have fewer
+        heads than q (B, N, H_kv, D), H % H_kv == 0: query head h uses kv head h // (H / H_kv).
 
         head_range = (first, total): q, k, v hold global heads first .. first + H - 1 of `total`
         (head-parallel shards), so offsets and head groups follow the global head index.
         """
         check_qkv(q, k, v)
         check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[1], q.device)
+        k, v = expand_kv(k, v, q.shape[2])  # GQA/MQA: kv heads repeated, gradients summed by autograd (heads.py)
         if torch.compiler.is_compiling() and not (self.training and self.dropout > 0):
             from .compiled import compiled_attention  # one opaque custom op, no graph break (kernels/compiled.py)
 

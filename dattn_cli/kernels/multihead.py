@@ -1,7 +1,8 @@
 """nn.MultiheadAttention-style modules around the dilated attention cores.
 
-One input projection weight (3E, E): self-attention (query is key is value) runs it as one fused
-matmul; otherwise its q/k/v slices project each input separately. Optional MAGNETO sub-LayerNorm before
+One input projection weight (E + 2·E_kv, E), E_kv = num_kv_heads · head_dim (= E without GQA):
+self-attention (query is key is value) runs it as one fused matmul; otherwise its q/k/v slices project
+each input separately. num_kv_heads < num_heads: grouped-query attention (MQA at 1), kernels/heads.py. Optional MAGNETO sub-LayerNorm before
 the output projection; Xavier-normal init with the MAGNETO gain `gamma_init` on the value and output
 projections (Wang et al., "Foundation Transformers", 2022).
 """
@@ -19,6 +20,7 @@ from .block_sparse.attention import BlockSparseRingDilatedAttention
 from .distributed.allgather import DistributedImprovedDilatedAttention
 from .distributed.head_parallel import HeadParallelDilatedAttention
 from .distributed.ring import RingDilatedAttention
+from .heads import divisors
 from .rotary import apply_rotary
 
 
@@ -46,6 +48,7 @@ class MultiheadDilatedAttention(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         rotary: bool = False,
+        num_kv_heads: int | None = None,
         **attention_options,
     ):
         """attention_options go to the core (e.g. process_group for the distributed forms; pattern, block_size,
@@ -63,14 +66,20 @@ class MultiheadDilatedAttention(nn.Module):
         if gamma_init <= 0:
             raise ValueError(f"gamma_init must be positive, got {gamma_init!r}")
         self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if isinstance(self.num_kv_heads, bool) or not isinstance(self.num_kv_heads, int) or self.num_kv_heads <= 0 \
+                or num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads must divide num_heads={num_heads}, got {num_kv_heads!r}: use one of "
+                             f"{divisors(num_heads)}")
         self.head_dim = embed_dim // num_heads
+        self.kv_dim = self.num_kv_heads * self.head_dim
         self.batch_first = True
         self.gamma_init = gamma_init
         self.rotary = bool(rotary)
         if self.rotary and self.head_dim % 2:
             raise ValueError(f"rotary=True needs an even head_dim, got {self.head_dim}: change embed_dim or num_heads")
         factory = {"device": device, "dtype": dtype}
-        self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, **factory)
+        self.in_proj = nn.Linear(embed_dim, embed_dim + 2 * self.kv_dim, bias=bias, **factory)
         self.attention = self.attention_class(
             segment_lengths, dilation_rates, semantics=semantics, scale=scale, dropout=dropout, backend=backend,
             use_pattern_cache=use_pattern_cache, enable_memory_pool=enable_memory_pool, **attention_options,
@@ -80,11 +89,11 @@ class MultiheadDilatedAttention(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        e = self.embed_dim
+        e, kv = self.embed_dim, self.kv_dim
         with torch.no_grad():
             nn.init.xavier_normal_(self.in_proj.weight[:e])
-            nn.init.xavier_normal_(self.in_proj.weight[e : 2 * e])
-            nn.init.xavier_normal_(self.in_proj.weight[2 * e :], gain=self.gamma_init)
+            nn.init.xavier_normal_(self.in_proj.weight[e : e + kv])
+            nn.init.xavier_normal_(self.in_proj.weight[e + kv :], gain=self.gamma_init)
             nn.init.xavier_normal_(self.out_proj.weight, gain=self.gamma_init)
             for lin in (self.in_proj, self.out_proj):
                 if lin.bias is not None:
@@ -93,10 +102,11 @@ class MultiheadDilatedAttention(nn.Module):
             self.norm.reset_parameters()
 
     def _project(self, query, key, value):
+        sizes = (self.embed_dim, self.kv_dim, self.kv_dim)
         if query is key and key is value:
-            return self.in_proj(query).chunk(3, dim=-1)
-        w = self.in_proj.weight.chunk(3)
-        b = self.in_proj.bias.chunk(3) if self.in_proj.bias is not None else (None, None, None)
+            return self.in_proj(query).split(sizes, dim=-1)
+        w = self.in_proj.weight.split(sizes)
+        b = self.in_proj.bias.split(sizes) if self.in_proj.bias is not None else (None, None, None)
         return tuple(F.linear(x, wi, bi) for x, wi, bi in zip((query, key, value), w, b))
 
     def forward(
@@ -125,7 +135,7 @@ class MultiheadDilatedAttention(nn.Module):
             if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.embed_dim:
                 shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                 raise ValueError(f"{name} has shape {shape}: pass (batch, seq_len, {self.embed_dim})")
-        q, k, v = (x.unflatten(-1, (self.num_heads, self.head_dim)) for x in self._project(query, key, value))
+        q, k, v = (x.unflatten(-1, (-1, self.head_dim)) for x in self._project(query, key, value))
         if self.rotary:
             q, k = apply_rotary(q, position_offset), apply_rotary(k, position_offset)
         real = {} if seq_len is None else {"seq_len": seq_len}  # only block-sparse cores take it
@@ -137,7 +147,8 @@ class MultiheadDilatedAttention(nn.Module):
     def describe(self) -> str:
         ln = "MAGNETO sub-LayerNorm" if self.norm is not None else "no sub-LayerNorm"
         return (
-            f"{type(self).__name__}(embed_dim={self.embed_dim}, num_heads={self.num_heads}, {ln}) over "
+            f"{type(self).__name__}(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, {ln}) over "
             + self.attention.describe()
         )
 

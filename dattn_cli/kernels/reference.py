@@ -73,7 +73,7 @@ def dilated_attention_reference(
     compute_dtype: torch.dtype = torch.float64,
     max_block_elements: int = DEFAULT_MAX_BLOCK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (out (B, N, H, D) in q's dtype, lse (B, N, H) float32).
+    """Return (out (B, N, H, D) in q's dtype, lse (B, N, H) float32). k, v: (B, N, H_kv, D), H_kv dividing H.
 
     key_padding_mask: optional bool (B, N), True = that key takes part in no softmax.
     compute_dtype: float64 for the reference; the input's own dtype gives the "naive same-dtype
@@ -134,6 +134,8 @@ def _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, m
     batch, seq_len, num_heads, head_dim = q.shape
     tau = head_dim**-0.5 if scale is None else scale
     qc, kc, vc = (x.to(compute_dtype).transpose(1, 2) for x in (q, k, v))  # (B, H, N, D)
+    group = num_heads // k.shape[2]  # GQA/MQA: query head h attends with kv head h // group
+    kc, vc = kc.repeat_interleave(group, dim=1), vc.repeat_interleave(group, dim=1)
     key_bias = None
     if key_padding_mask is not None:
         key_bias = torch.zeros(batch, 1, 1, seq_len, dtype=compute_dtype, device=q.device)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .heads import kv_group
+
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -13,11 +15,12 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             raise ValueError(
                 f"{name} has {x.dim()} dimensions, shape {tuple(x.shape)}: pass (batch, seq_len, heads, head_dim)"
             )
-    if k.shape != q.shape or v.shape != q.shape:
+    if k.shape != v.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
         raise ValueError(
             f"q, k, v shapes differ: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
-            "self-attention needs equal (batch, seq_len, heads, head_dim)"
+            "self-attention needs equal (batch, seq_len, head_dim), and k, v equal shapes"
         )
+    kv_group(q.shape[2], k.shape[2])
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}; cast them to one dtype")
     if k.device != q.device or v.device != q.device:

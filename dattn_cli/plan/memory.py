@@ -6,7 +6,8 @@ tensor items against `measure.LiveTensorBytes` (every storage torch allocates, c
 `dattn plan --check` compares the total with measured bench rows.
 
 Items (bytes, per device):
-* inputs        q, k, v (this device's shard)
+* inputs        q, k, v (this device's shard; k, v at the kv heads), and with GQA k, v repeated to H heads
+                (kernels/heads.py) and, in backward, the kv-head dk, dv autograd sums them into
 * output        the result, and for half inputs the fp32 accumulator it is converted from
 * lse           float32 (B, L, H)
 * gather        kept-row copies of the dilated blocks (r > 1), held by the memory pool: 3 per block
@@ -102,7 +103,8 @@ def estimate_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cp
     length = shard_of(s) if s.strategy in ("ring", "allgather", "head_parallel") else s.seq_len
     t = _Tally()
     x_shard = s.batch * length * s.heads * s.head_dim * e  # one (B, L, H, D) tensor
-    t.add("inputs q, k, v", 3 * x_shard)
+    for name, value in _input_items(s, x_shard).items():
+        t.add(name, value)
     t.add("output", x_shard)
     model = s.spec.memory_model
     if model is None:
@@ -129,13 +131,25 @@ def _sequence_chunk(s: Problem) -> int | None:
 def _chunked_items(s: Problem, chunk: int, x_shard: int, device_type: str) -> dict[str, int]:
     """q, k, v, out, lse (and dout, dq, dk, dv) at full size; the engine's working set of one chunk (its own result
     before the copy into out, accumulators, gathers, block results, gradient parts, kernel scratch)."""
-    items = {"inputs q, k, v": 3 * x_shard, "output": x_shard, "lse": s.batch * s.seq_len * s.heads * 4}
+    items = {**_input_items(s, x_shard), "output": x_shard, "lse": s.batch * s.seq_len * s.heads * 4}
     if s.mode == "fwdbwd":
         items["gradients (upstream, dq, dk, dv)"] = 4 * x_shard
     part = estimate_memory(s.model_copy(update={"seq_len": chunk}), 0, device_type, chunked=False)
     for name, value in part.items.items():
-        if name not in ("inputs q, k, v", "lse"):
+        if name not in ("lse", *_input_items(s, x_shard)):
             items[f"one chunk of {chunk:,} positions: {name}"] = value
+    return items
+
+
+def _input_items(s: Problem, x_shard: int) -> dict[str, int]:
+    """q, k, v; with GQA k, v at the kv heads, their copies repeated to H heads (every implementation computes on
+    those), and in backward the kv-head dk, dv that autograd sums the repeated gradients into."""
+    kv_shard = x_shard * s.kv_head_count // s.heads
+    items = {"inputs q, k, v": x_shard + 2 * kv_shard}
+    if kv_shard != x_shard:
+        items["k, v repeated to H heads (GQA)"] = 2 * x_shard
+        if s.mode == "fwdbwd":
+            items["kv-head dk, dv (GQA)"] = 2 * kv_shard
     return items
 
 

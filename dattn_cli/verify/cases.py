@@ -19,9 +19,10 @@ class Case:
     problem: Problem
 
 
-def _case(name: str, batch: int, seq_len: int, heads: int, head_dim: int, segments: list[int], rates: list[int]) -> Case:
-    return Case(name, Problem(batch=batch, seq_len=seq_len, heads=heads, head_dim=head_dim, segment_lengths=segments,
-                              dilation_rates=rates))
+def _case(name: str, batch: int, seq_len: int, heads: int, head_dim: int, segments: list[int], rates: list[int],
+          kv_heads: int | None = None) -> Case:
+    return Case(name, Problem(batch=batch, seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                              segment_lengths=segments, dilation_rates=rates))
 
 
 QUICK = [
@@ -36,6 +37,8 @@ QUICK = [
     # at p = 3 (N/p = 32): 64-segments span ranks {0, 1} and leave rank 2 a short one alone; r = 3 does
     # not divide N/p, so ranks keep different numbers of rows
     _case("ragged groups, r ∤ N/p", 1, 96, 3, 8, [16, 64, 96], [1, 3, 2]),
+    # GQA: 4 query heads per kv head; at p = 4 head-parallel has more ranks than kv heads (repeats them)
+    _case("GQA, 2 kv heads of 8", 2, 96, 8, 8, [8, 48, 96], [1, 2, 3], kv_heads=2),
 ]
 
 FULL = QUICK + [
@@ -43,6 +46,8 @@ FULL = QUICK + [
     _case("single pair dense", 2, 33, 2, 8, [33], [1]),
     _case("LongNet-like", 1, 509, 8, 32, [64, 128, 256], [1, 2, 4]),
     _case("long ragged", 2, 1000, 6, 64, [128, 512, 2048], [1, 3, 8]),
+    _case("MQA, ragged N", 2, 50, 4, 8, [16, 32], [1, 2], kv_heads=1),
+    _case("GQA, kv groups across offsets", 1, 96, 6, 8, [24, 96], [1, 4], kv_heads=3),
 ]
 
 

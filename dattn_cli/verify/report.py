@@ -26,6 +26,7 @@ class CaseResult(BaseModel):
     batch: int
     seq_len: int
     heads: int
+    kv_heads: int | None = None  # GQA/MQA key/value heads (None: as many as heads)
     head_dim: int
     segment_lengths: list[int]
     dilation_rates: list[int]
@@ -55,7 +56,8 @@ def case_result(v: Variant, errors: dict[str, Error] | None = None, *, failure: 
     p, errors = v.problem, errors or {}
     return CaseResult(
         impl=p.impl, world_size=p.world_size, case=v.case, backend=p.backend, semantics=p.semantics, causal=p.causal,
-        dtype=p.dtype, device=p.device, batch=p.batch, seq_len=p.seq_len, heads=p.heads, head_dim=p.head_dim,
+        dtype=p.dtype, device=p.device, batch=p.batch, seq_len=p.seq_len, heads=p.heads, kv_heads=p.kv_heads,
+        head_dim=p.head_dim,
         segment_lengths=p.segment_lengths, dilation_rates=p.dilation_rates, uncovered_fraction=v.uncovered,
         pattern=v.pattern, errors=errors, passed=failure is None and all(e.passed for e in errors.values()),
         message=failure or "", comm=comm,

@@ -45,6 +45,8 @@ def build_module(p: Problem, *, device: torch.device | str | None = None, dtype:
     """p's attention module; `extra` goes to the constructor (e.g. use_pattern_cache, process_group)."""
     options = {**module_options(p), **extra}
     if p.spec.kind == "multihead":
+        if p.kv_heads is not None:
+            options["num_kv_heads"] = p.kv_heads
         return p.spec.cls(p.width, p.heads, **options, device=device, dtype=dtype)
     segments, rates = options.pop("segment_lengths"), options.pop("dilation_rates")
     return p.spec.cls(segments, rates, **options)
@@ -65,14 +67,15 @@ def make_inputs(p: Problem, length: int | None = None, *, generator: torch.Gener
     shape = input_shape(p, length)
     device = torch.device(p.device) if generator is None else "cpu"
 
-    def randn() -> torch.Tensor:
-        x = torch.randn(shape, generator=generator, dtype=dtype, device=device)
+    def randn(size: tuple[int, ...] = shape) -> torch.Tensor:
+        x = torch.randn(size, generator=generator, dtype=dtype, device=device)
         return x.to(p.device).requires_grad_(grad)
 
     if p.spec.kind == "multihead":
         x = randn()
         return x, x, x
-    return randn(), randn(), randn()
+    kv_shape = (*shape[:2], p.kv_head_count, shape[3])  # GQA: k and v at the kv heads
+    return randn(), randn(kv_shape), randn(kv_shape)
 
 
 def build_call(p: Problem, length: int | None = None, options: dict | None = None) -> Call:
@@ -101,6 +104,8 @@ def _autocast(p: Problem):
 def _layer_options(p: Problem) -> dict:
     options = module_options(p)
     options.pop("backend", None)
+    if p.kv_heads is not None:
+        options["num_kv_heads"] = p.kv_heads
     return dict(attention=p.impl, mlp_ratio=p.mlp_ratio, device=torch.device(p.device), dtype=getattr(torch, p.dtype),
                 **options)
 

@@ -6,15 +6,20 @@ computed, summed over batch, heads and dilation pairs, causal counted exactly (e
 2·T·E·V for a model's head, x3 with backward.
 
 Communication (docs/communication.md): per spanning pair (a segment over g > 1 ranks) with
-S = 2·B·H_i·D·e·⌈L/r⌉, the packed kept K/V rows of one rank (L = shard_of: ⌈N/p⌉, or more where shards must
+S = 2·B·H_i·D·e·⌈L/r⌉ (H_i: the K/V heads of a kept row, travelling_kv_heads), the packed kept K/V rows of one rank (L = shard_of: ⌈N/p⌉, or more where shards must
 align with the segments or blocks; the sequence is padded to N' = p·L, kernels/distributed/sharding.py): ring non-causal (g-1)·S forward,
 3·(g-1)·S fwd+bwd (rotation twice, dK/dV home); causal, the last rank of a group (g-1)·S forward,
 2·(g-1)·S fwd+bwd; all-gather (g-1)·S forward, 2·(g-1)·S fwd+bwd. Head-parallel: two all-to-alls of
-q, k, v, out forward (and of their gradients backward), each moving (p-1)/p of a rank's shard.
+q, k, v, out forward (and of their gradients backward), each moving (p-1)/p of a rank's shard; with GQA k and v
+at lcm(H_kv, p) heads.
 """
 
 from __future__ import annotations
 
+import math
+
+from ..kernels.heads import KVHeadSet
+from ..kernels.pattern import head_sets
 from ..kernels.registry import shard_length
 from .problem import ELEMENT_BYTES, Problem
 
@@ -64,7 +69,7 @@ def shard_of(p: Problem) -> int:
 
 
 def spanning_pairs(p: Problem) -> list[tuple[int, int, int]]:
-    """(g, r, heads using the pair) for each pair whose segment spans g > 1 ranks of the padded sequence."""
+    """(g, r, H_i) for each pair whose segment spans g > 1 ranks of the padded sequence."""
     shard = shard_of(p)
     padded = shard * p.world_size
     pairs = []
@@ -76,10 +81,16 @@ def spanning_pairs(p: Problem) -> list[tuple[int, int, int]]:
         if span % shard:
             raise ValueError(f"segment length {span} neither divides nor is a multiple of N/p = {shard}: "
                              "use segment lengths that are divisors or multiples of N/p")
-        base, extra = divmod(p.heads, m)
-        heads = p.heads if p.semantics == "longnet" else base + (1 if i < extra else 0)
-        pairs.append((span // shard, r, heads))
+        pairs.append((span // shard, r, travelling_kv_heads(p, i, r)))
     return pairs
+
+
+def travelling_kv_heads(p: Problem, pair: int, rate: int) -> int:
+    """H_i: the K/V heads one kept row of pair i carries, summed over its head sets: the heads using the pair,
+    or with GQA the distinct kv heads behind each set (kernels/heads.py; H_kv·r/H of them when r divides H/H_kv)."""
+    sets = head_sets(pair, rate, p.heads, len(p.segment_lengths), p.semantics)
+    group = p.heads // p.kv_head_count
+    return sum(KVHeadSet(h0, step, count, group).kv_count for _, h0, step, count in sets)
 
 
 def packed_kv_bytes(p: Problem, heads: int, rate: int) -> int:
@@ -106,8 +117,9 @@ def sequence_parallel_traffic(p: Problem) -> tuple[int, int, float]:
 
 
 def head_parallel_traffic(p: Problem) -> tuple[int, int]:
-    """(bytes, messages) of one rank's all-to-alls."""
+    """(bytes, messages) of one rank's all-to-alls: q and out at H heads, k and v at lcm(H_kv, p) (GQA)."""
     world = p.world_size
-    shard = p.batch * shard_of(p) * p.heads * p.head_dim * ELEMENT_BYTES[p.dtype]
+    per_head = p.batch * shard_of(p) * p.head_dim * ELEMENT_BYTES[p.dtype]
+    heads = 2 * p.heads + 2 * math.lcm(p.kv_head_count, world)
     calls = 2 if p.mode == "fwdbwd" else 1
-    return 4 * shard * (world - 1) // world * calls, 4 * calls * (world - 1)
+    return heads * per_head * (world - 1) // world * calls, 4 * calls * (world - 1)

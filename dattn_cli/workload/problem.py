@@ -13,13 +13,14 @@ from typing import Literal
 
 from pydantic import BaseModel, field_validator, model_validator
 
+from ..kernels.heads import divisors
 from ..kernels.pattern import validate_pattern
 from ..kernels.registry import REGISTRY, ImplSpec, names
 from .parse import MAX_SEQ_LEN, shown
 
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 # The largest value of each size field (the smallest is 1).
-SIZE_LIMITS = {"batch": 2**20, "seq_len": MAX_SEQ_LEN, "heads": 2**16, "head_dim": 2**16, "world_size": 2**20,
+SIZE_LIMITS = {"batch": 2**20, "seq_len": MAX_SEQ_LEN, "heads": 2**16, "kv_heads": 2**16, "head_dim": 2**16, "world_size": 2**20,
                "block_size": 2**30, "layers": 2**16, "vocab_size": 2**31, "embed_dim": 2**24}
 MAX_PAIRS = 64  # (segment length, dilation) pairs of a pattern
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -31,6 +32,7 @@ class Problem(BaseModel):
     batch: int = 1
     seq_len: int = 8192
     heads: int = 8
+    kv_heads: int | None = None  # GQA/MQA: key/value heads, dividing heads; None = heads (normalised to it)
     head_dim: int = 64
     segment_lengths: list[int] = [2048, 4096, 8192]
     dilation_rates: list[int] = [1, 2, 4]
@@ -111,6 +113,11 @@ class Problem(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> "Problem":
         validate_pattern(self.segment_lengths, self.dilation_rates, self.semantics)
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"--kv-heads {self.kv_heads} does not divide --heads {self.heads}: use one of "
+                             f"{divisors(self.heads)} (each kv head serves heads / kv-heads query heads)")
+        if self.kv_heads == self.heads:
+            self.kv_heads = None  # plain multi-head attention: rows and reports as without the option
         if self.target == "attention":
             if self.checkpointing or self.amp:
                 raise ValueError("--checkpointing and --amp apply to --target layer or model")
@@ -156,6 +163,11 @@ class Problem(BaseModel):
         """How this problem's work is split: ring, allgather or head_parallel over its ranks, else single."""
         sharded = self.world_size > 1 and self.spec.strategy in ("ring", "allgather", "head_parallel")
         return self.spec.strategy if sharded else "single"
+
+    @property
+    def kv_head_count(self) -> int:
+        """H_kv: the key/value heads (= heads without GQA)."""
+        return self.kv_heads or self.heads
 
     @property
     def width(self) -> int:

@@ -17,7 +17,7 @@ from .reportfile import read_records
 
 KEY_FIELDS = ("impl", "seq_len", "mode", "batch", "heads", "head_dim", "segments", "dilations", "semantics",
               "causal", "dtype", "device", "world_size", "pattern", "target", "embed_dim", "layers", "checkpointing", "amp", "vocab_size",
-              "compiled")
+              "compiled", "kv_heads")
 # The measurement settings that change what a point measures: a resumed point must have been measured with the
 # same ones (the problem is in KEY_FIELDS; the regression gate compares problems whatever their settings).
 SETTINGS = {"repeat": "--repeat", "warmup": "--warmup", "precision": "--precision", "cache": "--cache",
@@ -34,6 +34,7 @@ class BenchRow(BaseModel):
     device: str
     batch: int
     heads: int
+    kv_heads: int | None = None  # GQA/MQA key/value heads; None: as many as heads
     head_dim: int
     seq_len: int
     segments: list[int]
@@ -203,7 +204,7 @@ def row_fields(p: Problem) -> dict:
         layer = {"target": p.target, "embed_dim": p.width, "layers": p.layers, "checkpointing": p.checkpointing,
                  "amp": p.amp, "vocab_size": p.vocab_size if model else None}
     return {**layer, "impl": p.impl, "seq_len": p.seq_len, "mode": p.mode, "batch": p.batch, "heads": p.heads,
-            "head_dim": p.head_dim, "segments": list(p.segment_lengths), "dilations": list(p.dilation_rates),
+            "kv_heads": p.kv_heads, "head_dim": p.head_dim, "segments": list(p.segment_lengths), "dilations": list(p.dilation_rates),
             "semantics": p.semantics, "causal": p.causal, "dtype": p.dtype, "device": p.device,
             "world_size": p.world_size, "compiled": p.compiled, **pattern_fields(p)}
 
@@ -226,7 +227,8 @@ def pattern_fields(p: Problem, densities: bool = True) -> dict:
 
 def row_problem(row: BenchRow) -> Problem:
     """The Problem a (non-block-sparse) row measured: what plan --check predicts for it."""
-    fields = dict(impl=row.impl, seq_len=row.seq_len, batch=row.batch, heads=row.heads, head_dim=row.head_dim,
+    fields = dict(impl=row.impl, seq_len=row.seq_len, batch=row.batch, heads=row.heads, kv_heads=row.kv_heads,
+                  head_dim=row.head_dim,
                   segment_lengths=row.segments, dilation_rates=row.dilations, semantics=row.semantics,
                   causal=row.causal, dtype=row.dtype, device=row.device, mode=row.mode, world_size=row.world_size,
                   target=row.target, compiled=row.compiled)

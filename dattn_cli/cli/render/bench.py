@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 from rich.table import Table
 
-from .common import size
+from .common import heads_label, size
 
 if TYPE_CHECKING:
     from ...bench import SweepResult
@@ -18,7 +18,7 @@ def _title(rows: list) -> str:
     if rows:
         r = rows[0]
         distributed = any(row.world_size > 1 for row in rows)
-        title += (f" ({escape(r.mode)}, {escape(r.dtype)}, {escape(r.device)}, B={r.batch} H={r.heads} D={r.head_dim}"
+        title += (f" ({escape(r.mode)}, {escape(r.dtype)}, {escape(r.device)}, B={r.batch} {heads_label(r.heads, r.kv_heads)} D={r.head_dim}"
                   + (f", {r.world_size} ranks: time of the slowest rank, memory and bytes of the largest rank" if distributed else "")
                   + ("; lines timed round-robin (--interleave)" if any(row.interleaved for row in rows) else "")
                   + "; time = median of the timed calls, +- its 95% CI; TFLOP/s counts attended pairs only)")

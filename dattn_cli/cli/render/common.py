@@ -171,3 +171,8 @@ def num(value: float | None) -> str:
         return f"{value:g}" if math.isfinite(float(value)) else "n/a"
     except (OverflowError, TypeError, ValueError):
         return "n/a"
+
+
+def heads_label(heads: int, kv_heads: int | None) -> str:
+    """H=8, or with GQA/MQA H=8 H_kv=2."""
+    return f"H={heads}" + (f" H_kv={kv_heads}" if kv_heads is not None else "")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from .common import literal, size
+from .common import heads_label, literal, size
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -63,7 +63,7 @@ def _step_rows(table: Table, result: Plan) -> None:
 def plan_table(result: Plan, solved: str | None, advice: str, room: Headroom | None = None) -> Table:
     s = result.problem
     title = (f"dattn plan: {_what(s)} on {result.devices} x {literal(result.profile)}, N={s.seq_len:,}, B={s.batch} "
-             f"H={s.heads} D={s.head_dim}, {s.dtype}, {s.mode}" + (", causal" if s.causal else ""))
+             f"{heads_label(s.heads, s.kv_heads)} D={s.head_dim}, {s.dtype}, {s.mode}" + (", causal" if s.causal else ""))
     table = Table(title=title, show_header=True)
     table.add_column("item")
     table.add_column("per device", justify="right")

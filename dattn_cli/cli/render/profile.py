@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Callable
 
 from rich.table import Table
 
-from .common import literal, size
+from .common import heads_label, literal, size
 
 if TYPE_CHECKING:
     from ...profile import ProfileReport
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def _title(report: ProfileReport) -> str:
     p, c = report.config.problem, report.config
     return (f"dattn profile {literal(p.impl)} ({p.mode}, {p.dtype}, {p.device}, B={p.batch} N={p.seq_len} "
-            f"H={p.heads} D={p.head_dim}, {c.iterations} iterations; speed-up on/off {report.speedup_on_vs_off:.2f}x)")
+            f"{heads_label(p.heads, p.kv_heads)} D={p.head_dim}, {c.iterations} iterations; speed-up on/off {report.speedup_on_vs_off:.2f}x)")
 
 
 def _rows(on) -> list[tuple[str, Callable]]:

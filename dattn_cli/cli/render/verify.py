@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from .common import fmt_error, literal
+from .common import fmt_error, heads_label, literal
 
 if TYPE_CHECKING:
     from ...verify import CaseResult, VerifyReport
@@ -98,9 +98,9 @@ def verify_summary(report: VerifyReport, own: bool = False) -> str:
 
 def _configuration(report: VerifyReport) -> str:
     """The user's configuration as checked: shape and pattern, semantics, causal."""
-    shapes = dict.fromkeys((r.batch, r.seq_len, r.heads, r.head_dim, tuple(r.segment_lengths), tuple(r.dilation_rates))
-                           for r in report.results)
+    shapes = dict.fromkeys((r.batch, r.seq_len, heads_label(r.heads, r.kv_heads), r.head_dim,
+                            tuple(r.segment_lengths), tuple(r.dilation_rates)) for r in report.results)
     semantics = " and ".join(dict.fromkeys(r.semantics for r in report.results))
     causal = " and ".join(dict.fromkeys("causal" if r.causal else "non-causal" for r in report.results))
-    return "; ".join(f"B={b} N={n:,} H={h} D={d}, segments {','.join(map(str, w))}, dilations {','.join(map(str, r))}"
+    return "; ".join(f"B={b} N={n:,} {h} D={d}, segments {','.join(map(str, w))}, dilations {','.join(map(str, r))}"
                      for b, n, h, d, w, r in shapes) + f", {semantics}, {causal}"

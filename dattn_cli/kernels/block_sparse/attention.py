@@ -27,6 +27,7 @@ from ..distributed.comm import CommStats, check_consistent, group_rank_size
 from ..dilated import AttentionCore
 from ..engine import BlockAttention, ViewAccess, block_attention
 from ..reference import block_sparse_reference
+from ..heads import expand_kv, kv_group
 from ..validation import check_key_padding_mask, check_qkv
 from .flex import flex_block_mask, flex_compiles_on, flex_forward
 from .ring import BlockSparseExchange, RankPlan, plan_rank
@@ -200,6 +201,8 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         check_qkv(q, k, v)
         batch, shard, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, shard, q.device)
+        group = kv_group(num_heads, k.shape[2])
+        k, v = expand_kv(k, v, num_heads)  # GQA: computed at H heads, sent at the kv heads (ring.py)
         rank, world = group_rank_size(self.process_group)
         padded = shard * world
         if world > 1 and shard % self.block_size:
@@ -221,7 +224,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             scale = q.shape[-1] ** -0.5 if self.scale is None else float(self.scale)
             return flex_forward(q, k, v, mask, scale, need_lse=need_lse)
         if world > 1:
-            config = (f"{self.pattern}|{seq_len}|{is_causal}|{key_padding_mask is not None}|{self.dropout}|"
+            config = (f"{self.pattern}|{seq_len}|{is_causal}|{group}|{key_padding_mask is not None}|{self.dropout}|"
                       f"{self.training}")
             check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device,
                              owner=self)
@@ -230,7 +233,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         key = ("block_plan", self.pattern, seq_len, padded, num_heads, bool(is_causal), rank, world, str(q.device))
         plan = self.cached(key, lambda: plan_rank(table, padded, self.block_size, rank, world, is_causal, q.device))
         self.last_plan = plan
-        exchange = BlockSparseExchange(plan, self.block_size, self.process_group, self.stats)
+        exchange = BlockSparseExchange(plan, self.block_size, self.process_group, self.stats, group)
         engine = BlockAttention([], ViewAccess(pool), backend, call, pool, exchange)
         return block_attention(q, k, v, key_padding_mask, engine)
 
@@ -243,9 +246,10 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         return self.stats.snapshot()
 
     def comm_volume(self, seq_len: int, num_heads: int, head_dim: int, batch: int, element_size: int,
-                    is_causal: bool = False, masked: bool = False, padded_len: int | None = None) -> dict[str, int]:
+                    is_causal: bool = False, masked: bool = False, padded_len: int | None = None,
+                    num_kv_heads: int | None = None) -> dict[str, int]:
         """Bytes each rank sends and receives per forward and backward call: exactly the K/V rows (and
-        key-mask values) of the blocks other ranks' queries use, and their dK/dV shares back.
+        key-mask values) of the blocks other ranks' queries use, and their dK/dV shares back, at the kv heads.
         padded_len: the padded length of the shards (shard_sequence), padding rows included; default seq_len."""
         rank, world = group_rank_size(self.process_group)
         if world == 1:
@@ -254,7 +258,8 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         padded = seq_len if padded_len is None else padded_len
         plan = plan_rank(self._padded_table(seq_len, padded, num_heads), padded, self.block_size, rank, world,
                          is_causal, torch.device("cpu"))
-        per_row = batch * (2 * num_heads * head_dim) * element_size
+        kv_heads = num_heads // kv_group(num_heads, num_heads if num_kv_heads is None else num_kv_heads)
+        per_row = batch * (2 * kv_heads * head_dim) * element_size
         mask_row = batch * element_size if masked else 0
         sent_rows = sum(rows.numel() for rows in plan.send.values())
         received_rows = sum(len(b) * self.block_size for b in plan.receive.values())

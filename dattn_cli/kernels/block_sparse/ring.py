@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from ..distributed.comm import CommStats
 from ..engine import BlockAttention
+from ..heads import KVHeadSet
 from .gather import Part, _block_rows, _heads_first, attend_parts, attend_parts_backward, plan_parts
 
 TAG_KV, TAG_HOME = 21, 22
@@ -66,8 +67,9 @@ class BlockSparseExchange:
     """RemoteBlocks of the block-sparse module (engine.py): the rank's own key blocks, then the key blocks
     received from other ranks (ring form). Kept from forward to backward: the received blocks."""
 
-    def __init__(self, plan: RankPlan, block_size: int, group, stats: CommStats):
+    def __init__(self, plan: RankPlan, block_size: int, group, stats: CommStats, kv_group: int = 1):
         self.plan, self.block_size, self.group, self.stats = plan, block_size, group, stats
+        self.kv_group = kv_group  # GQA: K/V and their shares travel at the kv heads (kernels/heads.py)
         self.received: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
 
     def _peer(self, rank: int) -> int:
@@ -80,21 +82,26 @@ class BlockSparseExchange:
         self.stats.add(phase, size(sends), size(receives))
         return dist.batch_isend_irecv(ops) if ops else []
 
-    @staticmethod
-    def _pack(rows: torch.Tensor, k, v, key_pad) -> torch.Tensor:
-        """K and V rows (heads first, as the receiver attends them) and the key-mask rows, in one buffer."""
-        parts = [k.index_select(2, rows).reshape(-1), v.index_select(2, rows).reshape(-1)]
+    def _heads(self, heads: int) -> KVHeadSet:
+        return KVHeadSet(0, 1, heads, self.kv_group)
+
+    def _pack(self, rows: torch.Tensor, k, v, key_pad) -> torch.Tensor:
+        """K and V rows at the kv heads (heads first, as the receiver attends them) and the key-mask rows, in
+        one buffer."""
+        kv = self._heads(k.shape[1])
+        parts = [kv.pack(k, 1).index_select(2, rows).reshape(-1), kv.pack(v, 1).index_select(2, rows).reshape(-1)]
         if key_pad is not None:
             parts.append(key_pad.index_select(1, rows).to(k.dtype).reshape(-1))
         return torch.cat(parts)
 
     def forward(self, attention: BlockAttention, q, k, v, key_pad, out, lse) -> None:
         batch, _, heads, head_dim = k.shape
+        kv = self._heads(heads)
         q, k, v = (_heads_first(x) for x in (q, k, v))
         buffers = {}
         for src, blocks in self.plan.receive.items():
             rows = len(blocks) * self.block_size
-            buffers[src] = k.new_empty(batch * rows * (2 * heads * head_dim + (key_pad is not None)))
+            buffers[src] = k.new_empty(batch * rows * (2 * kv.kv_count * head_dim + (key_pad is not None)))
         sends = {dst: self._pack(rows, k, v, key_pad) for dst, rows in self.plan.send.items()}
         works = self._post(sends, buffers, TAG_KV, "forward")
         attend_parts(attention, self.plan.local, q, k, v, key_pad, out, lse)  # while the blocks travel
@@ -102,15 +109,16 @@ class BlockSparseExchange:
             work.wait()
         for src, buf in buffers.items():
             rows = len(self.plan.receive[src]) * self.block_size
-            size = batch * rows * heads * head_dim
-            kr = buf[:size].view(batch, heads, rows, head_dim)
-            vr = buf[size : 2 * size].view(batch, heads, rows, head_dim)
+            size = batch * rows * kv.kv_count * head_dim
+            kr = kv.unpack(buf[:size].view(batch, kv.kv_count, rows, head_dim), 1)
+            vr = kv.unpack(buf[size : 2 * size].view(batch, kv.kv_count, rows, head_dim), 1)
             pad = buf[2 * size :].view(batch, rows).bool() if key_pad is not None else None
             self.received[src] = (kr, vr, pad)
             attend_parts(attention, self.plan.remote[src], q, kr, vr, pad, out, lse)
 
     def backward(self, attention: BlockAttention, dout, q, k, v, out, lse, key_pad, grads) -> None:
         batch, _, heads, head_dim = k.shape
+        kv = self._heads(heads)
         dout, q, k, v, out, lse = (_heads_first(x) for x in (dout, q, k, v, out, lse))
         acc = grads[0].dtype
         dq, dk, dv = (g.transpose(1, 2) for g in grads)  # the engine's (B, N, H, D) accumulators, heads first
@@ -118,15 +126,15 @@ class BlockSparseExchange:
         for src, (kr, vr, pad) in self.received.items():  # remote shares first, so they travel during local work
             dkr, dvr = torch.zeros(kr.shape, dtype=acc, device=kr.device), torch.zeros(vr.shape, dtype=acc, device=vr.device)
             attend_parts_backward(attention, self.plan.remote[src], dout, q, out, lse, kr, vr, pad, dq, dkr, dvr)
-            shares[src] = torch.cat([dkr.reshape(-1), dvr.reshape(-1)])
-        home = {dst: dk.new_empty(2 * batch * heads * rows.numel() * head_dim) for dst, rows in self.plan.send.items()}
+            shares[src] = torch.cat([kv.reduce(dkr, 1).reshape(-1), kv.reduce(dvr, 1).reshape(-1)])
+        home = {dst: dk.new_empty(2 * batch * kv.kv_count * rows.numel() * head_dim) for dst, rows in self.plan.send.items()}
         works = self._post(shares, home, TAG_HOME, "backward")
         attend_parts_backward(attention, self.plan.local, dout, q, out, lse, k, v, key_pad, dq, dk, dv)
         for work in works:
             work.wait()
         for dst, buf in home.items():
             rows = self.plan.send[dst]
-            size = batch * heads * rows.numel() * head_dim
-            dk.index_add_(2, rows, buf[:size].view(batch, heads, -1, head_dim))
-            dv.index_add_(2, rows, buf[size:].view(batch, heads, -1, head_dim))
+            size = batch * kv.kv_count * rows.numel() * head_dim
+            dk.index_add_(2, rows, kv.place(buf[:size].view(batch, kv.kv_count, -1, head_dim), 1))
+            dv.index_add_(2, rows, kv.place(buf[size:].view(batch, kv.kv_count, -1, head_dim), 1))
         self.received.clear()

@@ -6,14 +6,18 @@ groups by global head index); a second all-to-all turns the result back into seq
 
 Communication per forward, per rank (e = bytes per element, p ranks): q, k, v and the output each move
 (p-1)/p of the shard: 4 * B * (N/p) * H * D * e * (p-1)/p bytes sent and as many received; the backward
-moves the same four tensors' gradients the other way (see docs/communication.md).
+moves the same four tensors' gradients the other way (see docs/communication.md). GQA: k and v move at
+lcm(H_kv, p) heads (H_kv when p divides it; kv heads repeated when there are more ranks than kv heads).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
+from ..heads import kv_group
 from ..validation import check_key_padding_mask, check_qkv
 from .comm import CommStats, DistributedAttention, check_consistent, group_rank_size
 
@@ -51,6 +55,17 @@ def _exchange(x: torch.Tensor, to_heads: bool, group, stats: CommStats, phase: s
     return recv.permute(1, 2, 0, 3, 4).reshape(b, n // world, world * hp, d)  # recv[i] = my shard of head chunk i
 
 
+def spread_kv_heads(k: torch.Tensor, v: torch.Tensor, heads: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GQA: K/V with H_kv heads as lcm(H_kv, p) heads (each kv head repeated as often as needed), so that the
+    all-to-all hands every rank the kv heads of its H/p query heads; as they are when p divides H_kv."""
+    kv_heads = k.shape[2]
+    kv_group(heads, kv_heads)
+    spread = math.lcm(kv_heads, world)  # divides H: p and H_kv both do
+    if spread == kv_heads:
+        return k, v
+    return k.repeat_interleave(spread // kv_heads, dim=2), v.repeat_interleave(spread // kv_heads, dim=2)
+
+
 class HeadParallelDilatedAttention(DistributedAttention):
     """Sequence-sharded in, sequence-sharded out; dilated attention on H/p heads per rank in between."""
 
@@ -73,7 +88,9 @@ class HeadParallelDilatedAttention(DistributedAttention):
                 f"HeadParallelDilatedAttention: {heads} heads cannot be split over {world} ranks; "
                 "use a head count divisible by the world size, or a sequence-parallel implementation"
             )
-        config = f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{key_padding_mask is not None}"
+        k, v = spread_kv_heads(k, v, heads, world)
+        config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{k.shape[2]}|"
+                  f"{key_padding_mask is not None}")
         check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device,
                          owner=self)
         self.stats.call()

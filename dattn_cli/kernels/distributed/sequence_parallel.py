@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from ..backends import BACKENDS
 from .comm import DistributedAttention, check_consistent, group_rank_size
+from ..heads import KVHeadSet, expand_kv, kv_group
 from ..engine import BlockAttention, ViewAccess, block_attention
 from ..pattern import Block, head_sets, pair_blocks, validate_pattern
 from ..validation import check_key_padding_mask, check_qkv
@@ -39,6 +40,12 @@ class SpanningPair:
     index: int
     ranks_per_segment: int  # g = ŵ / L; the last group is smaller when N is not a multiple of ŵ
     sets: tuple[tuple[int, int, int, int], ...]  # (offset, head_start, head_step, heads) per head set
+    kv_group: int = 1  # query heads per kv head (GQA): K/V travel at the kv heads (heads.py)
+
+    @property
+    def kv_sets(self) -> tuple[KVHeadSet, ...]:
+        """Per head set, its kv heads: what is packed, and how the receiver repeats them."""
+        return tuple(KVHeadSet(h0, step, count, self.kv_group) for _, h0, step, count in self.sets)
 
     def blocks(self, member: int) -> list[Block | None]:
         """Per head set, the kept rows of group member `member` in its own shard (None: no kept row)."""
@@ -54,20 +61,20 @@ class SpanningPair:
         """Elements of member's packed K and V (and mask) rows."""
         per_row = 2 * head_dim
         total = 0
-        for block in self.blocks(member):
+        for block, kv in zip(self.blocks(member), self.kv_sets):
             if block is not None:
-                total += batch * block.rows * (block.num_heads * per_row + (1 if with_mask else 0))
+                total += batch * block.rows * (kv.kv_count * per_row + (1 if with_mask else 0))
         return total
 
     def pack(self, k: torch.Tensor, v: torch.Tensor, key_pad: torch.Tensor | None) -> torch.Tensor:
         """This rank's kept K/V rows of every head set in one flat buffer, each head set laid out as the
         backends want it, (B, heads, rows, D); the key mask rows, if any, as 0/1 values at the end."""
         parts = []
-        for block in self.blocks(self.index):
+        for block, kv in zip(self.blocks(self.index), self.kv_sets):
             if block is None:
                 continue
             for x in (k, v):
-                parts.append(block.view(x).flatten(0, 1).transpose(1, 2).reshape(-1))
+                parts.append(kv.pack(block.view(x).flatten(0, 1), dim=2).transpose(1, 2).reshape(-1))
             if key_pad is not None:
                 parts.append(key_pad[:, block.offset :: block.rate].to(k.dtype).reshape(-1))
         if not parts:
@@ -76,7 +83,7 @@ class SpanningPair:
 
     @staticmethod
     def pack_grads(parts: list[tuple[torch.Tensor, torch.Tensor] | None], like: torch.Tensor) -> torch.Tensor:
-        """dK, dV shares for a member's rows (per head set, (B, heads, rows, D)) in its pack layout."""
+        """dK, dV shares for a member's rows (per head set, (B, kv heads, rows, D)) in its pack layout."""
         flat = [t.reshape(-1) for pair in parts if pair is not None for t in pair]
         return torch.cat(flat) if flat else like.new_empty(0)
 
@@ -85,16 +92,17 @@ class SpanningPair:
         return 1_000_000 + 10_000 * self.pair + 100 * set_index + member
 
     def unpack(self, member: int, buffer: torch.Tensor, batch: int, head_dim: int, with_mask: bool):
-        """Per head set: (k, v, key_pad) of member's rows, or None where it keeps no row."""
+        """Per head set: (k, v, key_pad) of member's rows, or None where it keeps no row; k and v repeated
+        from the kv heads to the set's query heads."""
         result, at = [], 0
-        for block in self.blocks(member):
+        for block, kv in zip(self.blocks(member), self.kv_sets):
             if block is None:
                 result.append(None)
                 continue
-            shape = (batch, block.num_heads, block.rows, head_dim)
-            size = batch * block.num_heads * block.rows * head_dim
-            k = buffer[at : at + size].view(shape)
-            v = buffer[at + size : at + 2 * size].view(shape)
+            shape = (batch, kv.kv_count, block.rows, head_dim)
+            size = batch * kv.kv_count * block.rows * head_dim
+            k = kv.unpack(buffer[at : at + size].view(shape), dim=1)
+            v = kv.unpack(buffer[at + size : at + 2 * size].view(shape), dim=1)
             at += 2 * size
             mask = None
             if with_mask:
@@ -104,14 +112,14 @@ class SpanningPair:
         return result
 
     def unpack_grads(self, buffer: torch.Tensor, batch: int, head_dim: int):
-        """Per head set of this rank's own rows: (dk, dv) as (B, heads, rows, D), or None."""
+        """Per head set of this rank's own rows: (dk, dv) as (B, kv heads, rows, D), or None."""
         result, at = [], 0
-        for block in self.blocks(self.index):
+        for block, kv in zip(self.blocks(self.index), self.kv_sets):
             if block is None:
                 result.append(None)
                 continue
-            size = batch * block.num_heads * block.rows * head_dim
-            shape = (batch, block.num_heads, block.rows, head_dim)
+            size = batch * kv.kv_count * block.rows * head_dim
+            shape = (batch, kv.kv_count, block.rows, head_dim)
             result.append((buffer[at : at + size].view(shape), buffer[at + size : at + 2 * size].view(shape)))
             at += 2 * size
         return result
@@ -119,7 +127,7 @@ class SpanningPair:
 
 def shard_plan(
     seq_len: int, world: int, rank: int, num_heads: int, segment_lengths: Sequence[int],
-    dilation_rates: Sequence[int], semantics: str, name: str,
+    dilation_rates: Sequence[int], semantics: str, name: str, kv_group: int = 1,
 ) -> tuple[list[Block], list[SpanningPair]]:
     """Local blocks (pairs inside the shard, and each spanning pair's own-rows block) and spanning pairs."""
     shard = seq_len // world
@@ -139,7 +147,7 @@ def shard_plan(
         first = rank - rank % size
         group = tuple(range(first, min(first + size, world)))
         sets = tuple(head_sets(pair, r, num_heads, len(segment_lengths), semantics))
-        plan = SpanningPair(pair, r, shard, group, rank - first, size, sets)
+        plan = SpanningPair(pair, r, shard, group, rank - first, size, sets, kv_group)
         local.extend(b for b in plan.blocks(plan.index) if b is not None)
         spanning.append(plan)  # also when its group is this rank alone (a short last segment): no bytes then
     return local, spanning
@@ -148,7 +156,7 @@ def shard_plan(
 def comm_volume(
     strategy: str, seq_len: int, world: int, batch: int, num_heads: int, head_dim: int, element_bytes: int,
     segment_lengths: Sequence[int], dilation_rates: Sequence[int], semantics: str = "longnet",
-    is_causal: bool = False, with_mask: bool = False,
+    is_causal: bool = False, with_mask: bool = False, num_kv_heads: int | None = None,
 ) -> list[dict[str, int]]:
     """Closed-form bytes per rank (docs/communication.md) for strategy 'ring' or 'allgather'.
 
@@ -156,13 +164,14 @@ def comm_volume(
     member j's packed K/V; ring: non-causal, each rank sends and receives g-1 buffers forward, and in
     backward the rotation again plus the dK/dV shares sent home; causal sends only what a later rank
     uses. All-gather: g-1 copies of the largest buffer each way forward; the reduce-scatter of dK/dV
-    (the same size) backward.
+    (the same size) backward. num_kv_heads (GQA): K/V and their shares travel at the kv heads of each head set.
     """
     segs, rates = validate_pattern(segment_lengths, dilation_rates, semantics)
+    group = kv_group(num_heads, num_heads if num_kv_heads is None else num_kv_heads)
     counts = []
     for rank in range(world):
         totals = dict(forward_bytes_sent=0, forward_bytes_received=0, backward_bytes_sent=0, backward_bytes_received=0)
-        _, spanning = shard_plan(seq_len, world, rank, num_heads, segs, rates, semantics, strategy)
+        _, spanning = shard_plan(seq_len, world, rank, num_heads, segs, rates, semantics, strategy, group)
         for plan in spanning:
             g, a = len(plan.group), plan.index
             if g == 1:
@@ -233,9 +242,11 @@ class SequenceParallelBase(DistributedAttention):
         batch, shard, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, shard, q.device)
         name = type(self).__name__
+        group = kv_group(num_heads, k.shape[2])
+        k, v = expand_kv(k, v, num_heads)  # computed at H heads; packed at the kv heads (heads.py)
         local, spanning = shard_plan(shard * world, world, rank, num_heads, self.segment_lengths, self.dilation_rates,
-                                     self.semantics, name)
-        config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|"
+                                     self.semantics, name, group)
+        config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{group}|"
                   f"{key_padding_mask is not None}|{self.attention.dropout}|{self.training}")
         check_consistent(self.process_group, name, tuple(q.shape), q.dtype, config, q.device, owner=self)
         self.stats.call()
@@ -284,8 +295,9 @@ def attend_member_backward(
         if kv is None:
             continue
         k_rows, v_rows, mask = kv
+        kv_heads = plan.kv_sets[set_index]
         if q_block is None:  # no local query in this head set: member's rows get a zero share
-            shares.append((torch.zeros_like(k_rows), torch.zeros_like(v_rows)))
+            shares.append((kv_heads.reduce(torch.zeros_like(k_rows), 1), kv_heads.reduce(torch.zeros_like(v_rows), 1)))
             continue
         qb, dob, ob = (attention.access.gather(x, q_block).transpose(1, 2) for x in (q, dout, out))
         lb = attention.access.gather(lse, q_block).transpose(1, 2)
@@ -293,13 +305,13 @@ def attend_member_backward(
         dq_part, dk_part, dv_part = backend.backward(dob, qb, k_rows, v_rows, ob, lb, mask, call)
         attention.access.release(qb, dob, ob)
         attention.access.add(dq, q_block, dq_part.transpose(1, 2))
-        shares.append((dk_part, dv_part))
+        shares.append((kv_heads.reduce(dk_part, 1), kv_heads.reduce(dv_part, 1)))
     return shares
 
 
 def add_home_shares(attention: BlockAttention, plan: SpanningPair, buffer: torch.Tensor, dk, dv, batch, head_dim) -> None:
     """Add dK/dV shares of this rank's own kept rows, computed on other ranks, into its accumulators."""
-    for block, share in zip(plan.blocks(plan.index), plan.unpack_grads(buffer, batch, head_dim)):
-        if share is not None:
-            attention.access.add(dk, block, share[0].transpose(1, 2))
-            attention.access.add(dv, block, share[1].transpose(1, 2))
+    for block, kv, share in zip(plan.blocks(plan.index), plan.kv_sets, plan.unpack_grads(buffer, batch, head_dim)):
+        if share is not None:  # kv-head sums, placed on the kept heads of the repeated K/V's gradient
+            attention.access.add(dk, block, kv.place(share[0], 1).transpose(1, 2))
+            attention.access.add(dv, block, kv.place(share[1], 1).transpose(1, 2))
