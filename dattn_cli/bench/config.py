@@ -93,6 +93,9 @@ class Sweep(Problem):
             raise ValueError("--impl: give at least one implementation or baseline")
         if self.until_oom == bool(self.seq_lens):
             raise ValueError("give exactly one of --seq-len and --until-oom")
+        if self.documents is not None and self.seq_lens != [self.seq_len]:
+            raise ValueError(f"--documents pack {self.seq_len:,} tokens: measure that one length (leave --seq-len out, "
+                             "no --until-oom)")
         if self.world_size > 1 and not self.attached:
             check_spawned_ranks(self.world_size, device=self.device)
         if self.processes is None:

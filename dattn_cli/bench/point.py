@@ -102,15 +102,15 @@ def _shard(problem: Problem, group: Any) -> tuple[int, dict]:
     """This rank's shard length and call options: the sequence padded at the end to the length the
     implementation can split (registry.shard_length), the padding masked (kernels/distributed/sharding.py)."""
     if group is None:
-        return problem.seq_len, {}
+        return problem.seq_len, shard_call_options(problem, None) if problem.documents else {}
     import torch
 
     rank, world = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
     length = shard_length(problem, world)
     if world * length == problem.seq_len:
-        return length, {}
+        return length, shard_call_options(problem, None) if problem.documents else {}
     mask = padding_mask(problem.batch, problem.seq_len, rank, length, problem.device)
-    return length, shard_call_options(problem, mask)
+    return length, shard_call_options(problem, mask, world * length)
 
 
 def _slowest(seconds: float, group: Any) -> float:

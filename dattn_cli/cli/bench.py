@@ -12,7 +12,7 @@ from .attach import agreed_exit_code, attached_world
 from .options import (DEFAULT_MODE, AmpOption, AttachOption, MasterAddrOption, MasterPortOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption, CompileOption,
                       CacheOption, CsvOption, DensitiesOption, DeviceOption, DilationsOption, DistTimeoutOption, DTypeOption,
                       EmbedDimOption, ExecutorOption, FailOnRegressionOption, GlobalBlocksOption, HeadDimOption,
-                      HeadsOption, KVHeadsOption, ImplsOption, InterleaveOption, JsonOption, LayersOption, LevelsOption, MarkdownOption, MaxMemoryOption,
+                      HeadsOption, KVHeadsOption, DocumentsOption, ImplsOption, InterleaveOption, JsonOption, LayersOption, LevelsOption, MarkdownOption, MaxMemoryOption,
                       MaxSecondsOption, ModeOption, OutOption, PrecisionOption, QuietOption, RanksOption, PatternOption, PlotOption, PlotXOption,
                       QuickOption, RepeatOption, ResumeOption, SeedOption, SegmentsOption, SemanticsOption,
                       SeqLensOption, StartOption, TargetOption, ThreadsOption, ProcessesOption, UntilOomOption, VocabSizeOption, WarmupOption,
@@ -176,6 +176,17 @@ def _defaults(quick: bool, impl, target: str, segments: str, dilations: str, seq
     return impl, segments, dilations, seq_lens, mode
 
 
+def _lengths(seq_lens: str | None, documents: str | None) -> dict:
+    """The sweep's lengths: --seq-len's; with --documents their sum (the one length they pack) and the lengths."""
+    from ..workload import parse_int_list, parse_seq_lens
+
+    docs = parse_int_list(documents, "--documents") if documents else None
+    if docs and seq_lens is None:
+        seq_lens = str(sum(docs))
+    fields = {"seq_lens": parse_seq_lens(seq_lens) if seq_lens else [], "documents": docs}
+    return {**fields, "seq_len": sum(docs)} if docs else fields
+
+
 def _show(sweep, result, out: Path | None, csv_out: str | None, json_out: str | None, plot: tuple,
           markdown: str | None) -> None:
     stdout.print(bench_table(result))
@@ -226,7 +237,8 @@ def _gate(result, baseline, threshold: float) -> int:
 def bench(
     impl: ImplsOption = None, device: DeviceOption = "cpu",
     seq_lens: SeqLensOption = None, batch: BatchOption = 1, heads: HeadsOption = 8, kv_heads: KVHeadsOption = None,
-    head_dim: HeadDimOption = 64, dtype: DTypeOption = "float32", mode: ModeOption = None,
+    head_dim: HeadDimOption = 64, documents: DocumentsOption = None, dtype: DTypeOption = "float32",
+    mode: ModeOption = None,
     segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
     semantics: SemanticsOption = "longnet", causal: CausalOption = False,
     pattern: PatternOption = None, block_size: BlockSizeOption = 128, window: WindowOption = None,
@@ -261,19 +273,17 @@ def bench(
                                    {"--csv": csv_out, "--json": json_out, "--plot": plot, "--markdown": markdown})
     check_ranks(impl, world_size, "--world-size")
     sweep = Sweep(
-        impls=impl, seq_lens=parse_seq_lens(seq_lens) if seq_lens else [], until_oom=until_oom,
-        start=parse_seq_lens(start)[0], batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, mode=mode,
+        impls=impl, until_oom=until_oom, start=parse_seq_lens(start)[0], batch=batch, heads=heads, kv_heads=kv_heads,
+        head_dim=head_dim, dtype=dtype, mode=mode, **_lengths(seq_lens, documents),
         segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
         semantics=semantics, causal=causal, device=device, warmup=warmup, repeat=repeat, seed=seed,
         precision=precision, cache=cache, threads=threads, processes=processes or (1 if quick else None),
         interleave=interleave, max_memory=_max_memory(max_memory, out, resume),
         max_seconds=max_seconds or (QUICK_MAX_SECONDS if quick else 120.0),
         world_size=world_size, attached=world is not None, dist_timeout=dist_timeout, pattern=pattern or "dilated",
-        block_size=block_size, window=window,
-        densities=parse_float_list(density, "--density") if density else [], global_blocks=global_blocks,
-        levels=levels, executor=executor, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
-        checkpointing=checkpointing, amp=amp, compiled=compile_module,
-    )
+        block_size=block_size, window=window, densities=parse_float_list(density, "--density") if density else [],
+        global_blocks=global_blocks, levels=levels, executor=executor, target=target, embed_dim=embed_dim,
+        layers=layers, vocab_size=vocab_size, checkpointing=checkpointing, amp=amp, compiled=compile_module)
     try:
         result = _run(sweep, out, resume, world)
     except Interrupted as exc:

@@ -85,6 +85,9 @@ BatchOption = Annotated[int, typer.Option("--batch", help="Batch size.", rich_he
 HeadsOption = Annotated[int, typer.Option("--heads", help="Attention heads.", rich_help_panel=SHAPE)]
 KVHeadsOption = Annotated[Optional[int], typer.Option(
     "--kv-heads", help="Key/value heads (GQA; 1 = MQA); must divide --heads. Default: --heads.", rich_help_panel=SHAPE)]
+DocumentsOption = Annotated[Optional[str], typer.Option(
+    "--documents", help="Packed documents' lengths, e.g. 7,100,1,300,57 (batch 1; their sum is N): each attended on "
+    "its own (cu_seqlens).", metavar="L[,L...]", rich_help_panel=SHAPE)]
 HeadDimOption = Annotated[int, typer.Option("--head-dim", help="Dimension per head.", rich_help_panel=SHAPE)]
 DTypeOption = Annotated[DType, typer.Option("--dtype", help="Input (layer/model: weight) dtype.", rich_help_panel=SHAPE)]
 DEFAULT_MODE = "fwdbwd"  # bench, plan and profile alike: what training needs (bench --quick runs fwd)

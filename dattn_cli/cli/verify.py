@@ -10,7 +10,7 @@ import typer
 
 from .attach import agreed_exit_code, attached_world
 from .options import (AttachOption, MasterAddrOption, MasterPortOption, BackendsOption, BatchOption, BothOption, CausalFilterOption, DetailsOption, DeviceOption,
-                      DilationsOption, DistTimeoutOption, DTypeOption, FullOption, HeadDimOption, HeadsOption, KVHeadsOption,
+                      DilationsOption, DistTimeoutOption, DTypeOption, FullOption, HeadDimOption, HeadsOption, KVHeadsOption, DocumentsOption,
                       ImplsOption, JsonOption, CsvOption, JunitOption, MarkdownOption, PatternsOption, QuietOption, SeedOption, SegmentsOption,
                       SemanticsSetOption, SeqLenOption, WorldSizeOption)
 from .render.common import emit, emit_csv, machine_output, note, progress, set_quiet, stdout
@@ -41,8 +41,10 @@ def _cases(full: bool, shape: dict[str, Any]) -> tuple[list, bool]:
     if full:
         raise ValueError("--full checks the built-in case matrix; drop it to check your configuration "
                          f"({', '.join('--' + n.replace('_', '-') for n in given)})")
+    documents = parse_int_list(shape["documents"], "--documents") if shape["documents"] is not None else None
+    seq_lens = parse_seq_lens(shape["seq_len"]) if shape["seq_len"] is not None else None
     return own_cases(
-        parse_seq_lens(shape["seq_len"]) if shape["seq_len"] is not None else None,
+        seq_lens or ([sum(documents)] if documents else None), documents=documents,
         batch=shape["batch"], heads=shape["heads"], kv_heads=shape["kv_heads"], head_dim=shape["head_dim"],
         segment_lengths=parse_int_list(shape["segments"], "--segments") if shape["segments"] is not None else None,
         dilation_rates=parse_int_list(shape["dilations"], "--dilations") if shape["dilations"] is not None else None,
@@ -107,7 +109,7 @@ def verify(
     impl: ImplsOption = None, backend: BackendsOption = None, device: DeviceOption = "cpu",
     dtype: DTypeOption = "float32",
     seq_len: OwnSeqLen = None, batch: OwnBatch = None, heads: OwnHeads = None, kv_heads: OwnKVHeads = None,
-    head_dim: OwnHeadDim = None,
+    head_dim: OwnHeadDim = None, documents: DocumentsOption = None,
     segments: OwnSegments = None, dilations: OwnDilations = None,
     semantics: OwnSemantics = None, causal: CausalFilterOption = None, both: BothOption = False,
     pattern: PatternsOption = None,
@@ -122,7 +124,8 @@ def verify(
 
     Default: the built-in case matrix (--quick, or --full).
 
-    Your configuration: any of --seq-len --batch --heads --kv-heads --head-dim --segments --dilations checks that one.
+    Your configuration: any of --seq-len --batch --heads --kv-heads --head-dim --documents --segments --dilations
+    checks that one.
 
     Unset there: N 4k, batch 1, 8 heads, head dim 64, segments 2048,4096,8192, dilations 1,2,4, longnet, non-causal.
 
@@ -144,7 +147,7 @@ def verify(
     from ..verify import OWN_PATTERNS, collect_checks, run_checks
 
     cases, own = _cases(full, dict(seq_len=seq_len, batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                                   segments=segments, dilations=dilations))
+                                   segments=segments, dilations=dilations, documents=documents))
     checks = collect_checks(
         impl, world_sizes=world_sizes, dist_timeout_s=dist_timeout, dtype=dtype, attached=world,
         **_axes(own, semantics, causal, both), backends=backend, device=device, seed=seed, cases=cases,

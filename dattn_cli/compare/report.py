@@ -70,6 +70,7 @@ class ComparePoint(BaseModel):
     checkpointing: bool = False
     amp: str | None = None
     compiled: bool = False
+    documents: list[int] | None = None
     vocab_size: int | None = None
     base_ms: float | None = None  # medians
     new_ms: float | None = None

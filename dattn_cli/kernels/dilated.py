@@ -19,6 +19,7 @@ from torch import nn
 from .backends import BlockCall, check_backend, resolve_backend
 from .cache import PatternCache, get_global_pattern_cache
 from .chunks import SEQUENCE_CHUNK_ELEMENTS, ChunkedAttention, chunk_bounds, chunk_length
+from .documents import attend_documents, document_spans
 from .heads import expand_kv
 from .engine import BlockAttention, IndexAccess, RowAccess, ViewAccess, block_attention
 from .pattern import Block, pair_blocks, validate_pattern
@@ -147,13 +148,19 @@ class _DilatedAttentionBase(AttentionCore):
     def forward_with_lse(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
         *, key_padding_mask: torch.Tensor | None = None, head_range: tuple[int, int] | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(out (B, N, H, D), lse (B, N, H)); lse is −inf where no pair keeps a row. k and v may have fewer
         heads than q (B, N, H_kv, D), H % H_kv == 0: query head h uses kv head h // (H / H_kv).
 
         head_range = (first, total): q, k, v hold global heads first .. first + H - 1 of `total`
         (head-parallel shards), so offsets and head groups follow the global head index.
+        cu_seqlens: packed documents in q, k, v (1, T, H, D), each attended on its own (kernels/documents.py).
         """
+        if cu_seqlens is not None:
+            spans = document_spans(cu_seqlens, q.shape[1], q.shape[0])
+            return attend_documents(lambda *x: self.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3],
+                                                                     head_range=head_range), q, k, v, key_padding_mask, spans)
         check_qkv(q, k, v)
         check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[1], q.device)
         k, v = expand_kv(k, v, q.shape[2])  # GQA/MQA: kv heads repeated, gradients summed by autograd (heads.py)
@@ -182,16 +189,22 @@ class _DilatedAttentionBase(AttentionCore):
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None,
+        *, key_padding_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q, k, v: (batch, seq_len, heads, head_dim) -> out of the same shape and dtype."""
-        return self.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask)[0]
+        """q, k, v: (batch, seq_len, heads, head_dim) -> out of the same shape and dtype (k, v: H_kv heads)."""
+        return self.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens)[0]
 
     def reference(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
         *, key_padding_mask: torch.Tensor | None = None, compute_dtype: torch.dtype = torch.float64,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The dense reference of what this module computes (docs/semantics.md), differentiable."""
+        """The dense reference of what this module computes (docs/semantics.md), differentiable; with
+        cu_seqlens, one reference per document."""
+        if cu_seqlens is not None:
+            spans = document_spans(cu_seqlens, q.shape[1], q.shape[0])
+            return attend_documents(lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3],
+                                                              compute_dtype=compute_dtype), q, k, v, key_padding_mask, spans)
         return dilated_attention_reference(
             q, k, v, self.segment_lengths, self.dilation_rates, is_causal, self.semantics, self.scale,
             key_padding_mask=key_padding_mask, compute_dtype=compute_dtype,

@@ -21,7 +21,7 @@ from .distributed.allgather import DistributedImprovedDilatedAttention
 from .distributed.head_parallel import HeadParallelDilatedAttention
 from .distributed.ring import RingDilatedAttention
 from .heads import divisors
-from .rotary import apply_rotary
+from .rotary import apply_rotary, document_positions
 
 
 class MultiheadDilatedAttention(nn.Module):
@@ -120,10 +120,13 @@ class MultiheadDilatedAttention(nn.Module):
         attn_mask: torch.Tensor | None = None,
         position_offset: int = 0,
         seq_len: int | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, None]:
         """query, key, value: (batch, seq_len, embed_dim) -> (out (batch, seq_len, embed_dim), None).
         position_offset: the position of the first row (a sequence shard), for rotary embeddings.
-        seq_len: for a block-sparse core over shards that shard_sequence padded, the length before padding."""
+        seq_len: for a block-sparse core over shards that shard_sequence padded, the length before padding.
+        cu_seqlens: packed documents (batch 1; the whole sequence's, on every rank), each attended on its own,
+        rotary positions counted from each document's first token (kernels/documents.py)."""
         if attn_mask is not None:
             raise NotImplementedError(
                 "attn_mask is not supported by dilated attention: use is_causal=True for causal masking "
@@ -137,8 +140,11 @@ class MultiheadDilatedAttention(nn.Module):
                 raise ValueError(f"{name} has shape {shape}: pass (batch, seq_len, {self.embed_dim})")
         q, k, v = (x.unflatten(-1, (-1, self.head_dim)) for x in self._project(query, key, value))
         if self.rotary:
-            q, k = apply_rotary(q, position_offset), apply_rotary(k, position_offset)
+            positions = None if cu_seqlens is None else document_positions(cu_seqlens, position_offset, q.shape[1], q.device)
+            q, k = (apply_rotary(x, position_offset, positions=positions) for x in (q, k))
         real = {} if seq_len is None else {"seq_len": seq_len}  # only block-sparse cores take it
+        if cu_seqlens is not None:
+            real["cu_seqlens"] = cu_seqlens
         out = self.attention(q, k, v, is_causal=is_causal, key_padding_mask=key_padding_mask, **real).flatten(2)
         if self.norm is not None:
             out = self.norm(out)

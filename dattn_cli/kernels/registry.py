@@ -79,11 +79,17 @@ def shard_length(w: Any, world: int) -> int:
     return padded_length(w.seq_len, world) // world
 
 
-def shard_call_options(w: Any, key_padding_mask: Any) -> dict[str, Any]:
+def shard_call_options(w: Any, key_padding_mask: Any, padded_len: int | None = None) -> dict[str, Any]:
     """Keywords of a module call on a shard of shard_length: the key padding mask (the padding's, with the
-    caller's own), and for block-sparse modules the length before padding (their block table is its)."""
+    caller's own), and for block-sparse modules the length before padding (their block table is its). With
+    packed documents: their cu_seqlens over the padded length (the padding one more, masked, document)."""
     options = {"key_padding_mask": key_padding_mask}
-    if REGISTRY[w.impl].block_sparse and key_padding_mask is not None:
+    if w.documents is not None:
+        from .documents import offsets
+
+        padding = [] if padded_len is None or padded_len == w.seq_len else [padded_len - w.seq_len]
+        options["cu_seqlens"] = offsets([*w.documents, *padding])
+    elif REGISTRY[w.impl].block_sparse and key_padding_mask is not None:
         options["seq_len"] = w.seq_len
     return options
 

@@ -20,9 +20,9 @@ class Case:
 
 
 def _case(name: str, batch: int, seq_len: int, heads: int, head_dim: int, segments: list[int], rates: list[int],
-          kv_heads: int | None = None) -> Case:
+          kv_heads: int | None = None, documents: list[int] | None = None) -> Case:
     return Case(name, Problem(batch=batch, seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                              segment_lengths=segments, dilation_rates=rates))
+                              segment_lengths=segments, dilation_rates=rates, documents=documents))
 
 
 QUICK = [
@@ -39,6 +39,8 @@ QUICK = [
     _case("ragged groups, r ∤ N/p", 1, 96, 3, 8, [16, 64, 96], [1, 3, 2]),
     # GQA: 4 query heads per kv head; at p = 4 head-parallel has more ranks than kv heads (repeats them)
     _case("GQA, 2 kv heads of 8", 2, 96, 8, 8, [8, 48, 96], [1, 2, 3], kv_heads=2),
+    # packed documents (cu_seqlens): at p = 2, 3, 4 the 40-token one crosses a shard boundary
+    _case("packed documents", 1, 96, 4, 8, [8, 16, 64], [1, 2, 4], kv_heads=2, documents=[7, 30, 1, 40, 18]),
 ]
 
 FULL = QUICK + [
@@ -63,7 +65,8 @@ SLOW_REFERENCE_SCORES = 1 << 25  # B x H x N^2 beyond which a note says each che
 
 def own_cases(seq_lens: list[int] | None = None, **shape) -> list[Case]:
     """The user's own configuration as the one case to check (one per length when several are given);
-    `shape`: batch, heads, head_dim, segment_lengths, dilation_rates (None: Problem's defaults)."""
+    `shape`: batch, heads, kv_heads, head_dim, segment_lengths, dilation_rates, documents (None: Problem's
+    defaults)."""
     fields = {k: v for k, v in shape.items() if v is not None}
     seq_lens = seq_lens or [OWN_DEFAULTS["seq_len"]]
     named = [(OWN_CASE if len(seq_lens) == 1 else f"{OWN_CASE}, N={n:,}", n) for n in seq_lens]

@@ -23,7 +23,7 @@ from ..runtime.launch import run_distributed
 from ..workload.build import build_module
 from ..workload.problem import Problem
 from .compare import DTYPES, Reference, errors_against
-from .outputs import CORE_KEYS, ReferenceCore, core_outputs, draw_inputs, multihead_outputs
+from .outputs import CORE_KEYS, ReferenceCore, core_outputs, document_options, draw_inputs, multihead_outputs
 from .report import CaseResult, case_result
 from .variants import Variant
 from .weights import seeded_multihead
@@ -41,7 +41,7 @@ def rank_outputs(rank: int, world: int, jobs: list[tuple[dict, int]]) -> list[di
         inputs, upstream = draw_inputs(p, torch.Generator().manual_seed(seed))
         shards = [rank_shard(x, rank, world, length)[0] for x in inputs]
         upstream, mask = rank_shard(upstream, rank, world, length)
-        options = shard_call_options(p, mask)
+        options = shard_call_options(p, mask, length * world)
         if p.spec.kind == "multihead":
             module = seeded_multihead(p, seed, torch.float64).to(device=p.device, dtype=dtype)
             result = multihead_outputs(module, shards[0].to(dtype), upstream, p.causal, **options)
@@ -79,13 +79,15 @@ def reference_of(p: Problem, seed: int) -> Reference:
 
     def reference(compute_dtype: torch.dtype, src_dtype: torch.dtype) -> dict[str, torch.Tensor]:
         inputs, upstream = draw_inputs(p, torch.Generator().manual_seed(seed))
+        documents = document_options(p)
         if p.spec.kind == "multihead":
             module = seeded_multihead(p, seed, torch.float64).to(p.device)
             module.attention = ReferenceCore(module.attention, compute_dtype)
-            return multihead_outputs(module.to(src_dtype), inputs[0].to(src_dtype), upstream, p.causal)
+            return multihead_outputs(module.to(src_dtype), inputs[0].to(src_dtype), upstream, p.causal, **documents)
         core = build_module(p)
         xs = [x.to(src_dtype).requires_grad_() for x in inputs]
-        return core_outputs(lambda q, k, v: core.reference(q, k, v, p.causal, compute_dtype=compute_dtype), xs, upstream)
+        return core_outputs(lambda q, k, v: core.reference(q, k, v, p.causal, compute_dtype=compute_dtype, **documents),
+                            xs, upstream)
 
     return reference
 

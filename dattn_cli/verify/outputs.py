@@ -47,6 +47,15 @@ def multihead_outputs(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor
     return {"out": out.detach(), "dx": grads[0], "dparams": torch.cat([g.flatten().double() for g in grads[1:]])}
 
 
+def document_options(p: Problem) -> dict:
+    """The cu_seqlens keyword of a whole-sequence call of p's packed documents (none without)."""
+    if p.documents is None:
+        return {}
+    from ..kernels.documents import offsets
+
+    return {"cu_seqlens": offsets(p.documents)}
+
+
 class ReferenceCore(nn.Module):
     """Stands in for a multihead module's core: the dense reference, differentiable."""
 
@@ -54,5 +63,6 @@ class ReferenceCore(nn.Module):
         super().__init__()
         self.core, self.compute_dtype = core, compute_dtype
 
-    def forward(self, q, k, v, is_causal=False, key_padding_mask=None):
-        return self.core.reference(q, k, v, is_causal, key_padding_mask=key_padding_mask, compute_dtype=self.compute_dtype)[0]
+    def forward(self, q, k, v, is_causal=False, key_padding_mask=None, **documents):
+        return self.core.reference(q, k, v, is_causal, key_padding_mask=key_padding_mask, compute_dtype=self.compute_dtype,
+                                   **documents)[0]

@@ -10,7 +10,7 @@ import torch
 from ..workload.build import build_module
 from ..workload.problem import Problem
 from .compare import DTYPES, Reference, errors_against
-from .outputs import ReferenceCore, core_outputs, draw_inputs, multihead_outputs
+from .outputs import ReferenceCore, core_outputs, document_options, draw_inputs, multihead_outputs
 from .report import CaseResult, case_result
 from .variants import Variant
 from .weights import seeded_multihead
@@ -21,11 +21,13 @@ def run_core(p: Problem, gen: torch.Generator) -> tuple[dict[str, torch.Tensor],
     base, upstream = draw_inputs(p, gen)
     module = build_module(p)
     inputs = [x.to(dtype).requires_grad_() for x in base]
-    got = core_outputs(lambda q, k, v: module.forward_with_lse(q, k, v, p.causal), inputs, upstream)
+    documents = document_options(p)
+    got = core_outputs(lambda q, k, v: module.forward_with_lse(q, k, v, p.causal, **documents), inputs, upstream)
 
     def reference(compute_dtype: torch.dtype, src_dtype: torch.dtype) -> dict[str, torch.Tensor]:
         xs = [x.to(src_dtype).requires_grad_() for x in base]
-        return core_outputs(lambda q, k, v: module.reference(q, k, v, p.causal, compute_dtype=compute_dtype), xs, upstream)
+        return core_outputs(lambda q, k, v: module.reference(q, k, v, p.causal, compute_dtype=compute_dtype, **documents),
+                            xs, upstream)
 
     return got, reference
 
@@ -37,12 +39,12 @@ def run_multihead(p: Problem, gen: torch.Generator) -> tuple[dict[str, torch.Ten
     seed = int(torch.randint(1 << 30, (1,), generator=gen))
     module = seeded_multihead(p, seed, torch.float32).to(p.device)
     (x,), upstream = draw_inputs(p, gen)
-    got = multihead_outputs(module.to(dtype), x.to(dtype), upstream, p.causal)
+    got = multihead_outputs(module.to(dtype), x.to(dtype), upstream, p.causal, **document_options(p))
 
     def reference(compute_dtype: torch.dtype, src_dtype: torch.dtype) -> dict[str, torch.Tensor]:
         ref = copy.deepcopy(module).to(src_dtype)
         ref.attention = ReferenceCore(module.attention, compute_dtype)
-        return multihead_outputs(ref, x.to(src_dtype), upstream, p.causal)
+        return multihead_outputs(ref, x.to(src_dtype), upstream, p.causal, **document_options(p))
 
     return got, reference
 

@@ -34,7 +34,7 @@ FLOP_CONVENTION = (
 def attended_pairs(p: Problem) -> int:
     """P of the whole problem (all ranks) for one attention call."""
     attention = p.attention_problem() if p.target != "attention" else p
-    return attention.spec.pairs(attention)
+    return sum(doc.spec.pairs(doc) for doc in attention.document_problems())  # packed documents: each on its own
 
 
 def attention_flops(p: Problem) -> float:

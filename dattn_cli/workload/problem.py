@@ -23,6 +23,7 @@ ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 SIZE_LIMITS = {"batch": 2**20, "seq_len": MAX_SEQ_LEN, "heads": 2**16, "kv_heads": 2**16, "head_dim": 2**16, "world_size": 2**20,
                "block_size": 2**30, "layers": 2**16, "vocab_size": 2**31, "embed_dim": 2**24}
 MAX_PAIRS = 64  # (segment length, dilation) pairs of a pattern
+MAX_DOCUMENTS = 2**20  # packed documents of one sequence
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 Target = Literal["attention", "layer", "model"]
 
@@ -61,6 +62,7 @@ class Problem(BaseModel):
     checkpointing: bool = False
     amp: Literal["bf16", "fp16"] | None = None
     compiled: bool = False  # the module measured under torch.compile (bench --compile)
+    documents: list[int] | None = None  # packed documents' lengths (cu_seqlens), summing to seq_len; batch 1
 
     @field_validator("impl")
     @classmethod
@@ -125,6 +127,8 @@ class Problem(BaseModel):
             self._check_layer_target()
             if self.compiled:
                 raise ValueError("--compile applies to --target attention: drop it for layers and models")
+        if self.documents is not None:
+            self._check_documents()
         if self.world_size > self.seq_len:
             raise ValueError(f"--world-size {self.world_size:,} is more than N={self.seq_len:,}: each rank needs at "
                              "least one position; use fewer ranks or a longer --seq-len")
@@ -134,6 +138,21 @@ class Problem(BaseModel):
         if self.spec.block_sparse:
             self.block_pattern()  # a bad pattern option fails here, naming the option
         return self
+
+    def _check_documents(self) -> None:
+        docs = self.documents
+        if not docs or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in docs):
+            raise ValueError("--documents takes document lengths >= 1, e.g. 7,100,1,300,57")
+        if len(docs) > MAX_DOCUMENTS:
+            raise ValueError(f"--documents: {len(docs):,} documents, more than dattn takes ({MAX_DOCUMENTS:,})")
+        if sum(docs) != self.seq_len:
+            raise ValueError(f"--documents sum to {sum(docs):,} tokens but --seq-len is {self.seq_len:,}: give lengths "
+                             "that add up to the packed sequence")
+        if self.batch != 1:
+            raise ValueError(f"--documents packs one sequence: use --batch 1, got {self.batch}")
+        if self.target != "attention" or self.spec.baseline or self.compiled:
+            raise ValueError("--documents applies to the attention implementations (not baselines, layers, models "
+                             "or --compile)")
 
     def _check_layer_target(self) -> None:
         spec = self.spec
@@ -205,6 +224,12 @@ class Problem(BaseModel):
             return BlockPattern(options.pop("pattern"), **options)
         except ValueError as exc:
             raise ValueError(f"--pattern/--density/--window/--block-size: {exc}") from None
+
+    def document_problems(self) -> list["Problem"]:
+        """One problem per packed document (each attended on its own), or [self] without documents."""
+        if self.documents is None:
+            return [self]
+        return [self.model_copy(update={"seq_len": n, "documents": None}) for n in self.documents]
 
     def attention_problem(self) -> "Problem":
         """One block's attention call of a layer/model problem, in the compute dtype, on one device."""

@@ -17,7 +17,7 @@ from .reportfile import read_records
 
 KEY_FIELDS = ("impl", "seq_len", "mode", "batch", "heads", "head_dim", "segments", "dilations", "semantics",
               "causal", "dtype", "device", "world_size", "pattern", "target", "embed_dim", "layers", "checkpointing", "amp", "vocab_size",
-              "compiled", "kv_heads")
+              "compiled", "kv_heads", "documents")
 # The measurement settings that change what a point measures: a resumed point must have been measured with the
 # same ones (the problem is in KEY_FIELDS; the regression gate compares problems whatever their settings).
 SETTINGS = {"repeat": "--repeat", "warmup": "--warmup", "precision": "--precision", "cache": "--cache",
@@ -52,6 +52,7 @@ class BenchRow(BaseModel):
     checkpointing: bool = False
     amp: str | None = None
     compiled: bool = False  # measured under torch.compile
+    documents: list[int] | None = None  # packed documents' lengths (cu_seqlens)
     params: int | None = None
     status: Literal["ok", "oom", "error", "skipped"]
     reason: str | None = None
@@ -206,7 +207,7 @@ def row_fields(p: Problem) -> dict:
     return {**layer, "impl": p.impl, "seq_len": p.seq_len, "mode": p.mode, "batch": p.batch, "heads": p.heads,
             "kv_heads": p.kv_heads, "head_dim": p.head_dim, "segments": list(p.segment_lengths), "dilations": list(p.dilation_rates),
             "semantics": p.semantics, "causal": p.causal, "dtype": p.dtype, "device": p.device,
-            "world_size": p.world_size, "compiled": p.compiled, **pattern_fields(p)}
+            "world_size": p.world_size, "compiled": p.compiled, "documents": p.documents, **pattern_fields(p)}
 
 
 def pattern_fields(p: Problem, densities: bool = True) -> dict:
@@ -231,7 +232,7 @@ def row_problem(row: BenchRow) -> Problem:
                   head_dim=row.head_dim,
                   segment_lengths=row.segments, dilation_rates=row.dilations, semantics=row.semantics,
                   causal=row.causal, dtype=row.dtype, device=row.device, mode=row.mode, world_size=row.world_size,
-                  target=row.target, compiled=row.compiled)
+                  target=row.target, compiled=row.compiled, documents=row.documents)
     if row.target != "attention":
         fields.update(embed_dim=row.embed_dim or row.heads * row.head_dim, layers=row.layers or 1,
                       vocab_size=row.vocab_size or 50304, checkpointing=row.checkpointing, amp=row.amp)

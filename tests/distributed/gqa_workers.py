@@ -38,3 +38,38 @@ def gqa_cases(rank: int, world: int, impl: str):
             results[kv_heads, causal] = {"out": out.detach(), "lse": lse, "grads": [x.grad for x in xs],
                                          "comm": module.comm_stats()}
     return results
+
+
+# Packed documents over shards (kernels/distributed/documents.py): T = 480, documents crossing 2 and 4 shards
+DOC_LENGTHS = ([7, 100, 1, 300, 57, 15], [50, 70, 90, 30, 100, 140])
+DOC_HEADS, DOC_KV_HEADS = 4, 2
+
+
+def doc_inputs(case: int, masked: bool):
+    g = torch.Generator().manual_seed(7 + 10 * case + masked)
+    T = sum(DOC_LENGTHS[case])
+    q, up = (torch.randn(1, T, DOC_HEADS, D, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, T, DOC_KV_HEADS, D, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.rand(1, T, generator=g) < 0.2 if masked else None
+    return q, k, v, up, mask
+
+
+def document_cases(rank: int, world: int, impl: str):
+    """Per (lengths case, causal, masked): this rank's out, lse, gradient shards and comm counts."""
+    from dattn_cli.kernels.documents import offsets
+
+    results = {}
+    for case, lengths in enumerate(DOC_LENGTHS):
+        T = sum(lengths)
+        shard = slice(rank * T // world, (rank + 1) * T // world)
+        for causal in (False, True):
+            for masked in (False, True):
+                q, k, v, up, mask = doc_inputs(case, masked)
+                xs = [x[:, shard].clone().requires_grad_() for x in (q, k, v)]
+                module = module_for(impl)
+                out, lse = module.forward_with_lse(*xs, causal, key_padding_mask=None if mask is None else mask[:, shard],
+                                                   cu_seqlens=offsets(lengths))
+                out.backward(up[:, shard])
+                results[case, causal, masked] = {"out": out.detach(), "lse": lse, "grads": [x.grad for x in xs],
+                                                 "comm": module.comm_stats()}
+    return results

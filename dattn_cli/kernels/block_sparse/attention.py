@@ -27,6 +27,8 @@ from ..distributed.comm import CommStats, check_consistent, group_rank_size
 from ..dilated import AttentionCore
 from ..engine import BlockAttention, ViewAccess, block_attention
 from ..reference import block_sparse_reference
+from ..documents import attend_documents, document_spans
+from ..distributed.documents import sharded_documents
 from ..heads import expand_kv, kv_group
 from ..validation import check_key_padding_mask, check_qkv
 from .flex import flex_block_mask, flex_compiles_on, flex_forward
@@ -122,8 +124,14 @@ class BlockSparseRingDilatedAttention(AttentionCore):
     def reference(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
         *, key_padding_mask: torch.Tensor | None = None, compute_dtype: torch.dtype = torch.float64,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The dense reference with this module's block table (whole sequence), differentiable."""
+        """The dense reference with this module's block table (whole sequence), differentiable; with cu_seqlens
+        one reference per document, each with its own length's table."""
+        if cu_seqlens is not None:
+            spans = document_spans(cu_seqlens, q.shape[1], q.shape[0])
+            return attend_documents(lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3],
+                                                              compute_dtype=compute_dtype), q, k, v, key_padding_mask, spans)
         table = self.block_table(q.shape[1], q.shape[2])
         return block_sparse_reference(q, k, v, table, self.block_size, is_causal, self.scale,
                                       key_padding_mask=key_padding_mask, compute_dtype=compute_dtype)
@@ -159,18 +167,39 @@ class BlockSparseRingDilatedAttention(AttentionCore):
     def forward_with_lse(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
         *, key_padding_mask: torch.Tensor | None = None, seq_len: int | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out, lse) of this rank's shard (the whole sequence without a process group)."""
+        """(out, lse) of this rank's shard (the whole sequence without a process group). cu_seqlens: packed
+        documents of the whole sequence, each with the block pattern of its own length (kernels/documents.py)."""
+        if cu_seqlens is not None:
+            return self._documents(q, k, v, is_causal, key_padding_mask, seq_len, cu_seqlens)
         return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=True, seq_len=seq_len)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
         *, key_padding_mask: torch.Tensor | None = None, seq_len: int | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q, k, v: (batch, seq_len, heads, head_dim) (a shard of N/p in the ring form) -> out, same shape.
         seq_len: the sequence's length before shard_sequence padded it (the block table is that length's;
         the padding must be masked by key_padding_mask); default: all positions are real."""
+        if cu_seqlens is not None:
+            return self._documents(q, k, v, is_causal, key_padding_mask, seq_len, cu_seqlens)[0]
         return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=False, seq_len=seq_len)[0]
+
+    def _documents(self, q, k, v, is_causal, key_padding_mask, seq_len, cu_seqlens):
+        if seq_len is not None:
+            raise ValueError("seq_len and cu_seqlens together: the documents give the lengths; with padded shards, "
+                             "end cu_seqlens at the padded length and mask the padding")
+        def call(*x):
+            return self._forward(*x[:3], is_causal, x[3], need_lse=True, local=True)
+        _, world = group_rank_size(self.process_group)
+        if world == 1:
+            return attend_documents(call, q, k, v, key_padding_mask, document_spans(cu_seqlens, q.shape[1], q.shape[0]))
+        config = f"{self.pattern}|{is_causal}|{k.shape[2]}|{key_padding_mask is not None}|docs {cu_seqlens.tolist()}"
+        check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
+        self.stats.call()
+        return sharded_documents(call, q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats)
 
     def _real_length(self, seq_len: int | None, padded: int, masked: bool) -> int:
         if seq_len is None:
@@ -197,13 +226,14 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             return grown
         return self.cached(("padded_block_table", self.pattern, seq_len, padded, num_heads), grow)
 
-    def _forward(self, q, k, v, is_causal, key_padding_mask, need_lse, seq_len=None):
+    def _forward(self, q, k, v, is_causal, key_padding_mask, need_lse, seq_len=None, local=False):
+        """local: this rank's tensors as a whole sequence (one packed document), whatever the process group."""
         check_qkv(q, k, v)
         batch, shard, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, shard, q.device)
         group = kv_group(num_heads, k.shape[2])
         k, v = expand_kv(k, v, num_heads)  # GQA: computed at H heads, sent at the kv heads (ring.py)
-        rank, world = group_rank_size(self.process_group)
+        rank, world = (0, 1) if local else group_rank_size(self.process_group)
         padded = shard * world
         if world > 1 and shard % self.block_size:
             raise ValueError(

@@ -69,17 +69,20 @@ def spread_kv_heads(k: torch.Tensor, v: torch.Tensor, heads: int, world: int) ->
 class HeadParallelDilatedAttention(DistributedAttention):
     """Sequence-sharded in, sequence-sharded out; dilated attention on H/p heads per rank in between."""
 
-    def forward_with_lse(self, q, k, v, is_causal: bool = False, *, key_padding_mask=None):
-        """(out, lse) of this rank's sequence shard; moving lse back costs one more all-to-all (counted)."""
-        return self._run(q, k, v, is_causal, key_padding_mask, with_lse=True)
+    def forward_with_lse(self, q, k, v, is_causal: bool = False, *, key_padding_mask=None, cu_seqlens=None):
+        """(out, lse) of this rank's sequence shard; moving lse back costs one more all-to-all (counted).
+        cu_seqlens: packed documents of the whole sequence (the same on every rank): after the all-to-all every
+        rank holds whole documents of its heads."""
+        return self._run(q, k, v, is_causal, key_padding_mask, True, cu_seqlens)
 
-    def forward(self, q, k, v, is_causal: bool = False, *, key_padding_mask=None):
-        return self._run(q, k, v, is_causal, key_padding_mask, with_lse=False)[0]
+    def forward(self, q, k, v, is_causal: bool = False, *, key_padding_mask=None, cu_seqlens=None):
+        return self._run(q, k, v, is_causal, key_padding_mask, False, cu_seqlens)[0]
 
-    def _run(self, q, k, v, is_causal, key_padding_mask, with_lse: bool):
+    def _run(self, q, k, v, is_causal, key_padding_mask, with_lse: bool, cu_seqlens=None):
         rank, world = group_rank_size(self.process_group)
         if world == 1:
-            return self.attention.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask)
+            return self.attention.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask,
+                                                   cu_seqlens=cu_seqlens)
         check_qkv(q, k, v)
         batch, length, heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, length, q.device)
@@ -90,7 +93,7 @@ class HeadParallelDilatedAttention(DistributedAttention):
             )
         k, v = spread_kv_heads(k, v, heads, world)
         config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{k.shape[2]}|"
-                  f"{key_padding_mask is not None}")
+                  f"{key_padding_mask is not None}|{None if cu_seqlens is None else cu_seqlens.tolist()}")
         check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device,
                          owner=self)
         self.stats.call()
@@ -104,7 +107,8 @@ class HeadParallelDilatedAttention(DistributedAttention):
             mask_bytes = key_padding_mask.numel() * key_padding_mask.element_size() * (world - 1)
             stats.add("forward", mask_bytes, mask_bytes)
         out, lse = self.attention.forward_with_lse(
-            qh, kh, vh, is_causal, key_padding_mask=full_mask, head_range=(rank * (heads // world), heads)
+            qh, kh, vh, is_causal, key_padding_mask=full_mask, head_range=(rank * (heads // world), heads),
+            cu_seqlens=cu_seqlens,
         )
         out = _AllToAll.apply(out.contiguous(), False, group, stats)
         if with_lse:

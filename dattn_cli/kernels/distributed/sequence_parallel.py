@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..backends import BACKENDS
+from .documents import sharded_documents
 from .comm import DistributedAttention, check_consistent, group_rank_size
 from ..heads import KVHeadSet, expand_kv, kv_group
 from ..engine import BlockAttention, ViewAccess, block_attention
@@ -232,16 +233,20 @@ class SequenceParallelBase(DistributedAttention):
 
     def forward_with_lse(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None,
+        *, key_padding_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out, lse) of this rank's shard of the whole sequence."""
+        """(out, lse) of this rank's shard of the whole sequence; cu_seqlens: packed documents of the whole
+        sequence, the same on every rank (distributed/documents.py)."""
         rank, world = group_rank_size(self.process_group)
         if world == 1:
-            return self.attention.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask)
+            return self.attention.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask,
+                                                   cu_seqlens=cu_seqlens)
         check_qkv(q, k, v)
         batch, shard, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, shard, q.device)
         name = type(self).__name__
+        if cu_seqlens is not None:
+            return self._documents(q, k, v, is_causal, key_padding_mask, cu_seqlens)
         group = kv_group(num_heads, k.shape[2])
         k, v = expand_kv(k, v, num_heads)  # computed at H heads; packed at the kv heads (heads.py)
         local, spanning = shard_plan(shard * world, world, rank, num_heads, self.segment_lengths, self.dilation_rates,
@@ -255,12 +260,21 @@ class SequenceParallelBase(DistributedAttention):
         engine = BlockAttention(local, ViewAccess(pool), backend, call, pool, remote)
         return block_attention(q, k, v, key_padding_mask, engine)
 
+    def _documents(self, q, k, v, is_causal, key_padding_mask, cu_seqlens):
+        """Packed documents: local calls, the rows of documents crossing shards all-gathered."""
+        config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{k.shape[2]}|"
+                  f"{key_padding_mask is not None}|{self.attention.dropout}|{self.training}|docs {cu_seqlens.tolist()}")
+        check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
+        self.stats.call()
+        return sharded_documents(lambda *x: self.attention.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3]),
+                                 q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats)
+
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None,
+        *, key_padding_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q, k, v: this rank's shard (batch, N/p, heads, head_dim) -> its output shard."""
-        return self.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask)[0]
+        return self.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens)[0]
 
     def describe(self) -> str:
         _, world = group_rank_size(self.process_group)
