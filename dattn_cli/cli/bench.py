@@ -16,7 +16,7 @@ from .options import (DEFAULT_MODE, AmpOption, AttachOption, MasterAddrOption, M
                       MaxSecondsOption, ModeOption, OutOption, PrecisionOption, QuietOption, RanksOption, PatternOption, PlotOption, PlotXOption,
                       QuickOption, RepeatOption, ResumeOption, SeedOption, SegmentsOption, SemanticsOption,
                       SeqLensOption, StartOption, TargetOption, ThreadsOption, ProcessesOption, UntilOomOption, VocabSizeOption, WarmupOption,
-                      WindowOption, check_ranks)
+                      WindowOption, WindowLeftOption, WindowRightOption, check_ranks)
 from .render.bench import bench_table, point_line, scaling_lines
 from .render.common import set_quiet, machine_output, emit, emit_json, note, progress, stdout
 
@@ -242,6 +242,7 @@ def bench(
     segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
     semantics: SemanticsOption = "longnet", causal: CausalOption = False,
     pattern: PatternOption = None, block_size: BlockSizeOption = 128, window: WindowOption = None,
+    window_left: WindowLeftOption = None, window_right: WindowRightOption = None,
     density: DensitiesOption = None, global_blocks: GlobalBlocksOption = 1, levels: LevelsOption = 2,
     executor: ExecutorOption = "auto",
     target: TargetOption = "attention", embed_dim: EmbedDimOption = None, layers: LayersOption = 12,
@@ -281,7 +282,7 @@ def bench(
         interleave=interleave, max_memory=_max_memory(max_memory, out, resume),
         max_seconds=max_seconds or (QUICK_MAX_SECONDS if quick else 120.0),
         world_size=world_size, attached=world is not None, dist_timeout=dist_timeout, pattern=pattern or "dilated",
-        block_size=block_size, window=window, densities=parse_float_list(density, "--density") if density else [],
+        block_size=block_size, window=window, window_left=window_left, window_right=window_right, densities=parse_float_list(density, "--density") if density else [],
         global_blocks=global_blocks, levels=levels, executor=executor, target=target, embed_dim=embed_dim,
         layers=layers, vocab_size=vocab_size, checkpointing=checkpointing, amp=amp, compiled=compile_module)
     try:

@@ -117,6 +117,12 @@ PatternsOption = Annotated[Optional[list[str]], typer.Option(
 BlockSizeOption = Annotated[int, typer.Option("--block-size", help="Block size in tokens.", rich_help_panel=BLOCK)]
 WindowOption = Annotated[Optional[int], typer.Option(
     "--window", help="Window in blocks each side (local, global_local, hierarchical).", rich_help_panel=BLOCK)]
+WindowLeftOption = Annotated[Optional[int], typer.Option(
+    "--window-left", help="sliding_window: tokens before each query it attends (default: --block-size).",
+    rich_help_panel=BLOCK)]
+WindowRightOption = Annotated[Optional[int], typer.Option(
+    "--window-right", help="sliding_window: tokens after each query (non-causal; default: --block-size).",
+    rich_help_panel=BLOCK)]
 DensityOption = Annotated[Optional[float], typer.Option(
     "--density", help="Target block density (picks the window).", rich_help_panel=BLOCK)]
 DensitiesOption = Annotated[Optional[str], typer.Option(

@@ -8,7 +8,7 @@ from .options import (DEFAULT_MODE, BatchOption, BlockSizeOption, CausalOption, 
                       DTypeOption, ExecutorOption, GlobalBlocksOption, HeadDimOption, HeadsOption, KVHeadsOption, ImplOption,
                       IterationsOption, JsonOption, CsvOption, LevelsOption, ModeOption, PatternOption, QuietOption, SeedOption,
                       SegmentsOption, SemanticsOption, SeqLenOption, ShowPatternOption, TraceOption, WarmupOption,
-                      WindowOption)
+                      WindowOption, WindowLeftOption, WindowRightOption)
 from .render.common import emit, emit_csv, machine_output, note, progress, set_quiet, stdout
 from .render.profile import pattern_title, profile_table, setting_line
 
@@ -41,6 +41,7 @@ def profile(
     segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
     semantics: SemanticsOption = "longnet", causal: CausalOption = False,
     pattern: PatternOption = None, block_size: BlockSizeOption = 128, window: WindowOption = None,
+    window_left: WindowLeftOption = None, window_right: WindowRightOption = None,
     density: DensityOption = None, global_blocks: GlobalBlocksOption = 1, levels: LevelsOption = 2,
     executor: ExecutorOption = "auto", show_pattern: ShowPatternOption = None,
     iterations: IterationsOption = 20, warmup: WarmupOption = 2, seed: SeedOption = 0,
@@ -60,6 +61,7 @@ def profile(
         mode=mode, segment_lengths=parse_int_list(segments, "--segments"),
         dilation_rates=parse_int_list(dilations, "--dilations"), semantics=semantics, causal=causal, device=device,
         pattern=pattern or "dilated", block_size=block_size, window=window, density=density,
+        window_left=window_left, window_right=window_right,
         global_blocks=global_blocks, levels=levels, executor=executor,
     )
     with progress() as bar:

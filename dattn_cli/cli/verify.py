@@ -11,7 +11,7 @@ import typer
 from .attach import agreed_exit_code, attached_world
 from .options import (AttachOption, MasterAddrOption, MasterPortOption, BackendsOption, BatchOption, BothOption, CausalFilterOption, DetailsOption, DeviceOption,
                       DilationsOption, DistTimeoutOption, DTypeOption, FullOption, HeadDimOption, HeadsOption, KVHeadsOption, DocumentsOption,
-                      ImplsOption, JsonOption, CsvOption, JunitOption, MarkdownOption, PatternsOption, QuietOption, SeedOption, SegmentsOption,
+                      ImplsOption, JsonOption, CsvOption, JunitOption, MarkdownOption, PatternsOption, QuietOption, WindowLeftOption, WindowRightOption, SeedOption, SegmentsOption,
                       SemanticsSetOption, SeqLenOption, WorldSizeOption)
 from .render.common import emit, emit_csv, machine_output, note, progress, set_quiet, stdout
 from .render.verify import check_line, verify_summary, verify_table, verify_warnings
@@ -112,7 +112,7 @@ def verify(
     head_dim: OwnHeadDim = None, documents: DocumentsOption = None,
     segments: OwnSegments = None, dilations: OwnDilations = None,
     semantics: OwnSemantics = None, causal: CausalFilterOption = None, both: BothOption = False,
-    pattern: PatternsOption = None,
+    pattern: PatternsOption = None, window_left: WindowLeftOption = None, window_right: WindowRightOption = None,
     full: FullOption = False, seed: SeedOption = 0,
     world_size: WorldSizeOption = "1", dist_timeout: DistTimeoutOption = 120.0, attach: AttachOption = None,
     master_addr: MasterAddrOption = None, master_port: MasterPortOption = None,
@@ -152,6 +152,7 @@ def verify(
         impl, world_sizes=world_sizes, dist_timeout_s=dist_timeout, dtype=dtype, attached=world,
         **_axes(own, semantics, causal, both), backends=backend, device=device, seed=seed, cases=cases,
         **({"patterns": pattern} if pattern else {"patterns": OWN_PATTERNS} if own else {}),
+        token_window=(window_left, window_right) if window_left is not None or window_right is not None else None,
     )
     if own:
         _note_slow_reference(cases, device)

@@ -128,6 +128,24 @@ def block_sparse_reference(
     return _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, max_block_elements, log_allowed)
 
 
+def sliding_window_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, left: int, right: int, is_causal: bool = False,
+    scale: float | None = None, *, key_padding_mask: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float64, max_block_elements: int = DEFAULT_MAX_BLOCK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense attention where query t sees keys t - left .. t + right (causal: .. t); (out, lse) like the others."""
+    check_qkv(q, k, v)
+    keys = torch.arange(q.shape[1], device=q.device)
+    reach = 0 if is_causal else right
+
+    def log_allowed(rows):
+        allowed = (keys[None, :] >= rows[:, None] - left) & (keys[None, :] <= rows[:, None] + reach)
+        zero = torch.zeros((), dtype=compute_dtype, device=q.device)
+        return torch.where(allowed, zero, float("-inf")).unsqueeze(0)
+
+    return _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, max_block_elements, log_allowed)
+
+
 def _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, max_block_elements, row_bias):
     """One softmax per query over all keys with the additive bias `row_bias(rows)` ((H or 1, rows, N);
     -inf = not attended), a chunk of query rows at a time, in compute_dtype."""

@@ -60,10 +60,7 @@ def dilated_pairs(w: Any) -> int:
 
 
 def block_sparse_pairs(w: Any) -> int:
-    from .block_sparse.patterns import attended_pairs as table_pairs
-
-    pattern = w.block_pattern()
-    return table_pairs(pattern.table(w.seq_len, w.heads), w.seq_len, pattern.block_size, w.causal) * w.batch * w.heads
+    return w.block_pattern().pairs(w.seq_len, w.heads, w.causal) * w.batch * w.heads
 
 
 # --- shards: how many positions each of `world` ranks holds, and why a problem cannot be split -------

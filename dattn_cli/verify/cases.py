@@ -82,14 +82,20 @@ def reference_scores(case: Case) -> int:
 VERIFY_BLOCK_SIZE = 8  # small blocks, so the quick cases hold several, a ragged last one included
 
 
-def block_fields(pattern: str) -> dict:
+VERIFY_TOKEN_WINDOW = (13, 5)  # sliding_window: uneven, not a multiple of the block, wider than a block before
+
+
+def block_fields(pattern: str, token_window: tuple[int | None, int | None] | None = None) -> dict:
     """Problem fields of a block-sparse check of `pattern`: 8-token blocks; a one-block window, one global
-    block and two hierarchical levels for the patterns that take a window."""
+    block and two hierarchical levels for the patterns that take a window; sliding_window's token window."""
     window = 1 if pattern in USES_WINDOW else None
-    return dict(pattern=pattern, block_size=VERIFY_BLOCK_SIZE, window=window, global_blocks=1, levels=2)
+    left, right = (token_window or VERIFY_TOKEN_WINDOW) if pattern == "sliding_window" else (None, None)
+    return dict(pattern=pattern, block_size=VERIFY_BLOCK_SIZE, window=window, global_blocks=1, levels=2,
+                window_left=left, window_right=right)
 
 
-def for_impl(problem: Problem, impl: str, pattern: str = "dilated", **changes) -> Problem:
+def for_impl(problem: Problem, impl: str, pattern: str = "dilated",
+             token_window: tuple[int | None, int | None] | None = None, **changes) -> Problem:
     """`problem` checked on `impl` (block-sparse entries: with the block fields of `pattern`)."""
-    block = block_fields(pattern) if REGISTRY[impl].block_sparse else {}
+    block = block_fields(pattern, token_window) if REGISTRY[impl].block_sparse else {}
     return problem.with_(impl=impl, **block, **changes)

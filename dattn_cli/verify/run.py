@@ -42,6 +42,7 @@ def collect_checks(
     seed: int = 0,
     cases: list[Case] | None = None,
     patterns: Iterable[str] = PATTERNS,
+    token_window: tuple[int, int] | None = None,
     attached: Any = None,
 ) -> Checks:
     """Every check of a run, and what is skipped with the reason. Default implementations that cannot run
@@ -61,7 +62,7 @@ def collect_checks(
     check_count("--seed", seed, 0, MAX_SEED)
     distributed_run = worlds != [1]
     requested = list(impls or [])
-    grid = _grid(dtype, semantics, causal, backends, device, patterns)
+    grid = _grid(dtype, semantics, causal, backends, device, patterns, token_window)
     _check_implementations(requested)
     _check_backends(grid.backends, device)
     checked = cases if cases is not None else case_matrix(full)
@@ -126,13 +127,13 @@ def _implementations(impls: list[str], distributed_run: bool) -> list[str]:
 
 
 def _grid(dtype: str, semantics: Iterable[str], causal: Iterable[bool], backends: Iterable[str] | None, device: str,
-          patterns: Iterable[str]) -> Grid:
+          patterns: Iterable[str], token_window: tuple[int, int] | None = None) -> Grid:
     patterns = list(patterns)
     for pattern in patterns:
         if pattern not in PATTERNS:
             raise ValueError(f"--pattern {pattern!r} is unknown: use one of {', '.join(PATTERNS)}")
     return Grid(semantics=list(semantics), causal=list(causal), backends=list(backends) if backends else ["auto"],
-                patterns=patterns, dtype=dtype, device=device)
+                patterns=patterns, dtype=dtype, device=device, token_window=token_window)
 
 
 def _check_implementations(chosen: list[str]) -> None:

@@ -37,6 +37,7 @@ class Grid:
     patterns: list[str]
     dtype: str
     device: str
+    token_window: tuple[int, int] | None = None  # sliding_window checks: (left, right) tokens; None: the default
 
     def variants(self, cases: list[Case], impl: str, world_size: int = 1) -> Iterator[Variant]:
         """Every combination that is legal and distinct: head_groups needs at least one head per pair;
@@ -49,8 +50,8 @@ class Grid:
                 for pattern in patterns:
                     if pattern is not None and pattern != "longnet" and sem != self.semantics[0]:
                         continue
-                    base = for_impl(case.problem, impl, pattern or "dilated", semantics=sem, dtype=self.dtype,
-                                    device=self.device, world_size=world_size, mode="fwdbwd")
+                    base = for_impl(case.problem, impl, pattern or "dilated", self.token_window, semantics=sem,
+                                    dtype=self.dtype, device=self.device, world_size=world_size, mode="fwdbwd")
                     uncovered = uncovered_share(base)
                     for is_causal in self.causal:
                         for backend in self.backends:

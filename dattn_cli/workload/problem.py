@@ -51,6 +51,8 @@ class Problem(BaseModel):
     density: float | None = None  # target block density (picks the window)
     global_blocks: int = 1
     levels: int = 2
+    window_left: int | None = None  # sliding_window: tokens before / after each query (default block_size)
+    window_right: int | None = None
     executor: Literal["auto", "flex", "gather"] = "auto"
     # what is computed: the attention alone, one DilatedTransformerBlock, or a LongNetLM (fwdbwd: a training
     # step with AdamW); impl is then the multihead attention inside each block
@@ -95,11 +97,11 @@ class Problem(BaseModel):
             raise ValueError(f"{option}: {max(value):,} is more than dattn handles (2**40 = {MAX_SEQ_LEN:,})")
         return value
 
-    @field_validator("window", "global_blocks", "levels")
+    @field_validator("window", "global_blocks", "levels", "window_left", "window_right")
     @classmethod
     def _block_counts(cls, value: int | None, info) -> int | None:
         """Block-pattern counts: the pattern checks their meaning, here only that they are sane numbers."""
-        limit = 64 if info.field_name == "levels" else 2**30
+        limit = 64 if info.field_name == "levels" else MAX_SEQ_LEN if info.field_name.startswith("window_") else 2**30
         if value is not None and not 0 <= value <= limit:
             option = "--" + info.field_name.replace("_", "-")
             raise ValueError(f"{option} must be from 0 to {limit:,}, got {value:,}")
@@ -214,7 +216,8 @@ class Problem(BaseModel):
 
         return block_sparse_options(self.pattern, self.segment_lengths, self.dilation_rates, self.semantics,
                                     block_size=self.block_size, window=self.window, global_blocks=self.global_blocks,
-                                    levels=self.levels, density=self.density)
+                                    levels=self.levels, density=self.density, window_left=self.window_left,
+                                    window_right=self.window_right)
 
     def block_pattern(self):
         from ..kernels.block_sparse.patterns import BlockPattern

@@ -16,7 +16,8 @@ def test_verify_checks_every_pattern(tmp_path, capsys):
     code, out, err = run_cli(["verify", "--impl", IMPL, "--no-causal", "--json", str(report)], capsys)
     assert code == 0, out + err
     data = json.loads(report.read_text())
-    assert {r["pattern"] for r in data["results"]} == {"local", "dilated", "global_local", "hierarchical", "longnet"}
+    assert {r["pattern"] for r in data["results"]} == {"local", "dilated", "global_local", "hierarchical", "longnet",
+                                                       "sliding_window"}
     assert "hierarchical" in out and data["passed"]
 
 

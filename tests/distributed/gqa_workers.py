@@ -73,3 +73,27 @@ def document_cases(rank: int, world: int, impl: str):
                 results[case, causal, masked] = {"out": out.detach(), "lse": lse, "grads": [x.grad for x in xs],
                                                  "comm": module.comm_stats()}
     return results
+
+
+# Token sliding window over shards (halo.py): windows inside one neighbour and wider than a shard
+WINDOWS = ((13, 5), (30, 0), (0, 70))
+
+
+def window_cases(rank: int, world: int):
+    from dattn_cli.kernels import BlockSparseRingDilatedAttention
+
+    results = {}
+    shard = slice(rank * N // world, (rank + 1) * N // world)
+    for left, right in WINDOWS:
+        for causal in (False, True):
+            q, k, v, up = inputs(2, causal)
+            mask = torch.rand(B, N, generator=torch.Generator().manual_seed(left)) < 0.2
+            xs = [x[:, shard].clone().requires_grad_() for x in (q, k, v)]
+            module = BlockSparseRingDilatedAttention(pattern="sliding_window", block_size=BLOCK, window_left=left,
+                                                     window_right=right)
+            out, lse = module.forward_with_lse(*xs, causal, key_padding_mask=mask[:, shard])
+            out.backward(up[:, shard])
+            volume = module.comm_volume(N, H, D, B, 8, causal, masked=True, num_kv_heads=2)
+            results[left, right, causal] = {"out": out.detach(), "lse": lse, "grads": [x.grad for x in xs],
+                                            "comm": module.comm_stats(), "volume": volume}
+    return results

@@ -13,7 +13,7 @@ from dattn_cli.kernels import (
     block_sparse_reference,
     get_global_pattern_cache,
 )
-from dattn_cli.kernels.block_sparse.patterns import PATTERNS
+from dattn_cli.kernels.block_sparse.patterns import TABLE_PATTERNS
 from dattn_cli.kernels.block_sparse.flex import flex_block_mask, flex_compiles_on, flex_forward
 from dattn_cli.kernels.block_sparse.ring import plan_rank
 from tests.conftest import rel_err
@@ -28,7 +28,7 @@ def make(pattern: str, block_size: int = 8, **kwargs) -> BlockSparseRingDilatedA
 
 
 @pytest.mark.parametrize("pattern,causal,seq_len,masked",
-                         list(itertools.product(PATTERNS, [False, True], [64, 50], [False, True])))
+                         list(itertools.product(TABLE_PATTERNS, [False, True], [64, 50], [False, True])))
 def test_forward_and_gradients_equal_the_block_masked_reference(pattern, causal, seq_len, masked):
     torch.manual_seed(hash((pattern, causal, seq_len, masked)) % 1000)
     module = make(pattern)

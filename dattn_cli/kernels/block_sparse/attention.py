@@ -18,23 +18,27 @@ keeps the block table the real sequence's (blocks of padding only attend nothing
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
 
-from .patterns import USES_SEGMENTS, BlockPattern, attended_pairs
+from .patterns import USES_SEGMENTS, BlockPattern
 from ..distributed.comm import CommStats, check_consistent, group_rank_size
 from ..dilated import AttentionCore
 from ..engine import BlockAttention, ViewAccess, block_attention
-from ..reference import block_sparse_reference
+from ..reference import block_sparse_reference, sliding_window_reference
 from ..documents import attend_documents, document_spans
 from ..distributed.documents import sharded_documents
 from ..heads import expand_kv, kv_group
 from ..validation import check_key_padding_mask, check_qkv
 from .flex import flex_block_mask, flex_compiles_on, flex_forward
+from .halo import HaloExchange, plan_halo
 from .ring import BlockSparseExchange, RankPlan, plan_rank
+from .window import Window, sliding_window_attention
 
 EXECUTORS = ("auto", "flex", "gather")
+BAND_REASON = "a token window needs per-token masks: the banded executor, exact, O(N x window)"
 
 
 # the module ------------------------------------------------------------------------------------------
@@ -44,8 +48,9 @@ class BlockSparseRingDilatedAttention(AttentionCore):
     """Block-sparse attention with a named pattern; with a process group, the ring form (each rank passes
     its contiguous shard (B, N/p, H, D)).
 
-    pattern: local | dilated | global_local | hierarchical | longnet (patterns.py); window (blocks
-    each side), global_blocks, levels, or density (a target block density that picks the window).
+    pattern: local | dilated | global_local | hierarchical | longnet | sliding_window (patterns.py); window
+    (blocks each side), global_blocks, levels, or density (a target block density that picks the window);
+    window_left / window_right: sliding_window's token window (window.py; ring form: halo.py).
     executor: auto | flex | gather (see the module docstring; `describe()` says which ran and why).
     """
 
@@ -64,6 +69,8 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         levels: int = 2,
         density: float | None = None,
         semantics: str = "longnet",
+        window_left: int | None = None,
+        window_right: int | None = None,
         executor: str = "auto",
         process_group=None,
         scale: float | None = None,
@@ -80,7 +87,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             raise ValueError(f"semantics={semantics!r} only applies to pattern='longnet'; leave it at 'longnet'")
         self.pattern = BlockPattern(
             pattern, block_size, window, global_blocks, levels, density,
-            tuple(segment_lengths or ()), tuple(dilation_rates or ()), semantics,
+            tuple(segment_lengths or ()), tuple(dilation_rates or ()), semantics, window_left, window_right,
         )
         if executor not in EXECUTORS:
             raise ValueError(f"executor={executor!r} is unknown: use one of {', '.join(EXECUTORS)}")
@@ -115,11 +122,11 @@ class BlockSparseRingDilatedAttention(AttentionCore):
     def element_density(self, seq_len: int | None = None, num_heads: int | None = None, is_causal: bool = False) -> float:
         """Attended (query, key) pairs / N²: what the work really scales with (ragged and causal exact)."""
         n, h = self._shape(seq_len, num_heads)
-        return attended_pairs(self.block_table(n, h), n, self.block_size, is_causal) / (n * n)
+        return self.pattern.pairs(n, h, is_causal) / (n * n)
 
     def attended_pairs(self, seq_len: int, num_heads: int, is_causal: bool = False) -> int:
         """P of the FLOP convention for one batch item: pairs over heads."""
-        return num_heads * attended_pairs(self.block_table(seq_len, num_heads), seq_len, self.block_size, is_causal)
+        return num_heads * self.pattern.pairs(seq_len, num_heads, is_causal)
 
     def reference(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
@@ -132,6 +139,9 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             spans = document_spans(cu_seqlens, q.shape[1], q.shape[0])
             return attend_documents(lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3],
                                                               compute_dtype=compute_dtype), q, k, v, key_padding_mask, spans)
+        if self.pattern.name == "sliding_window":
+            return sliding_window_reference(q, k, v, *self.pattern.token_window, is_causal, self.scale,
+                                            key_padding_mask=key_padding_mask, compute_dtype=compute_dtype)
         table = self.block_table(q.shape[1], q.shape[2])
         return block_sparse_reference(q, k, v, table, self.block_size, is_causal, self.scale,
                                       key_padding_mask=key_padding_mask, compute_dtype=compute_dtype)
@@ -231,6 +241,8 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         check_qkv(q, k, v)
         batch, shard, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, shard, q.device)
+        if self.pattern.name == "sliding_window":  # halos travel at the kv heads
+            return self._sliding_window(q, k, v, is_causal, key_padding_mask, local)
         group = kv_group(num_heads, k.shape[2])
         k, v = expand_kv(k, v, num_heads)  # GQA: computed at H heads, sent at the kv heads (ring.py)
         rank, world = (0, 1) if local else group_rank_size(self.process_group)
@@ -267,6 +279,28 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         engine = BlockAttention([], ViewAccess(pool), backend, call, pool, exchange)
         return block_attention(q, k, v, key_padding_mask, engine)
 
+    def _sliding_window(self, q, k, v, is_causal, key_padding_mask, local):
+        """The token window on the banded executor; in the ring form with the halo rows of the neighbours."""
+        if self.training and self.dropout > 0:
+            raise ValueError("pattern='sliding_window' runs without dropout: use dropout=0.0 (or eval())")
+        if self.executor == "flex":
+            raise ValueError("pattern='sliding_window' runs on its banded executor: use executor='auto' or 'gather'")
+        rank, world = (0, 1) if local else group_rank_size(self.process_group)
+        batch, shard, heads, head_dim = q.shape
+        scale = head_dim ** -0.5 if self.scale is None else float(self.scale)
+        window = Window(*self.pattern.token_window, bool(is_causal), scale, q_start=rank * shard, k_start=rank * shard)
+        self.last_shape, self.last_executor = (shard * world, heads), ("band", BAND_REASON)
+        self.last_backend = ("band", "chunked matmuls of the banded executor")
+        if world > 1:
+            config = f"{self.pattern}|{is_causal}|{k.shape[2]}|{key_padding_mask is not None}"
+            check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
+            self.stats.call()
+            plan = plan_halo(rank, world, shard, window.left, window.reach)
+            k, v, key_padding_mask = HaloExchange.apply(k, v, key_padding_mask, plan, self.process_group, self.stats)
+            window = dataclasses.replace(window, k_start=plan.start - plan.before)
+        k, v = expand_kv(k, v, heads)
+        return sliding_window_attention(q, k, v, key_padding_mask, window)
+
     # distributed accounting and reporting -----------------------------------------------------------
     def received_blocks(self) -> dict[int, tuple[int, ...]]:
         """Source rank -> the global key blocks this rank received from it on the last (gather) call."""
@@ -286,9 +320,17 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             return {"forward_bytes_sent": 0, "forward_bytes_received": 0, "backward_bytes_sent": 0,
                     "backward_bytes_received": 0}
         padded = seq_len if padded_len is None else padded_len
+        kv_heads = num_heads // kv_group(num_heads, num_heads if num_kv_heads is None else num_kv_heads)
+        if self.pattern.name == "sliding_window":  # the halo rows (halo.py)
+            left, right = self.pattern.token_window
+            halo = plan_halo(rank, world, padded // world, left, 0 if is_causal else right)
+            row = batch * 2 * kv_heads * head_dim * element_size
+            got, given = (sum(hi - lo for _, lo, hi in rows) for rows in (halo.receive, halo.send))
+            mask = batch * element_size if masked else 0
+            return {"forward_bytes_sent": given * (row + mask), "forward_bytes_received": got * (row + mask),
+                    "backward_bytes_sent": got * row, "backward_bytes_received": given * row}
         plan = plan_rank(self._padded_table(seq_len, padded, num_heads), padded, self.block_size, rank, world,
                          is_causal, torch.device("cpu"))
-        kv_heads = num_heads // kv_group(num_heads, num_heads if num_kv_heads is None else num_kv_heads)
         per_row = batch * (2 * kv_heads * head_dim) * element_size
         mask_row = batch * element_size if masked else 0
         sent_rows = sum(rows.numel() for rows in plan.send.values())

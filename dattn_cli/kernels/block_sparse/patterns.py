@@ -11,6 +11,9 @@ query block are dropped, the diagonal block is attended causally), so one table 
 * global_local the first `global_blocks` blocks see and are seen by all, plus a local window
 * hierarchical a local window, plus for level l = 1..levels every 2^l-th block out to distance
                window · 2^(l+1) (coarser and longer with each level)
+* sliding_window  token level: query t attends keys t - window_left .. t + window_right (default one block
+               each side); its table is the band's block cover, and it runs on the banded executor (window.py),
+               exact per token, O(N x window)
 * longnet      the exact block cover of the dilated pattern of docs/semantics.md: a block pair is active when
                some head and pair keep a row in both blocks within one segment (an upper bound of
                what dilated attention computes, on whole blocks)
@@ -29,7 +32,8 @@ import torch
 from ..reference import pair_offsets
 from ..pattern import validate_pattern
 
-PATTERNS = ("local", "dilated", "global_local", "hierarchical", "longnet")
+PATTERNS = ("local", "dilated", "global_local", "hierarchical", "longnet", "sliding_window")
+TABLE_PATTERNS = PATTERNS[:-1]  # computed on whole blocks of their table; sliding_window is token-exact (window.py)
 USES_SEGMENTS = ("dilated", "longnet")
 USES_WINDOW = ("local", "global_local", "hierarchical")
 MAX_TABLE_BLOCKS = 1 << 16  # blocks per side of a (dense, bool) block table: 4 GiB at most
@@ -52,6 +56,12 @@ def global_blocks(num_blocks: int, count: int) -> torch.Tensor:
 def dilated_blocks(num_blocks: int, segment_blocks: int, rate: int) -> torch.Tensor:
     seg = torch.arange(num_blocks) // segment_blocks
     return (seg[:, None] == seg[None, :]) & (_distance(num_blocks) % rate == 0)
+
+
+def band_blocks(num_blocks: int, block_size: int, left: int, right: int) -> torch.Tensor:
+    """Block pairs (I, J) holding some t in I and u in J with t - left <= u <= t + right."""
+    d = _distance(num_blocks)  # I - J
+    return (d * block_size <= block_size - 1 + left) & (-d * block_size <= block_size - 1 + right)
 
 
 def hierarchical_blocks(num_blocks: int, window: int, levels: int) -> torch.Tensor:
@@ -102,6 +112,9 @@ def block_sparse_options(
         options.update(segment_lengths=list(segment_lengths), dilation_rates=list(dilation_rates))
     if pattern == "longnet":
         options["semantics"] = semantics
+    if pattern != "sliding_window" and options.get("window_left") is None and options.get("window_right") is None:
+        options.pop("window_left", None)  # the module's default; given ones still reach (and are refused by) it
+        options.pop("window_right", None)
     return options
 
 
@@ -132,6 +145,8 @@ class BlockPattern:
     segment_lengths: tuple[int, ...] = field(default=())
     dilation_rates: tuple[int, ...] = field(default=())
     semantics: str = "longnet"
+    window_left: int | None = None  # sliding_window: tokens before (and after) each query; default block_size
+    window_right: int | None = None
 
     def __post_init__(self):
         if self.name not in PATTERNS:
@@ -155,6 +170,7 @@ class BlockPattern:
                 )
             if self.window is not None:
                 raise ValueError("pass window or density, not both: density picks the window")
+        self._check_token_window()
         if self.name in USES_SEGMENTS:
             segs, rates = validate_pattern(self.segment_lengths, self.dilation_rates, self.semantics)
             object.__setattr__(self, "segment_lengths", segs)
@@ -164,6 +180,23 @@ class BlockPattern:
                 f"pattern={self.name!r} does not use segment_lengths/dilation_rates: leave them out, "
                 "or use pattern='dilated' or 'longnet'"
             )
+
+    def _check_token_window(self) -> None:
+        for name in ("window_left", "window_right"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if self.name != "sliding_window":
+                raise ValueError(f"{name} is a token window of pattern='sliding_window'; pattern={self.name!r} takes "
+                                 "window (blocks) instead")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0 (tokens), got {value!r}")
+
+    @property
+    def token_window(self) -> tuple[int, int]:
+        """(left, right) tokens of the sliding_window pattern."""
+        left = self.block_size if self.window_left is None else self.window_left
+        return left, self.block_size if self.window_right is None else self.window_right
 
     def num_blocks(self, seq_len: int) -> int:
         return -(-seq_len // self.block_size)
@@ -200,6 +233,8 @@ class BlockPattern:
                              f"holds at most {MAX_TABLE_BLOCKS:,}; use a larger --block-size or a shorter --seq-len")
         if self.name in USES_WINDOW:
             return self._window_table(nb, self.resolved_window(nb))
+        if self.name == "sliding_window":
+            return band_blocks(nb, self.block_size, *self.token_window)
         if self.name == "dilated":
             table = torch.zeros(nb, nb, dtype=torch.bool)
             for w, r in zip(self.segment_lengths, self.dilation_rates):
@@ -207,10 +242,20 @@ class BlockPattern:
             return table
         return longnet_cover(seq_len, self.block_size, self.segment_lengths, self.dilation_rates, num_heads, self.semantics)
 
+    def pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
+        """(query, key) pairs one (batch, head) attends: exact per token for sliding_window, by the table else."""
+        if self.name == "sliding_window":
+            from .window import window_pairs
+
+            return window_pairs(seq_len, *self.token_window, causal)
+        return attended_pairs(self.table(seq_len, num_heads), seq_len, self.block_size, causal)
+
     def label(self) -> str:
         """A compact name for tables and report rows, e.g. local(d=0.1,b=128); segments are reported
         in their own columns."""
         params = []
+        if self.name == "sliding_window":
+            params += [f"l={self.token_window[0]}", f"r={self.token_window[1]}"]
         if self.name in USES_WINDOW:
             params.append(f"d={self.density:g}" if self.density is not None else f"w={self.window if self.window is not None else 1}")
             if self.name == "global_local":
@@ -221,6 +266,8 @@ class BlockPattern:
         return f"{self.name}({','.join(params)})"
 
     def describe(self, seq_len: int | None = None) -> str:
+        if self.name == "sliding_window":
+            return f"sliding_window({self.token_window[0]} tokens before, {self.token_window[1]} after; table in blocks of {self.block_size})"
         if self.name in USES_SEGMENTS:
             params = f"segments {list(self.segment_lengths)}, dilations {list(self.dilation_rates)}"
             if self.name == "longnet":

@@ -1,0 +1,119 @@
+"""The ring form of the sliding window: each rank holds a contiguous shard of L positions and needs the keys
+`left` positions before it (and, non-causal, `right` after it): those halo rows come point-to-point from the
+ranks that hold them (K, V at the kv heads, and the key mask), and backward sends their dK/dV home.
+
+A window wider than a shard takes rows from several ranks; a rank never receives a row its queries do not
+use. Bytes per rank: the halo rows it receives, (left + right) · B · 2 · H_kv · D · e at most, forward; the
+same back as gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..distributed.comm import CommStats
+
+TAG_HALO, TAG_HALO_GRAD = 41, 42
+
+
+@dataclass(frozen=True)
+class HaloPlan:
+    """Global row ranges [lo, hi) this rank receives from each lower / higher rank, and sends to each rank."""
+
+    start: int  # the global position of this rank's first row
+    receive: tuple[tuple[int, int, int], ...]  # (rank, lo, hi), in position order
+    send: tuple[tuple[int, int, int], ...]
+
+    @property
+    def before(self) -> int:
+        """Halo rows in front of the shard (the extended keys start at start - before)."""
+        return sum(hi - lo for _, lo, hi in self.receive if lo < self.start)
+
+
+def plan_halo(rank: int, world: int, shard: int, left: int, reach: int) -> HaloPlan:
+    def needed(r: int) -> tuple[int, int]:
+        return max(0, r * shard - left), min(world * shard, (r + 1) * shard + reach)
+
+    def overlap(r: int, lo: int, hi: int) -> tuple[int, int] | None:
+        a, b = max(lo, r * shard), min(hi, (r + 1) * shard)
+        return (a, b) if a < b else None
+
+    receive, send = [], []
+    for other in range(world):
+        if other == rank:
+            continue
+        if got := overlap(other, *needed(rank)):
+            receive.append((other, *got))
+        if given := overlap(rank, *needed(other)):
+            send.append((other, *given))
+    return HaloPlan(rank * shard, tuple(receive), tuple(send))
+
+
+class HaloExchange(torch.autograd.Function):
+    """(k, v, key_pad) of the shard -> (k, v, key_pad) extended by the halo rows (the mask not differentiable)."""
+
+    @staticmethod
+    def forward(ctx, k, v, key_pad, plan: HaloPlan, group, stats: CommStats):
+        ctx.plan, ctx.group, ctx.stats, ctx.shape = plan, group, stats, k.shape
+        masked = key_pad is not None
+        sends = {r: _pack([x[:, lo - plan.start : hi - plan.start] for x in (k, v)],
+                          key_pad[:, lo - plan.start : hi - plan.start] if masked else None)
+                 for r, lo, hi in plan.send}
+        row = 2 * k.shape[0] * k[0, 0].numel() + (k.shape[0] if masked else 0)
+        receives = {r: k.new_empty(row * (hi - lo)) for r, lo, hi in plan.receive}
+        _exchange(sends, receives, group, stats, TAG_HALO, "forward")
+        parts = {r: _unpack(receives[r], k, hi - lo, masked) for r, lo, hi in plan.receive}
+        before = [parts[r] for r, lo, _ in plan.receive if lo < plan.start]
+        after = [parts[r] for r, lo, _ in plan.receive if lo >= plan.start]
+        local = (k, v, key_pad)
+        ext = [torch.cat([p[i] for p in before] + [local[i]] + [p[i] for p in after], 1) if i < 2 or masked else None
+               for i in range(3)]
+        if ext[2] is not None:
+            ctx.mark_non_differentiable(ext[2])
+        return tuple(ext)
+
+    @staticmethod
+    def backward(ctx, dk_ext, dv_ext, _dpad):
+        plan, length = ctx.plan, ctx.shape[1]
+        at, homes = 0, {}
+        for r, lo, hi in plan.receive:  # halo gradients go home, in the order the rows were laid out
+            if lo >= plan.start and at < plan.before + length:
+                at = plan.before + length
+            homes[r] = torch.cat([dk_ext[:, at : at + hi - lo].reshape(-1), dv_ext[:, at : at + hi - lo].reshape(-1)])
+            at += hi - lo
+        dk = dk_ext[:, plan.before : plan.before + length].clone()
+        dv = dv_ext[:, plan.before : plan.before + length].clone()
+        per_row = dk[0, 0].numel() * dk.shape[0]
+        shares = {r: dk.new_empty(2 * per_row * (hi - lo)) for r, lo, hi in plan.send}
+        _exchange(homes, shares, ctx.group, ctx.stats, TAG_HALO_GRAD, "backward")
+        for r, lo, hi in plan.send:
+            size = per_row * (hi - lo)
+            rows = slice(lo - plan.start, hi - plan.start)
+            dk[:, rows] += shares[r][:size].view_as(dk[:, rows])
+            dv[:, rows] += shares[r][size:].view_as(dv[:, rows])
+        return dk, dv, None, None, None, None
+
+
+def _pack(tensors: list[torch.Tensor], key_pad: torch.Tensor | None) -> torch.Tensor:
+    parts = [x.reshape(-1) for x in tensors] + ([key_pad.to(tensors[0].dtype).reshape(-1)] if key_pad is not None else [])
+    return torch.cat(parts)
+
+
+def _unpack(buffer: torch.Tensor, like: torch.Tensor, rows: int, masked: bool):
+    shape = (like.shape[0], rows, *like.shape[2:])
+    size = like.shape[0] * rows * like[0, 0].numel()
+    pad = buffer[2 * size :].view(like.shape[0], rows) > 0.5 if masked else None
+    return buffer[:size].view(shape), buffer[size : 2 * size].view(shape), pad
+
+
+def _exchange(sends: dict, receives: dict, group, stats: CommStats, tag: int, phase: str) -> None:
+    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+    ops = [dist.P2POp(dist.isend, buf.contiguous(), peer(r), group, tag) for r, buf in sends.items()]
+    ops += [dist.P2POp(dist.irecv, buf, peer(r), group, tag) for r, buf in receives.items()]
+    size = lambda bufs: sum(b.numel() * b.element_size() for b in bufs.values())  # noqa: E731
+    stats.add(phase, size(sends), size(receives))
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()

@@ -1,0 +1,135 @@
+"""Token-level sliding window: query t attends key u when t - left <= u <= t + right (causal: and u <= t).
+
+The banded executor: query rows in chunks of `c`; a chunk's keys are one contiguous slice (its rows' windows
+together), so every query's whole window is in one dense call: no merge, and work O(N·(c + left + right))
+(c is at most the window, so O(N x window)). One autograd boundary: forward keeps only out and lse, backward
+recomputes each chunk's probabilities from lse (as FlashAttention does), so memory stays O(N) besides one
+chunk's scores. Scores in fp32 (fp64 for fp64 inputs); a query with no key outputs 0 with lse -inf.
+
+Positions are global: q row i is position q_start + i, k row j is position k_start + j (a rank of the
+ring form passes its shard with the halo rows around it, halo.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MIN_CHUNK, MAX_CHUNK = 16, 512
+
+
+@dataclass(frozen=True)
+class Window:
+    left: int
+    right: int
+    causal: bool
+    scale: float
+    q_start: int = 0
+    k_start: int = 0
+
+    @property
+    def reach(self) -> int:
+        """Keys after a query that it may attend."""
+        return 0 if self.causal else self.right
+
+    def chunk(self) -> int:
+        return max(MIN_CHUNK, min(MAX_CHUNK, self.left + self.reach + 1))
+
+    def key_range(self, first: int, last: int, keys: int) -> tuple[int, int]:
+        """Local key rows [lo, hi) that queries at local rows first .. last - 1 may attend."""
+        lo = self.q_start + first - self.left - self.k_start
+        hi = self.q_start + last + self.reach - self.k_start
+        return max(0, lo), min(keys, hi)
+
+    def allowed(self, first: int, last: int, lo: int, hi: int, device) -> torch.Tensor:
+        """(rows, keys) bool: the band (and causality) for query rows first .. last - 1, key rows lo .. hi - 1."""
+        t = torch.arange(first, last, device=device)[:, None] + self.q_start
+        u = torch.arange(lo, hi, device=device)[None, :] + self.k_start
+        return (u >= t - self.left) & (u <= t + self.reach)
+
+
+def _chunks(window: Window, rows: int, keys: int):
+    c = window.chunk()
+    for first in range(0, rows, c):
+        last = min(rows, first + c)
+        yield first, last, *window.key_range(first, last, keys)
+
+
+def _scores(q, k, key_pad, window: Window, first, last, lo, hi) -> torch.Tensor:
+    """(B, H, rows, keys) scaled scores, -inf outside the band or on masked keys."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = torch.matmul(q[:, :, first:last].to(acc), k[:, :, lo:hi].to(acc).transpose(-1, -2)) * window.scale
+    keep = window.allowed(first, last, lo, hi, q.device)[None, None]
+    if key_pad is not None:
+        keep = keep & ~key_pad[:, None, None, lo:hi]
+    return s.masked_fill(~keep, float("-inf"))
+
+
+def window_forward(q, k, v, key_pad, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B, H, M, D), k, v (B, H, K, D) heads first -> out (B, H, M, D), lse (B, H, M) in the score dtype."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:3], float("-inf"), dtype=acc, device=q.device)
+    for first, last, lo, hi in _chunks(window, q.shape[2], k.shape[2]):
+        if hi <= lo:
+            continue
+        s = _scores(q, k, key_pad, window, first, last, lo, hi)
+        m = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - m.nan_to_num(neginf=0.0)[..., None])  # rows without keys: exp(-inf) = 0
+        out[:, :, first:last] = torch.matmul(p, v[:, :, lo:hi].to(acc)).to(q.dtype)
+        lse[:, :, first:last] = m
+    return out, lse
+
+
+def window_backward(dout, q, k, v, out, lse, key_pad, window: Window):
+    """dq, dk, dv of window_forward (heads first), probabilities recomputed from lse chunk by chunk."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+    delta = (dout.to(acc) * out.to(acc)).sum(-1)  # rowsum(dO * O), the softmax backward's correction
+    for first, last, lo, hi in _chunks(window, q.shape[2], k.shape[2]):
+        if hi <= lo:
+            continue
+        s = _scores(q, k, key_pad, window, first, last, lo, hi)
+        p = torch.exp(s - lse[:, :, first:last, None].nan_to_num(neginf=0.0))
+        do = dout[:, :, first:last].to(acc)
+        dv[:, :, lo:hi] += torch.matmul(p.transpose(-1, -2), do)
+        ds = p * (torch.matmul(do, v[:, :, lo:hi].to(acc).transpose(-1, -2)) - delta[:, :, first:last, None])
+        dq[:, :, first:last] = torch.matmul(ds, k[:, :, lo:hi].to(acc)) * window.scale
+        dk[:, :, lo:hi] += torch.matmul(ds.transpose(-1, -2), q[:, :, first:last].to(acc)) * window.scale
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class SlidingWindowFunction(torch.autograd.Function):
+    """(q, k, v) heads first -> (out, lse); lse not differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_pad, window: Window):
+        out, lse = window_forward(q, k, v, key_pad, window)
+        ctx.save_for_backward(q, k, v, out, lse, key_pad)
+        ctx.window = window
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, key_pad = ctx.saved_tensors
+        return (*window_backward(dout, q, k, v, out, lse, key_pad, ctx.window), None, None)
+
+
+def sliding_window_attention(q, k, v, key_pad, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B, M, H, D), k, v (B, K, H, D), key_pad (B, K) or None -> out (B, M, H, D), lse (B, M, H) float32/64."""
+    t = lambda x: x.transpose(1, 2).contiguous()  # noqa: E731
+    out, lse = SlidingWindowFunction.apply(t(q), t(k), t(v), key_pad, window)
+    return out.transpose(1, 2), lse.transpose(1, 2)
+
+
+def window_pairs(seq_len: int, left: int, right: int, causal: bool) -> int:
+    """(query, key) pairs of one (batch, head): over t, the keys in [t - left, t + right] (causal: up to t)
+    within [0, N)."""
+    t = torch.arange(seq_len, dtype=torch.int64)
+    lo = (t - left).clamp(min=0)
+    hi = (t + (0 if causal else right)).clamp(max=seq_len - 1)
+    return int((hi - lo + 1).clamp(min=0).sum())
