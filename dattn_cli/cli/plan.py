@@ -9,7 +9,7 @@ import typer
 
 from .options import (DEFAULT_MODE, AmpOption, BatchOption, CalibrateOption, CausalOption, CheckOption, CheckpointingOption,
                       DevicesOption, DilationsOption, DTypeOption, EmbedDimOption, FailIfInfeasibleOption,
-                      HeadDimOption, HeadsOption, KVHeadsOption, ImplOption, KernelOption, JsonOption, CsvOption, LayersOption, MaxSeqOption, MemoryOption,
+                      HeadDimOption, HeadsOption, KVHeadsOption, DocumentsOption, ImplOption, KernelOption, JsonOption, CsvOption, LayersOption, MaxSeqOption, MemoryOption,
                       MinDevicesOption, ModeOption, OptimizerOption, ProfileOption, SaveOption, SegmentsOption,
                       SemanticsOption, SequenceParallelOption, ZeroOption,
                       SeqLenOption, TargetOption, VocabSizeOption, check_ranks)
@@ -142,10 +142,24 @@ def _model_advice(solve, problem, hw, training) -> str:
         return str(exc)
 
 
+def _lengths(seq_len: str, documents: str | None, devices: int, max_seq: bool, min_devices: bool) -> dict:
+    """N, or with --documents their sum and the lengths (one device: each document one engine call)."""
+    from ..workload import parse_int_list, parse_seq_len
+
+    if documents is None:
+        return {"seq_len": parse_seq_len(seq_len)}
+    if devices > 1:
+        raise ValueError("--documents: the planner models packed documents on one device; drop --world-size")
+    if max_seq or min_devices:
+        raise ValueError("--documents fix N (their sum): drop --max-seq/--min-devices")
+    docs = parse_int_list(documents, "--documents")
+    return {"seq_len": sum(docs), "documents": docs}
+
+
 def plan(
     impl: ImplOption = None,
     seq_len: SeqLenOption = "64k", batch: BatchOption = 1, heads: HeadsOption = 8, kv_heads: KVHeadsOption = None,
-    head_dim: HeadDimOption = 64, dtype: DTypeOption = "float32", mode: ModeOption = DEFAULT_MODE,
+    head_dim: HeadDimOption = 64, documents: DocumentsOption = None, dtype: DTypeOption = "float32", mode: ModeOption = DEFAULT_MODE,
     segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
     semantics: SemanticsOption = "longnet", causal: CausalOption = False,
     target: TargetOption = "attention", embed_dim: EmbedDimOption = None, layers: LayersOption = 12,
@@ -182,7 +196,7 @@ def plan(
         devices = 1  # the Problem is one replica's sequence; training.devices carries the layout
         impl = impl or ("RingMultiheadDilatedAttention" if sequence_parallel > 1 else None)
     problem = Problem(
-        impl=impl or DEFAULT_IMPL[target], seq_len=parse_seq_len(seq_len), batch=batch, heads=heads,
+        impl=impl or DEFAULT_IMPL[target], **_lengths(seq_len, documents, devices, max_seq, min_devices), batch=batch, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, mode=mode, segment_lengths=parse_int_list(segments, "--segments"),
         dilation_rates=parse_int_list(dilations, "--dilations"), semantics=semantics, causal=causal,
         world_size=devices, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,

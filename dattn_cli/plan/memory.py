@@ -115,6 +115,8 @@ def estimate_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cp
         _dense_items(t, s, x_shard, device_type)
         return _finish(t, framework_bytes)
     chunk = _sequence_chunk(s) if chunked else None
+    if s.documents is not None:  # one engine call per document: the longest one's working set (kernels/documents.py)
+        chunk = min(chunk or s.seq_len, max(s.documents))
     if chunk is not None:
         return _finish(t, framework_bytes, _chunked_items(s, chunk, x_shard, device_type))
     _dilated_items(t, s, length, x_shard, device_type)
@@ -134,7 +136,7 @@ def _chunked_items(s: Problem, chunk: int, x_shard: int, device_type: str) -> di
     items = {**_input_items(s, x_shard), "output": x_shard, "lse": s.batch * s.seq_len * s.heads * 4}
     if s.mode == "fwdbwd":
         items["gradients (upstream, dq, dk, dv)"] = 4 * x_shard
-    part = estimate_memory(s.model_copy(update={"seq_len": chunk}), 0, device_type, chunked=False)
+    part = estimate_memory(s.model_copy(update={"seq_len": chunk, "documents": None}), 0, device_type, chunked=False)
     for name, value in part.items.items():
         if name not in ("lse", *_input_items(s, x_shard)):
             items[f"one chunk of {chunk:,} positions: {name}"] = value

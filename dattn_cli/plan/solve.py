@@ -59,6 +59,9 @@ class Headroom(BaseModel):
 
 def headroom(result: Plan, profile: HardwareProfile, training: Training | None = None) -> Headroom:
     s = result.problem
+    if s.documents is not None:  # fixed documents: neither N nor the batch (1) can grow
+        return Headroom(free_bytes=result.capacity_bytes - result.memory.total, largest_seq_len=None,
+                        seq_len_capped=False, largest_batch=None, batch_capped=False)
     devices = s.world_size if training is not None else result.devices
     found = max_seq_search(s, profile, devices, training)
     batch, batch_capped = max_batch(s, profile, devices, training)

@@ -49,3 +49,18 @@ def test_bad_kv_heads_and_documents_are_one_line_exit_2(capsys):
         assert code == 2 and message in err and "Traceback" not in err, err
     code, _, err = run_cli(["bench", "--impl", "sdpa", *SHAPE, "--documents", "30,34", "--repeat", "2"], capsys)
     assert code == 2 and "--documents applies to the attention implementations" in err
+
+
+def test_plan_documents_counts_flops_per_document_and_the_longest_working_set(capsys):
+    code, stdout, _ = run_cli(["plan", "--documents", "4096,4096,8192", "--json", "-"], capsys)
+    assert code == 0
+    docs = json.loads(stdout)
+    code, stdout, _ = run_cli(["plan", "--seq-len", "16384", "--json", "-"], capsys)
+    whole = json.loads(stdout)
+    assert docs["problem"]["documents"] == [4096, 4096, 8192] and docs["problem"]["seq_len"] == 16384
+    # each document attends only itself: fewer pairs than one 16k sequence (segments up to 8192 split the same
+    # way here, so only the 8192-segment's pairs differ), and the engine's working set is the 8k document's
+    assert docs["time"]["flops"] < whole["time"]["flops"]
+    assert any("8,192 positions" in name for name in docs["memory"]["items"])
+    code, _, err = run_cli(["plan", "--documents", "10,20", "--max-seq"], capsys)
+    assert code == 2 and "--documents fix N" in err

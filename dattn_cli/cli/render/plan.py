@@ -97,6 +97,8 @@ def plan_table(result: Plan, solved: str | None, advice: str, room: Headroom | N
 def headroom_text(result: Plan, room: Headroom) -> str:
     s = result.problem
     free = (f"{size(room.free_bytes)} free" if room.free_bytes >= 0 else f"over by {size(-room.free_bytes)}")
+    if s.documents is not None:
+        return f"{free}; packed documents fix N and batch 1"
     if room.largest_seq_len is None:
         seq = f"no N fits at batch {s.batch}"
     else:
