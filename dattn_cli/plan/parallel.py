@@ -116,7 +116,7 @@ def optimizer_bytes(optimizer: str, weight_bytes: int) -> tuple[float, float]:
 
 def _units(s: Problem) -> tuple[int, int]:
     """(parameters of the largest block, of the tied embedding/head): FSDP's wrapping units."""
-    return block_parameters(s.width, s.mlp_ratio), s.vocab_size * s.width
+    return block_parameters(s.width, s.mlp_ratio, kv_width=s.kv_head_count * s.head_dim), s.vocab_size * s.width
 
 
 def step_temporary(optimizer: str, state_bytes: float, params: float, largest: float, device_type: str) -> float:

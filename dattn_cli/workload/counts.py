@@ -47,12 +47,13 @@ def flops_per_device(p: Problem) -> float:
 
 
 def linear_flops(p: Problem) -> float:
-    """FLOPs of the linear layers of a layer/model problem: 2·T·(4E² + 2EF) per block, 2·T·E·V for a model's
+    """FLOPs of the linear layers of a layer/model problem: 2·T·(2E² + 2E·E_kv + 2EF) per block (E_kv = E without
+    GQA), 2·T·E·V for a model's
     head, x3 with backward (the recomputed forward of checkpointing not counted: useful work only)."""
     if p.target == "attention":
         return 0.0
-    tokens, width = p.batch * p.seq_len, p.width
-    linear = 2.0 * tokens * (4 * width * width + 2 * width * p.hidden) * p.layers
+    tokens, width, kv = p.batch * p.seq_len, p.width, p.kv_head_count * p.head_dim  # GQA: k, v project to E_kv
+    linear = 2.0 * tokens * (2 * width * width + 2 * width * kv + 2 * width * p.hidden) * p.layers
     if p.target == "model":
         linear += 2.0 * tokens * width * p.vocab_size
     return linear * (LINEAR_FWD_BWD_FACTOR if p.mode == "fwdbwd" else 1.0)

@@ -33,7 +33,7 @@ def test_verify_quick_passes_and_writes_json(tmp_path, capsys):
     assert code == 0, out + err
     assert "verify passed" in out
     data = json.loads(report.read_text())
-    assert data["passed"] and len(data["results"]) == 28  # 7 cases x 2 semantics x 2 causal
+    assert data["passed"] and len(data["results"]) == 36  # 9 cases x 2 semantics x 2 causal
     row = data["results"][0]
     assert {"out", "lse", "dq", "dk", "dv"} <= row["errors"].keys()
     assert row["errors"]["out"]["rel"] < 1e-5
@@ -79,7 +79,7 @@ def test_config_file(tmp_path, capsys):
     good = tmp_path / "c.yaml"
     good.write_text("verify:\n  impl: [DilatedAttention]\n  semantics: longnet\n  causal: true\n")
     code, out, _ = run_cli(["--config", str(good), "verify"], capsys)
-    assert code == 0 and "verify passed: 7 checks" in out  # 7 cases x longnet only x causal only
+    assert code == 0 and "verify passed: 9 checks" in out  # 9 cases x longnet only x causal only
     for text, needle in [("verify: [1, 2\n", "not valid YAML"), ("verify:\n  nope: 1\n", "has no option 'nope'"),
                          ("nonsense: {}\n", "unknown command 'nonsense'")]:
         bad = tmp_path / "bad.yaml"
