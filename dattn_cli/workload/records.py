@@ -215,14 +215,12 @@ def pattern_fields(p: Problem, densities: bool = True) -> dict:
     element densities at p's N; None for other implementations."""
     if not p.spec.block_sparse:
         return {"pattern": None}
-    from ..kernels.block_sparse.patterns import attended_pairs
-
     pattern = p.block_pattern()
     fields: dict = {"pattern": pattern.label() + (f" [{p.executor}]" if p.executor != "auto" else "")}
     if densities:
         table = pattern.table(p.seq_len, p.heads)
         fields.update(block_density=table.float().mean().item(),
-                      element_density=attended_pairs(table, p.seq_len, pattern.block_size, p.causal) / p.seq_len**2)
+                      element_density=pattern.pairs(p.seq_len, p.heads, p.causal) / p.seq_len**2)
     return fields
 
 

@@ -1,6 +1,6 @@
 """Token-level sliding window: query t attends key u when t - left <= u <= t + right (causal: and u <= t).
 
-The banded executor: query rows in chunks of `c`; a chunk's keys are one contiguous slice (its rows' windows
+The banded executor: query rows in chunks of `c` (16 .. 64); a chunk's keys are one contiguous slice (its rows' windows
 together), so every query's whole window is in one dense call: no merge, and work O(N·(c + left + right))
 (c is at most the window, so O(N x window)). One autograd boundary: forward keeps only out and lse, backward
 recomputes each chunk's probabilities from lse (as FlashAttention does), so memory stays O(N) besides one
@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-MIN_CHUNK, MAX_CHUNK = 16, 512
+# Query rows per chunk: the window's width, between 16 and 64. Measured (N=4096, H=8, D=64, fp32, this CPU): a window
+# of 64 each side ran fastest at 64 rows (fwd 40 ms; 512 rows: 114 ms), one of 256 each side at 64 rows too (62 ms;
+# 512 rows: 154 ms): wider chunks compute more pairs outside the band, narrower ones more, smaller calls.
+MIN_CHUNK, MAX_CHUNK = 16, 64
 
 
 @dataclass(frozen=True)
