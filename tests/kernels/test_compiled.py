@@ -51,3 +51,23 @@ def test_compiled_equals_eager_with_gradients(make, cls, causal):
     weights = torch.randn_like(want)
     for a, b in zip(torch.autograd.grad(got, leaves, weights), torch.autograd.grad(want, leaves, weights)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_gqa_compiles_without_graph_breaks_and_equals_eager():
+    """k, v with 2 kv heads of 8 (their repetition is traced around the op), and a multihead module with
+    num_kv_heads: no graph breaks, the eager output and gradients."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    core = ImprovedDilatedAttention(SEGS, RATES)
+    q = torch.randn(1, 200, 8, 16, requires_grad=True)
+    k, v = (torch.randn(1, 200, 2, 16, requires_grad=True) for _ in range(2))
+    assert torch._dynamo.explain(core)(q, k, v).graph_break_count == 0
+    got = torch.compile(core, fullgraph=True, backend="aot_eager")(q, k, v, is_causal=True)
+    want = core(q, k, v, is_causal=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    up = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), up), torch.autograd.grad(want, (q, k, v), up)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    mha = ImprovedMultiheadDilatedAttention(64, 8, segment_lengths=SEGS, dilation_rates=RATES, num_kv_heads=2)
+    x = torch.randn(2, 200, 64)
+    assert torch._dynamo.explain(mha)(x, x, x).graph_break_count == 0
