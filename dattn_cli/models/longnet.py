@@ -91,13 +91,16 @@ class DilatedTransformerBlock(nn.Module):
         nn.init.zeros_(self.fc1.bias)
         nn.init.zeros_(self.fc2.bias)
 
-    def forward(self, x: torch.Tensor, is_causal: bool = True, position_offset: int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, is_causal: bool = True, position_offset: int | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """x (batch, seq_len, embed_dim) -> same shape. position_offset: the position of x[:, 0] in the whole
-        sequence, for the rotary embeddings; None: this rank's shard start (`shard_start`)."""
+        sequence, for the rotary embeddings; None: this rank's shard start (`shard_start`). cu_seqlens: packed
+        documents of the whole sequence (batch 1), each attended on its own (kernels/documents.py)."""
         if position_offset is None:
             position_offset = shard_start(self.attn, x.shape[1])
         h = self.attn_norm(x)
-        x = x + self.dropout(self.attn(h, h, h, is_causal=is_causal, position_offset=position_offset)[0])
+        documents = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+        x = x + self.dropout(self.attn(h, h, h, is_causal=is_causal, position_offset=position_offset, **documents)[0])
         h = F.gelu(self.fc1(self.mlp_norm(x)))
         if self.mlp_inner_norm is not None:
             h = self.mlp_inner_norm(h)
@@ -141,11 +144,13 @@ class LongNetLM(nn.Module):
         self.checkpointing = bool(checkpointing)
         self.scale = embed_dim**0.5
 
-    def forward(self, tokens: torch.Tensor, position_offset: int | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, position_offset: int | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (batch, seq_len) int64 -> logits (batch, seq_len, vocab_size); causal.
 
         Under sequence parallelism `tokens` is this rank's shard; position_offset is the position of
-        tokens[:, 0] in the whole sequence, by default `shard_start(seq_len)` (0 on one process)."""
+        tokens[:, 0] in the whole sequence, by default `shard_start(seq_len)` (0 on one process). cu_seqlens:
+        packed documents (batch 1; the whole sequence's boundaries on every rank): each one as if alone."""
         if tokens.dtype != torch.long or tokens.dim() != 2:
             raise ValueError(f"tokens must be int64 (batch, seq_len), got {tokens.dtype} {tuple(tokens.shape)}")
         if position_offset is None:
@@ -156,9 +161,9 @@ class LongNetLM(nn.Module):
         x = self.embed(tokens) * self.scale
         for block in self.blocks:
             if self.checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, True, position_offset, use_reentrant=False)
+                x = checkpoint(block, x, True, position_offset, cu_seqlens, use_reentrant=False)
             else:
-                x = block(x, True, position_offset)
+                x = block(x, True, position_offset, cu_seqlens)
         return F.linear(self.final_norm(x), self.embed.weight)  # head tied to the embedding
 
     def shard_start(self, shard_len: int) -> int:
@@ -166,10 +171,11 @@ class LongNetLM(nn.Module):
         return shard_start(self.blocks[0].attn, shard_len)
 
     def loss(
-        self, tokens: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, position_offset: int | None = None
+        self, tokens: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, position_offset: int | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Mean cross-entropy of the logits of `tokens` (position_offset as in forward) against `targets`."""
-        logits = self(tokens, position_offset)
+        """Mean cross-entropy of the logits of `tokens` (position_offset, cu_seqlens as in forward) against `targets`."""
+        logits = self(tokens, position_offset, cu_seqlens)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
 
     def num_parameters(self) -> int:

@@ -100,3 +100,24 @@ def test_bad_arguments_raise_value_error_naming_the_parameter(kwargs, name):
 def test_bad_tokens_raise_value_error(tokens):
     with pytest.raises(ValueError, match="tokens"):
         tiny()(tokens)
+
+
+def test_packed_documents_give_each_document_its_own_logits():
+    """LongNetLM(tokens, cu_seqlens=...) on packed documents equals the model on each document alone (rotary
+    positions restart per document; GQA blocks), with checkpointing too."""
+    from dattn_cli.kernels.documents import offsets
+    from dattn_cli.models import LongNetLM
+
+    torch.manual_seed(0)
+    model = LongNetLM(50, 32, 4, 2, segment_lengths=[8, 16], dilation_rates=[1, 2], num_kv_heads=2,
+                      dtype=torch.float64)
+    lengths = [5, 20, 1, 14]
+    tokens = torch.randint(0, 50, (1, sum(lengths)))
+    separate, at = [], 0
+    for n in lengths:
+        separate.append(model(tokens[:, at:at + n]))
+        at += n
+    for checkpointing in (False, True):
+        model.checkpointing = checkpointing
+        packed = model(tokens, cu_seqlens=offsets(lengths))
+        torch.testing.assert_close(packed, torch.cat(separate, 1), rtol=1e-12, atol=1e-12)
