@@ -163,10 +163,10 @@ class _DilatedAttentionBase(AttentionCore):
                                                                      head_range=head_range), q, k, v, key_padding_mask, spans)
         check_qkv(q, k, v)
         check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[1], q.device)
-        k, v = expand_kv(k, v, q.shape[2])  # GQA/MQA: kv heads repeated, gradients summed by autograd (heads.py)
         if torch.compiler.is_compiling() and not (self.training and self.dropout > 0):
             from .compiled import compiled_attention  # one opaque custom op, no graph break (kernels/compiled.py)
 
+            k, v = expand_kv(k, v, q.shape[2])  # GQA: traced around the op, autograd sums the groups
             return compiled_attention(self, q, k, v, is_causal, key_padding_mask, head_range)
         attention = self.attention_for(q, is_causal, key_padding_mask is not None, head_range)
         return block_attention(q, k, v, key_padding_mask, attention)

@@ -20,6 +20,7 @@ from typing import Protocol, Sequence
 import torch
 
 from .backends import BACKENDS, BlockCall
+from .heads import expand_kv, reduce_kv
 from .merge import merge_partial_
 from .pattern import Block
 from .pool import MemoryPool
@@ -238,11 +239,12 @@ class BlockAttention:
 
 
 class DilatedAttentionFunction(torch.autograd.Function):
-    """The autograd boundary: (q, k, v) -> (out, lse); lse is returned but not differentiable."""
+    """The autograd boundary: (q, k, v) -> (out, lse); lse is returned but not differentiable. k, v may have fewer
+    heads (GQA): repeated to q's heads for the call and again in backward, saved at their own heads (heads.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_pad, attention: BlockAttention):
-        out, lse = attention.forward(q, k, v, key_pad)
+        out, lse = attention.forward(q, *expand_kv(k, v, q.shape[2]), key_pad)
         ctx.save_for_backward(q, k, v, out, lse, key_pad)
         ctx.attention = attention
         ctx.mark_non_differentiable(lse)
@@ -251,14 +253,16 @@ class DilatedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, key_pad = ctx.saved_tensors
-        dq, dk, dv = ctx.attention.backward(dout, q, k, v, out, lse, key_pad)
-        return dq, dk, dv, None, None
+        dq, dk, dv = ctx.attention.backward(dout, q, *expand_kv(k, v, q.shape[2]), out, lse, key_pad)
+        return dq, reduce_kv(dk, k.shape[2]), reduce_kv(dv, v.shape[2]), None, None
 
 
 def block_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_pad: torch.Tensor | None,
     attention: "BlockAttention | ChunkedAttention",
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of `attention` on q, k, v (k, v at H or fewer kv heads), through the autograd boundary when a
+    gradient is wanted."""
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         return DilatedAttentionFunction.apply(q, k, v, key_pad, attention)
-    return attention.forward(q, k, v, key_pad)
+    return attention.forward(q, *expand_kv(k, v, q.shape[2]), key_pad)

@@ -1,8 +1,10 @@
 """Grouped key/value heads (GQA; MQA with one kv head): q (B, N, H, D), k and v (B, N, H_kv, D) with
 H % H_kv == 0, query head h attending with kv head h // (H / H_kv) (flash-attn's convention).
 
-Every implementation computes on K/V repeated to H heads (`expand_kv`, outside the engine's autograd
-boundary, so autograd sums each group's gradients into its kv head), as transformers' `repeat_kv` does.
+Every implementation computes on K/V repeated to H heads (`expand_kv`), as transformers' `repeat_kv` does, but
+inside its autograd boundary (engine.DilatedAttentionFunction, window.SlidingWindowFunction): the repeated copies
+exist only while a call runs (made again in backward), the kv-head K/V are what is saved between forward and
+backward, and the gradients of each group are summed into its kv head there (`reduce_kv`).
 What moves between ranks stays at the kv heads: an exchange packs one representative query head per kv
 head of a head set (`KVHeadSet`), the receiver repeats it back, and the dK/dV shares go home summed
 over each group and land on the representative head (the group's sum is what autograd forms anyway).
@@ -36,6 +38,13 @@ def expand_kv(k: torch.Tensor, v: torch.Tensor, num_heads: int) -> tuple[torch.T
     if group == 1:
         return k, v
     return k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+
+
+def reduce_kv(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """The gradient of repeated K or V (B, N, H, D) summed over each kv head's group: (B, N, H_kv, D)."""
+    if grad.shape[2] == kv_heads:
+        return grad
+    return grad.unflatten(2, (kv_heads, grad.shape[2] // kv_heads)).sum(3)
 
 
 @dataclass(frozen=True)

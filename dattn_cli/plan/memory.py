@@ -6,8 +6,8 @@ tensor items against `measure.LiveTensorBytes` (every storage torch allocates, c
 `dattn plan --check` compares the total with measured bench rows.
 
 Items (bytes, per device):
-* inputs        q, k, v (this device's shard; k, v at the kv heads), and with GQA k, v repeated to H heads
-                (kernels/heads.py) and, in backward, the kv-head dk, dv autograd sums them into
+* inputs        q, k, v (this device's shard; k, v at the kv heads), and with GQA k, v repeated to H heads while
+                the call runs (kernels/heads.py) and, in backward, the kv-head dk, dv they are summed into
 * output        the result, and for half inputs the fp32 accumulator it is converted from
 * lse           float32 (B, L, H)
 * gather        kept-row copies of the dilated blocks (r > 1), held by the memory pool: 3 per block

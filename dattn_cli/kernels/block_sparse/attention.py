@@ -244,7 +244,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         if self.pattern.name == "sliding_window":  # halos travel at the kv heads
             return self._sliding_window(q, k, v, is_causal, key_padding_mask, local)
         group = kv_group(num_heads, k.shape[2])
-        k, v = expand_kv(k, v, num_heads)  # GQA: computed at H heads, sent at the kv heads (ring.py)
+        # GQA: the engine (or flex below) computes at H heads, the ring sends at the kv heads (ring.py)
         rank, world = (0, 1) if local else group_rank_size(self.process_group)
         padded = shard * world
         if world > 1 and shard % self.block_size:
@@ -264,7 +264,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             key = ("flex_block_mask", self.pattern, seq_len, padded, num_heads, bool(is_causal), str(q.device))
             mask = self.cached(key, lambda: flex_block_mask(table, padded, self.block_size, is_causal, q.device))
             scale = q.shape[-1] ** -0.5 if self.scale is None else float(self.scale)
-            return flex_forward(q, k, v, mask, scale, need_lse=need_lse)
+            return flex_forward(q, *expand_kv(k, v, num_heads), mask, scale, need_lse=need_lse)
         if world > 1:
             config = (f"{self.pattern}|{seq_len}|{is_causal}|{group}|{key_padding_mask is not None}|{self.dropout}|"
                       f"{self.training}")
@@ -298,7 +298,6 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             plan = plan_halo(rank, world, shard, window.left, window.reach)
             k, v, key_padding_mask = HaloExchange.apply(k, v, key_padding_mask, plan, self.process_group, self.stats)
             window = dataclasses.replace(window, k_start=plan.start - plan.before)
-        k, v = expand_kv(k, v, heads)
         return sliding_window_attention(q, k, v, key_padding_mask, window)
 
     # distributed accounting and reporting -----------------------------------------------------------

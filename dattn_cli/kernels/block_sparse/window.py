@@ -105,12 +105,22 @@ def window_backward(dout, q, k, v, out, lse, key_pad, window: Window):
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
+def _repeat(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Heads-first K or V with H_kv heads repeated to `heads` (GQA, kernels/heads.py)."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
+
+
+def _group_sum(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    return grad if grad.shape[1] == kv_heads else grad.unflatten(1, (kv_heads, -1)).sum(2)
+
+
 class SlidingWindowFunction(torch.autograd.Function):
-    """(q, k, v) heads first -> (out, lse); lse not differentiable."""
+    """(q, k, v) heads first -> (out, lse); lse not differentiable. k, v at H_kv heads are repeated for the call and
+    again in backward (saved at their own heads), their gradients summed per kv head."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_pad, window: Window):
-        out, lse = window_forward(q, k, v, key_pad, window)
+        out, lse = window_forward(q, _repeat(k, q.shape[1]), _repeat(v, q.shape[1]), key_pad, window)
         ctx.save_for_backward(q, k, v, out, lse, key_pad)
         ctx.window = window
         ctx.mark_non_differentiable(lse)
@@ -119,11 +129,14 @@ class SlidingWindowFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, key_pad = ctx.saved_tensors
-        return (*window_backward(dout, q, k, v, out, lse, key_pad, ctx.window), None, None)
+        heads = q.shape[1]
+        dq, dk, dv = window_backward(dout, q, _repeat(k, heads), _repeat(v, heads), out, lse, key_pad, ctx.window)
+        return dq, _group_sum(dk, k.shape[1]), _group_sum(dv, v.shape[1]), None, None
 
 
 def sliding_window_attention(q, k, v, key_pad, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (B, M, H, D), k, v (B, K, H, D), key_pad (B, K) or None -> out (B, M, H, D), lse (B, M, H) float32/64."""
+    """q (B, M, H, D), k, v (B, K, H or H_kv, D), key_pad (B, K) or None -> out (B, M, H, D), lse (B, M, H)
+    float32/64."""
     t = lambda x: x.transpose(1, 2).contiguous()  # noqa: E731
     out, lse = SlidingWindowFunction.apply(t(q), t(k), t(v), key_pad, window)
     return out.transpose(1, 2), lse.transpose(1, 2)

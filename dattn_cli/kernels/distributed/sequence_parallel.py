@@ -24,7 +24,7 @@ import torch.distributed as dist
 from ..backends import BACKENDS
 from .documents import sharded_documents
 from .comm import DistributedAttention, check_consistent, group_rank_size
-from ..heads import KVHeadSet, expand_kv, kv_group
+from ..heads import KVHeadSet, kv_group
 from ..engine import BlockAttention, ViewAccess, block_attention
 from ..pattern import Block, head_sets, pair_blocks, validate_pattern
 from ..validation import check_key_padding_mask, check_qkv
@@ -248,7 +248,7 @@ class SequenceParallelBase(DistributedAttention):
         if cu_seqlens is not None:
             return self._documents(q, k, v, is_causal, key_padding_mask, cu_seqlens)
         group = kv_group(num_heads, k.shape[2])
-        k, v = expand_kv(k, v, num_heads)  # computed at H heads; packed at the kv heads (heads.py)
+        # GQA: the engine repeats k, v to H heads inside its autograd boundary; packed at the kv heads (heads.py)
         local, spanning = shard_plan(shard * world, world, rank, num_heads, self.segment_lengths, self.dilation_rates,
                                      self.semantics, name, group)
         config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{group}|"
