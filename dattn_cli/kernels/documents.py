@@ -34,6 +34,11 @@ def document_spans(cu_seqlens: torch.Tensor, total: int, batch: int = 1) -> list
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
+def whole_sequence(cu_seqlens: torch.Tensor | None, total: int) -> bool:
+    """cu_seqlens describes one document over all `total` positions (or is None): the plain call is the same."""
+    return cu_seqlens is None or (cu_seqlens.numel() == 2 and [int(x) for x in cu_seqlens.tolist()] == [0, total])
+
+
 def offsets(lengths: Sequence[int], device: torch.device | str | None = None) -> torch.Tensor:
     """cu_seqlens of documents of `lengths` tokens: int32 (0, l1, l1 + l2, ...)."""
     cum = [0]

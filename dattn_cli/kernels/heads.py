@@ -31,20 +31,22 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def expand_kv(k: torch.Tensor, v: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """k, v (B, N, H_kv, D) repeated to (B, N, H, D), kv head j serving query heads j*g .. j*g + g - 1;
-    returned as they are when H_kv = H."""
-    group = kv_group(num_heads, k.shape[2])
+def expand_kv(k: torch.Tensor, v: torch.Tensor, num_heads: int, dim: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """k, v (B, N, H_kv, D) repeated to (B, N, H, D) (heads along `dim`), kv head j serving query heads
+    j*g .. j*g + g - 1; returned as they are when H_kv = H."""
+    group = kv_group(num_heads, k.shape[dim])
     if group == 1:
         return k, v
-    return k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    return k.repeat_interleave(group, dim=dim), v.repeat_interleave(group, dim=dim)
 
 
-def reduce_kv(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """The gradient of repeated K or V (B, N, H, D) summed over each kv head's group: (B, N, H_kv, D)."""
-    if grad.shape[2] == kv_heads:
+def reduce_kv(grad: torch.Tensor, kv_heads: int, dim: int = 2) -> torch.Tensor:
+    """The gradient of repeated K or V (heads along `dim`) summed over each kv head's group, in fp32 (fp64 for
+    fp64) and returned in grad's dtype: half gradients are rounded once, after the sum."""
+    if grad.shape[dim] == kv_heads:
         return grad
-    return grad.unflatten(2, (kv_heads, grad.shape[2] // kv_heads)).sum(3)
+    acc = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    return grad.to(acc).unflatten(dim, (kv_heads, -1)).sum(dim + 1).to(grad.dtype)
 
 
 @dataclass(frozen=True)

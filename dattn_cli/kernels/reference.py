@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 
 from .pattern import validate_pattern
+from .heads import expand_kv
 from .validation import check_qkv
 
 DEFAULT_MAX_BLOCK_ELEMENTS = 1 << 22
@@ -152,8 +153,7 @@ def _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, m
     batch, seq_len, num_heads, head_dim = q.shape
     tau = head_dim**-0.5 if scale is None else scale
     qc, kc, vc = (x.to(compute_dtype).transpose(1, 2) for x in (q, k, v))  # (B, H, N, D)
-    group = num_heads // k.shape[2]  # GQA/MQA: query head h attends with kv head h // group
-    kc, vc = kc.repeat_interleave(group, dim=1), vc.repeat_interleave(group, dim=1)
+    kc, vc = expand_kv(kc, vc, num_heads, dim=1)  # GQA/MQA: query head h attends with kv head h // (H / H_kv)
     key_bias = None
     if key_padding_mask is not None:
         key_bias = torch.zeros(batch, 1, 1, seq_len, dtype=compute_dtype, device=q.device)

@@ -9,8 +9,11 @@ import torch
 def document_positions(cu_seqlens: torch.Tensor, offset: int, n: int, device: torch.device) -> torch.Tensor:
     """Positions of rows offset .. offset + n - 1 of packed documents counted from their document's first token
     (each document as a separate sequence), float64."""
-    rows = torch.arange(offset, offset + n, device=device, dtype=torch.int64)
     bounds = cu_seqlens.to(device=device, dtype=torch.int64)
+    if offset + n > int(bounds[-1]):
+        raise ValueError(f"cu_seqlens ends at {int(bounds[-1])} but the rows run to {offset + n}: pass the whole "
+                         "sequence's cu_seqlens (on every rank) and the shard's position_offset")
+    rows = torch.arange(offset, offset + n, device=device, dtype=torch.int64)
     starts = bounds[torch.searchsorted(bounds, rows, right=True) - 1]
     return (rows - starts).to(torch.float64)
 

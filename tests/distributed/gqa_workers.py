@@ -97,3 +97,23 @@ def window_cases(rank: int, world: int):
             results[left, right, causal] = {"out": out.detach(), "lse": lse, "grads": [x.grad for x in xs],
                                             "comm": module.comm_stats(), "volume": volume}
     return results
+
+
+def document_bookkeeping(rank: int, world: int):
+    """Ring with changing documents (a fresh cu_seqlens each call) and with one whole-sequence document."""
+    from dattn_cli.kernels import RingDilatedAttention
+    from dattn_cli.kernels.documents import offsets
+
+    module = RingDilatedAttention(SEGS, RATES)
+    q, k, v, _ = inputs(2, False)
+    shard = slice(rank * N // world, (rank + 1) * N // world)
+    xs = [x[:, shard][:1] for x in (q, k, v)]  # batch 1
+    for cut in (10, 40, 70):
+        module(*xs, cu_seqlens=offsets([cut, N - cut]))
+    keys = len(module._consistent_keys)
+    module.stats.reset()
+    whole = module(*xs, cu_seqlens=offsets([N]))
+    with_docs = module.comm_stats()
+    module.stats.reset()
+    plain = module(*xs)
+    return {"keys": keys, "same": torch.equal(whole, plain), "whole": with_docs, "plain": module.comm_stats()}

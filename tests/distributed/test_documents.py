@@ -56,3 +56,10 @@ def _gathered_rows(lengths: list[int], world: int) -> int:
             held[s] += min(at + n, (s + 1) * shard) - max(at, s * shard)
         at += n
     return max(held)
+
+
+def test_changing_documents_are_checked_not_remembered_and_one_document_is_the_plain_call():
+    """Every call's cu_seqlens is checked across ranks, but not kept (batches change their boundaries: a remembered
+    set would grow without end); cu_seqlens = [0, T] runs the pattern's own sequence parallelism."""
+    for r in run_distributed(w.document_bookkeeping, 2, timeout_s=120):
+        assert r["keys"] == 1 and r["same"] and r["whole"] == r["plain"], r

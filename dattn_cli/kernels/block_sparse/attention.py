@@ -28,8 +28,8 @@ from ..distributed.comm import CommStats, check_consistent, group_rank_size
 from ..dilated import AttentionCore
 from ..engine import BlockAttention, ViewAccess, block_attention
 from ..reference import block_sparse_reference, sliding_window_reference
-from ..documents import attend_documents, document_spans
-from ..distributed.documents import sharded_documents
+from ..documents import attend_documents, document_spans, whole_sequence
+from ..distributed.documents import check_documents, sharded_documents
 from ..heads import expand_kv, kv_group
 from ..validation import check_key_padding_mask, check_qkv
 from .flex import flex_block_mask, flex_compiles_on, flex_forward
@@ -206,8 +206,11 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         _, world = group_rank_size(self.process_group)
         if world == 1:
             return attend_documents(call, q, k, v, key_padding_mask, document_spans(cu_seqlens, q.shape[1], q.shape[0]))
-        config = f"{self.pattern}|{is_causal}|{k.shape[2]}|{key_padding_mask is not None}|docs {cu_seqlens.tolist()}"
+        if whole_sequence(cu_seqlens, q.shape[1] * world):  # one document: the ring form as it is
+            return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=True)
+        config = f"{self.pattern}|{is_causal}|{k.shape[2]}|{key_padding_mask is not None}|documents"
         check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
+        check_documents(self.process_group, type(self).__name__, cu_seqlens, q.device)
         self.stats.call()
         return sharded_documents(call, q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats)
 
@@ -242,6 +245,8 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         batch, shard, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, shard, q.device)
         if self.pattern.name == "sliding_window":  # halos travel at the kv heads
+            world = 1 if local else group_rank_size(self.process_group)[1]
+            self._real_length(seq_len, shard * world, key_padding_mask is not None)  # padding must be masked
             return self._sliding_window(q, k, v, is_causal, key_padding_mask, local)
         group = kv_group(num_heads, k.shape[2])
         # GQA: the engine (or flex below) computes at H heads, the ring sends at the kv heads (ring.py)

@@ -89,7 +89,7 @@ class BlockSparseExchange:
         """K and V rows at the kv heads (heads first, as the receiver attends them) and the key-mask rows, in
         one buffer."""
         kv = self._heads(k.shape[1])
-        parts = [kv.pack(k, 1).index_select(2, rows).reshape(-1), kv.pack(v, 1).index_select(2, rows).reshape(-1)]
+        parts = [kv.pack(k.index_select(2, rows), 1).reshape(-1), kv.pack(v.index_select(2, rows), 1).reshape(-1)]
         if key_pad is not None:
             parts.append(key_pad.index_select(1, rows).to(k.dtype).reshape(-1))
         return torch.cat(parts)
@@ -110,11 +110,11 @@ class BlockSparseExchange:
         for src, buf in buffers.items():
             rows = len(self.plan.receive[src]) * self.block_size
             size = batch * rows * kv.kv_count * head_dim
-            kr = kv.unpack(buf[:size].view(batch, kv.kv_count, rows, head_dim), 1)
-            vr = kv.unpack(buf[size : 2 * size].view(batch, kv.kv_count, rows, head_dim), 1)
+            kr = buf[:size].view(batch, kv.kv_count, rows, head_dim)
+            vr = buf[size : 2 * size].view(batch, kv.kv_count, rows, head_dim)
             pad = buf[2 * size :].view(batch, rows).bool() if key_pad is not None else None
-            self.received[src] = (kr, vr, pad)
-            attend_parts(attention, self.plan.remote[src], q, kr, vr, pad, out, lse)
+            self.received[src] = (kr, vr, pad)  # kept at the kv heads, repeated again in backward
+            attend_parts(attention, self.plan.remote[src], q, kv.unpack(kr, 1), kv.unpack(vr, 1), pad, out, lse)
 
     def backward(self, attention: BlockAttention, dout, q, k, v, out, lse, key_pad, grads) -> None:
         batch, _, heads, head_dim = k.shape
@@ -124,6 +124,7 @@ class BlockSparseExchange:
         dq, dk, dv = (g.transpose(1, 2) for g in grads)  # the engine's (B, N, H, D) accumulators, heads first
         shares = {}
         for src, (kr, vr, pad) in self.received.items():  # remote shares first, so they travel during local work
+            kr, vr = kv.unpack(kr, 1), kv.unpack(vr, 1)
             dkr, dvr = torch.zeros(kr.shape, dtype=acc, device=kr.device), torch.zeros(vr.shape, dtype=acc, device=vr.device)
             attend_parts_backward(attention, self.plan.remote[src], dout, q, out, lse, kr, vr, pad, dq, dkr, dvr)
             shares[src] = torch.cat([kv.reduce(dkr, 1).reshape(-1), kv.reduce(dvr, 1).reshape(-1)])

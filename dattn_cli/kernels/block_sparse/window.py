@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..heads import expand_kv, reduce_kv
+
 # Query rows per chunk: the window's width, between 16 and 64. Measured (N=4096, H=8, D=64, fp32, this CPU): a window
 # of 64 each side ran fastest at 64 rows (fwd 40 ms; 512 rows: 114 ms), one of 256 each side at 64 rows too (62 ms;
 # 512 rows: 154 ms): wider chunks compute more pairs outside the band, narrower ones more, smaller calls.
@@ -105,22 +107,13 @@ def window_backward(dout, q, k, v, out, lse, key_pad, window: Window):
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _repeat(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """Heads-first K or V with H_kv heads repeated to `heads` (GQA, kernels/heads.py)."""
-    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
-
-
-def _group_sum(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    return grad if grad.shape[1] == kv_heads else grad.unflatten(1, (kv_heads, -1)).sum(2)
-
-
 class SlidingWindowFunction(torch.autograd.Function):
     """(q, k, v) heads first -> (out, lse); lse not differentiable. k, v at H_kv heads are repeated for the call and
     again in backward (saved at their own heads), their gradients summed per kv head."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_pad, window: Window):
-        out, lse = window_forward(q, _repeat(k, q.shape[1]), _repeat(v, q.shape[1]), key_pad, window)
+        out, lse = window_forward(q, *expand_kv(k, v, q.shape[1], dim=1), key_pad, window)
         ctx.save_for_backward(q, k, v, out, lse, key_pad)
         ctx.window = window
         ctx.mark_non_differentiable(lse)
@@ -129,9 +122,8 @@ class SlidingWindowFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, key_pad = ctx.saved_tensors
-        heads = q.shape[1]
-        dq, dk, dv = window_backward(dout, q, _repeat(k, heads), _repeat(v, heads), out, lse, key_pad, ctx.window)
-        return dq, _group_sum(dk, k.shape[1]), _group_sum(dv, v.shape[1]), None, None
+        dq, dk, dv = window_backward(dout, q, *expand_kv(k, v, q.shape[1], dim=1), out, lse, key_pad, ctx.window)
+        return dq, reduce_kv(dk, k.shape[1], dim=1), reduce_kv(dv, v.shape[1], dim=1), None, None
 
 
 def sliding_window_attention(q, k, v, key_pad, window: Window) -> tuple[torch.Tensor, torch.Tensor]:

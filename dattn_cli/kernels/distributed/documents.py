@@ -6,19 +6,20 @@ all-gathered (q, k, v, and the key mask; every rank's piece padded to the longes
 every crossing document it holds part of on the whole document, and keeps its own rows. That document is
 computed by each rank holding part of it: exact (the all-gather's backward reduce-scatters the gradients
 to the rows' owners), and cheap when documents are short against a shard; a document spanning many ranks
-is computed on each of them (for one long document, use the call without cu_seqlens: the pattern's own
-sequence parallelism). Bytes: what the all-gather moves, counted in the module's comm_stats.
+is computed on each of them (one document over the whole sequence takes the call without cu_seqlens: the
+pattern's own sequence parallelism). Bytes: what the all-gather moves, counted in the module's comm_stats.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
 import torch.distributed as dist
 
 from ..documents import Call, document_spans
-from .comm import CommStats, group_rank_size
+from .comm import CommStats, check_consistent, group_rank_size
 
 
 class _GatherPieces(torch.autograd.Function):
@@ -68,6 +69,13 @@ def _crossing_pieces(spans: list[tuple[int, int]], shard: int, world: int) -> li
     return pieces
 
 
+def check_documents(group, name: str, cu_seqlens: torch.Tensor, device: torch.device) -> None:
+    """Every rank must pass the same cu_seqlens: checked on every call (one small all_gather), and not remembered
+    by the module (the boundaries change from batch to batch: a remembered set would only grow)."""
+    digest = hashlib.sha1(str([int(x) for x in cu_seqlens.tolist()]).encode()).hexdigest()
+    check_consistent(group, name, tuple(cu_seqlens.shape), cu_seqlens.dtype, f"documents {digest}", device)
+
+
 def sharded_documents(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       key_padding_mask: torch.Tensor | None, cu_seqlens: torch.Tensor, group,
                       stats: CommStats) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +114,7 @@ def sharded_documents(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     out, lse = torch.cat(outs, 1), torch.cat(lses, 1)
     if gathered is not None and not used and torch.is_grad_enabled():
         # every rank must enter the gather's backward (a reduce-scatter): tie it to this rank's output
-        out = out + sum(g.sum() for g in gathered) * 0
+        out = out + sum(g.reshape(-1)[:0].sum() for g in gathered)  # an empty sum: exactly 0, still in the graph
     return out, lse
 
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ..heads import kv_group
 from ..validation import check_key_padding_mask, check_qkv
 from .comm import CommStats, DistributedAttention, check_consistent, group_rank_size
+from .documents import check_documents
 
 
 def _payload(t: torch.Tensor, world: int) -> int:
@@ -93,9 +94,11 @@ class HeadParallelDilatedAttention(DistributedAttention):
             )
         k, v = spread_kv_heads(k, v, heads, world)
         config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{k.shape[2]}|"
-                  f"{key_padding_mask is not None}|{None if cu_seqlens is None else cu_seqlens.tolist()}")
+                  f"{key_padding_mask is not None}|{cu_seqlens is not None}")
         check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device,
                          owner=self)
+        if cu_seqlens is not None:
+            check_documents(self.process_group, type(self).__name__, cu_seqlens, q.device)
         self.stats.call()
         group, stats = self.process_group, self.stats
         qh, kh, vh = (_AllToAll.apply(x, True, group, stats) for x in (q, k, v))

@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 from ..backends import BACKENDS
-from .documents import sharded_documents
+from ..documents import whole_sequence
+from .documents import check_documents, sharded_documents
 from .comm import DistributedAttention, check_consistent, group_rank_size
 from ..heads import KVHeadSet, kv_group
 from ..engine import BlockAttention, ViewAccess, block_attention
@@ -245,7 +246,7 @@ class SequenceParallelBase(DistributedAttention):
         batch, shard, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, shard, q.device)
         name = type(self).__name__
-        if cu_seqlens is not None:
+        if not whole_sequence(cu_seqlens, shard * world):
             return self._documents(q, k, v, is_causal, key_padding_mask, cu_seqlens)
         group = kv_group(num_heads, k.shape[2])
         # GQA: the engine repeats k, v to H heads inside its autograd boundary; packed at the kv heads (heads.py)
@@ -263,8 +264,9 @@ class SequenceParallelBase(DistributedAttention):
     def _documents(self, q, k, v, is_causal, key_padding_mask, cu_seqlens):
         """Packed documents: local calls, the rows of documents crossing shards all-gathered."""
         config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{k.shape[2]}|"
-                  f"{key_padding_mask is not None}|{self.attention.dropout}|{self.training}|docs {cu_seqlens.tolist()}")
+                  f"{key_padding_mask is not None}|{self.attention.dropout}|{self.training}|documents")
         check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
+        check_documents(self.process_group, type(self).__name__, cu_seqlens, q.device)
         self.stats.call()
         return sharded_documents(lambda *x: self.attention.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3]),
                                  q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats)
