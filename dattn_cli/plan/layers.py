@@ -147,12 +147,14 @@ def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
     tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
     items = {
         "LayerNorm inputs": 2 * tokens * width * p,
-        "linear inputs, q/k/v, rotated q/k": 8 * tokens * width * c,
+        # k, v and rotated k at the kv heads' width (GQA; = width without)
+        "linear inputs, q/k/v, rotated q/k": (5 * width + 3 * s.kv_head_count * s.head_dim) * tokens * c,
         "MLP hidden (fc1 and GELU outputs)": 2 * tokens * hidden * c,
         "lse, LayerNorm statistics, rotary tables": tokens * s.heads * 4 + 16 * tokens + 8 * s.seq_len * s.head_dim,
     }
     if c != p:
-        items["autocast weight copies"] = (4 * width * width + 2 * width * hidden) * c
+        kv = s.kv_head_count * s.head_dim
+        items["autocast weight copies"] = (2 * width * width + 2 * width * kv + 2 * width * hidden) * c
     items["attention accumulator"] = attention.get("fp32 accumulator", 0)
     if attention.get(KEPT_COMM):
         items[KEPT_COMM] = attention[KEPT_COMM]
@@ -273,7 +275,8 @@ def _training_phases(s: Problem, common: dict[str, int], attention: dict[str, in
         "comm buffers", "all-to-all copies", "head-shard q, k, v, out"))
     att = kept(_Phase("last block's backward (attention)" if model else "block backward (attention)", common), attention_half)
     att.update(states.forward).update(states.backward)
-    transients = 2 * residual + 3 * tokens * width * c + core_backward
+    packed_qkv = (width + 2 * s.kv_head_count * s.head_dim) * tokens * c  # the in-projection's output gradient
+    transients = 2 * residual + packed_qkv + core_backward
     att.add("residual gradients, packed dq/dk/dv, attention gradients and scratch", transients)
     phases.append(att)
     if model:  # the backward's end: every gradient made, only the first block's saved set left

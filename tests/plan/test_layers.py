@@ -47,6 +47,8 @@ CASES = [
     dict(target="model", layers=2, vocab_size=2048, amp="bf16", checkpointing=True),
     dict(target="model", layers=3, vocab_size=256, checkpointing=True),  # peaks in a recomputed block
     dict(target="model", layers=2, vocab_size=2048, mode="fwd"),
+    dict(target="layer", kv_heads=1),  # MQA: k, v, rotated k at one head's width
+    dict(target="model", layers=2, vocab_size=2048, kv_heads=1, amp="bf16"),
 ]
 
 
@@ -100,6 +102,8 @@ def test_parameters_match_the_module():
 
     block = DilatedTransformerBlock(96, 4, segment_lengths=[64], dilation_rates=[1], mlp_ratio=2.0)
     assert sum(p.numel() for p in block.parameters()) == block_parameters(96, 2.0)
+    gqa = DilatedTransformerBlock(96, 4, segment_lengths=[64], dilation_rates=[1], mlp_ratio=2.0, num_kv_heads=2)
+    assert sum(p.numel() for p in gqa.parameters()) == block_parameters(96, 2.0, kv_width=48)
 
 
 def test_plan_solves_longest_trainable_sequence_and_checkpointing_extends_it():
