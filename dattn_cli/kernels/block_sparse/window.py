@@ -2,9 +2,10 @@
 
 The banded executor: query rows in chunks of `c` (16 .. 64); a chunk's keys are one contiguous slice (its rows' windows
 together), so every query's whole window is in one dense call: no merge, and work O(N·(c + left + right))
-(c is at most the window, so O(N x window)). One autograd boundary: forward keeps only out and lse, backward
-recomputes each chunk's probabilities from lse (as FlashAttention does), so memory stays O(N) besides one
-chunk's scores. Scores in fp32 (fp64 for fp64 inputs); a query with no key outputs 0 with lse -inf.
+(c is at most the window, so O(N x window)). The autograd boundary is the engine's (BandAttention): forward
+keeps only out and lse, backward recomputes each chunk's probabilities from lse (as FlashAttention does), so
+memory stays O(N) besides one chunk's scores. Scores in fp32 (fp64 for fp64 inputs); a query with no key
+outputs 0 with lse -inf.
 
 Positions are global: q row i is position q_start + i, k row j is position k_start + j (a rank of the
 ring form passes its shard with the halo rows around it, halo.py).
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..heads import expand_kv, reduce_kv
+from ..engine import block_attention
 
 # Query rows per chunk: the window's width, between 16 and 64. Measured (N=4096, H=8, D=64, fp32, this CPU): a window
 # of 64 each side ran fastest at 64 rows (fwd 40 ms; 512 rows: 114 ms), one of 256 each side at 64 rows too (62 ms;
@@ -107,31 +108,32 @@ def window_backward(dout, q, k, v, out, lse, key_pad, window: Window):
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-class SlidingWindowFunction(torch.autograd.Function):
-    """(q, k, v) heads first -> (out, lse); lse not differentiable. k, v at H_kv heads are repeated for the call and
-    again in backward (saved at their own heads), their gradients summed per kv head."""
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2).contiguous()
 
-    @staticmethod
-    def forward(ctx, q, k, v, key_pad, window: Window):
-        out, lse = window_forward(q, *expand_kv(k, v, q.shape[1], dim=1), key_pad, window)
-        ctx.save_for_backward(q, k, v, out, lse, key_pad)
-        ctx.window = window
-        ctx.mark_non_differentiable(lse)
-        return out, lse
 
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, key_pad = ctx.saved_tensors
-        dq, dk, dv = window_backward(dout, q, *expand_kv(k, v, q.shape[1], dim=1), out, lse, key_pad, ctx.window)
-        return dq, reduce_kv(dk, k.shape[1], dim=1), reduce_kv(dv, v.shape[1], dim=1), None, None
+@dataclass(frozen=True)
+class BandAttention:
+    """The banded executor behind the engine's autograd boundary (engine.block_attention): forward and backward
+    on (B, N, H, D) like BlockAttention, so GQA's repetition of K/V, the saved tensors and the lse stay the
+    engine's. K may hold more rows than q (the halo of the ring form)."""
+
+    window: Window
+
+    def forward(self, q, k, v, key_pad=None) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = window_forward(*(_heads_first(x) for x in (q, k, v)), key_pad, self.window)
+        return out.transpose(1, 2), lse.transpose(1, 2)
+
+    def backward(self, dout, q, k, v, out, lse, key_pad=None) -> tuple[torch.Tensor, ...]:
+        heads_first = [_heads_first(x) for x in (dout, q, k, v, out)]
+        grads = window_backward(*heads_first, lse.transpose(1, 2), key_pad, self.window)
+        return tuple(g.transpose(1, 2) for g in grads)
 
 
 def sliding_window_attention(q, k, v, key_pad, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
     """q (B, M, H, D), k, v (B, K, H or H_kv, D), key_pad (B, K) or None -> out (B, M, H, D), lse (B, M, H)
     float32/64."""
-    t = lambda x: x.transpose(1, 2).contiguous()  # noqa: E731
-    out, lse = SlidingWindowFunction.apply(t(q), t(k), t(v), key_pad, window)
-    return out.transpose(1, 2), lse.transpose(1, 2)
+    return block_attention(q, k, v, key_pad, BandAttention(window))
 
 
 def window_pairs(seq_len: int, left: int, right: int, causal: bool) -> int:
