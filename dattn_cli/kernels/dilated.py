@@ -19,7 +19,7 @@ from torch import nn
 from .backends import BlockCall, check_backend, resolve_backend
 from .cache import PatternCache, get_global_pattern_cache
 from .chunks import SEQUENCE_CHUNK_ELEMENTS, ChunkedAttention, chunk_bounds, chunk_length
-from .documents import attend_documents, document_spans
+from .documents import attend_documents
 from .heads import expand_kv
 from .engine import BlockAttention, IndexAccess, RowAccess, ViewAccess, block_attention
 from .pattern import Block, pair_blocks, validate_pattern
@@ -158,9 +158,9 @@ class _DilatedAttentionBase(AttentionCore):
         cu_seqlens: packed documents in q, k, v (1, T, H, D), each attended on its own (kernels/documents.py).
         """
         if cu_seqlens is not None:
-            spans = document_spans(cu_seqlens, q.shape[1], q.shape[0])
             return attend_documents(lambda *x: self.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3],
-                                                                     head_range=head_range), q, k, v, key_padding_mask, spans)
+                                                                     head_range=head_range), q, k, v, key_padding_mask,
+                                    cu_seqlens)
         check_qkv(q, k, v)
         check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[1], q.device)
         if torch.compiler.is_compiling() and not (self.training and self.dropout > 0):
@@ -202,9 +202,9 @@ class _DilatedAttentionBase(AttentionCore):
         """The dense reference of what this module computes (docs/semantics.md), differentiable; with
         cu_seqlens, one reference per document."""
         if cu_seqlens is not None:
-            spans = document_spans(cu_seqlens, q.shape[1], q.shape[0])
             return attend_documents(lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3],
-                                                              compute_dtype=compute_dtype), q, k, v, key_padding_mask, spans)
+                                                              compute_dtype=compute_dtype), q, k, v, key_padding_mask,
+                                    cu_seqlens)
         return dilated_attention_reference(
             q, k, v, self.segment_lengths, self.dilation_rates, is_causal, self.semantics, self.scale,
             key_padding_mask=key_padding_mask, compute_dtype=compute_dtype,

@@ -48,8 +48,9 @@ def offsets(lengths: Sequence[int], device: torch.device | str | None = None) ->
 
 
 def attend_documents(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     key_padding_mask: torch.Tensor | None, spans: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+                     key_padding_mask: torch.Tensor | None, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of `call(q, k, v, key_padding_mask)` on each document's rows, concatenated in order."""
+    spans = document_spans(cu_seqlens, q.shape[1], q.shape[0])
     if spans == [(0, q.shape[1])]:
         return call(q, k, v, key_padding_mask)
     outs, lses = [], []

@@ -28,8 +28,8 @@ from ..distributed.comm import CommStats, check_consistent, group_rank_size
 from ..dilated import AttentionCore
 from ..engine import BlockAttention, ViewAccess, block_attention
 from ..reference import block_sparse_reference, sliding_window_reference
-from ..documents import attend_documents, document_spans, whole_sequence
-from ..distributed.documents import check_documents, sharded_documents
+from ..documents import attend_documents, whole_sequence
+from ..distributed.documents import sharded_documents
 from ..heads import expand_kv, kv_group
 from ..validation import check_key_padding_mask, check_qkv
 from .flex import flex_block_mask, flex_compiles_on, flex_forward
@@ -136,9 +136,9 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         """The dense reference with this module's block table (whole sequence), differentiable; with cu_seqlens
         one reference per document, each with its own length's table."""
         if cu_seqlens is not None:
-            spans = document_spans(cu_seqlens, q.shape[1], q.shape[0])
             return attend_documents(lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3],
-                                                              compute_dtype=compute_dtype), q, k, v, key_padding_mask, spans)
+                                                              compute_dtype=compute_dtype), q, k, v, key_padding_mask,
+                                    cu_seqlens)
         if self.pattern.name == "sliding_window":
             return sliding_window_reference(q, k, v, *self.pattern.token_window, is_causal, self.scale,
                                             key_padding_mask=key_padding_mask, compute_dtype=compute_dtype)
@@ -205,14 +205,13 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             return self._forward(*x[:3], is_causal, x[3], need_lse=True, local=True)
         _, world = group_rank_size(self.process_group)
         if world == 1:
-            return attend_documents(call, q, k, v, key_padding_mask, document_spans(cu_seqlens, q.shape[1], q.shape[0]))
+            return attend_documents(call, q, k, v, key_padding_mask, cu_seqlens)
         if whole_sequence(cu_seqlens, q.shape[1] * world):  # one document: the ring form as it is
             return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=True)
         config = f"{self.pattern}|{is_causal}|{k.shape[2]}|{key_padding_mask is not None}|documents"
         check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
-        check_documents(self.process_group, type(self).__name__, cu_seqlens, q.device)
-        self.stats.call()
-        return sharded_documents(call, q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats)
+        return sharded_documents(call, q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats,
+                                 type(self).__name__)
 
     def _real_length(self, seq_len: int | None, padded: int, masked: bool) -> int:
         if seq_len is None:

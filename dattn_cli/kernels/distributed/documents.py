@@ -69,20 +69,23 @@ def _crossing_pieces(spans: list[tuple[int, int]], shard: int, world: int) -> li
     return pieces
 
 
-def check_documents(group, name: str, cu_seqlens: torch.Tensor, device: torch.device) -> None:
-    """Every rank must pass the same cu_seqlens: checked on every call (one small all_gather), and not remembered
+def check_documents(group, name: str, spans: list[tuple[int, int]], device: torch.device) -> None:
+    """Every rank must pass the same documents: checked on every call (one small all_gather), and not remembered
     by the module (the boundaries change from batch to batch: a remembered set would only grow)."""
-    digest = hashlib.sha1(str([int(x) for x in cu_seqlens.tolist()]).encode()).hexdigest()
-    check_consistent(group, name, tuple(cu_seqlens.shape), cu_seqlens.dtype, f"documents {digest}", device)
+    digest = hashlib.sha1(str(spans).encode()).hexdigest()
+    check_consistent(group, name, (len(spans),), torch.int64, f"documents {digest}", device)
 
 
 def sharded_documents(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       key_padding_mask: torch.Tensor | None, cu_seqlens: torch.Tensor, group,
-                      stats: CommStats) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of this rank's shard of the packed documents; `call` attends one whole document locally."""
+                      stats: CommStats, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of this rank's shard of the packed documents (every rank's cu_seqlens checked the same; the
+    module's call counted); `call` attends one whole document locally."""
     rank, world = group_rank_size(group)
     shard = q.shape[1]
     spans = document_spans(cu_seqlens, shard * world, q.shape[0])
+    check_documents(group, name, spans, q.device)
+    stats.call()
     pieces = _crossing_pieces(spans, shard, world)
     base = rank * shard
     local_rows = lambda a, b: slice(a - base, b - base)  # noqa: E731

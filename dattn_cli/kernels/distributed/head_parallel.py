@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ..heads import kv_group
 from ..validation import check_key_padding_mask, check_qkv
 from .comm import CommStats, DistributedAttention, check_consistent, group_rank_size
+from ..documents import document_spans
 from .documents import check_documents
 
 
@@ -98,7 +99,8 @@ class HeadParallelDilatedAttention(DistributedAttention):
         check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device,
                          owner=self)
         if cu_seqlens is not None:
-            check_documents(self.process_group, type(self).__name__, cu_seqlens, q.device)
+            check_documents(self.process_group, type(self).__name__, document_spans(cu_seqlens, length * world, batch),
+                            q.device)
         self.stats.call()
         group, stats = self.process_group, self.stats
         qh, kh, vh = (_AllToAll.apply(x, True, group, stats) for x in (q, k, v))

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ..backends import BACKENDS
 from ..documents import whole_sequence
-from .documents import check_documents, sharded_documents
+from .documents import sharded_documents
 from .comm import DistributedAttention, check_consistent, group_rank_size
 from ..heads import KVHeadSet, kv_group
 from ..engine import BlockAttention, ViewAccess, block_attention
@@ -266,10 +266,9 @@ class SequenceParallelBase(DistributedAttention):
         config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{k.shape[2]}|"
                   f"{key_padding_mask is not None}|{self.attention.dropout}|{self.training}|documents")
         check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
-        check_documents(self.process_group, type(self).__name__, cu_seqlens, q.device)
-        self.stats.call()
         return sharded_documents(lambda *x: self.attention.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3]),
-                                 q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats)
+                                 q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats,
+                                 type(self).__name__)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
