@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from ..distributed.comm import CommStats
+from ..distributed.comm import CommStats, post_exchange
 
 TAG_HALO, TAG_HALO_GRAD = 41, 42
 
@@ -110,10 +109,6 @@ def _unpack(buffer: torch.Tensor, like: torch.Tensor, rows: int, masked: bool):
 
 
 def _exchange(sends: dict, receives: dict, group, stats: CommStats, tag: int, phase: str) -> None:
-    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
-    ops = [dist.P2POp(dist.isend, buf.contiguous(), peer(r), group, tag) for r, buf in sends.items()]
-    ops += [dist.P2POp(dist.irecv, buf, peer(r), group, tag) for r, buf in receives.items()]
-    size = lambda bufs: sum(b.numel() * b.element_size() for b in bufs.values())  # noqa: E731
-    stats.add(phase, size(sends), size(receives))
-    for work in dist.batch_isend_irecv(ops) if ops else []:
+    sends = {r: buf.contiguous() for r, buf in sends.items()}
+    for work in post_exchange(sends, receives, group, stats, tag, phase):
         work.wait()

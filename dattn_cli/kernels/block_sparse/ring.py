@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from ..distributed.comm import CommStats
+from ..distributed.comm import CommStats, post_exchange
 from ..engine import BlockAttention
 from ..heads import KVHeadSet
 from .gather import Part, _block_rows, _heads_first, attend_parts, attend_parts_backward, plan_parts
@@ -72,15 +71,8 @@ class BlockSparseExchange:
         self.kv_group = kv_group  # GQA: K/V and their shares travel at the kv heads (kernels/heads.py)
         self.received: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
 
-    def _peer(self, rank: int) -> int:
-        return rank if self.group is None else dist.get_global_rank(self.group, rank)
-
     def _post(self, sends: dict[int, torch.Tensor], receives: dict[int, torch.Tensor], tag: int, phase: str):
-        ops = [dist.P2POp(dist.isend, buf, self._peer(r), self.group, tag) for r, buf in sends.items()]
-        ops += [dist.P2POp(dist.irecv, buf, self._peer(r), self.group, tag) for r, buf in receives.items()]
-        size = lambda bufs: sum(b.numel() * b.element_size() for b in bufs.values())  # noqa: E731
-        self.stats.add(phase, size(sends), size(receives))
-        return dist.batch_isend_irecv(ops) if ops else []
+        return post_exchange(sends, receives, self.group, self.stats, tag, phase)
 
     def _heads(self, heads: int) -> KVHeadSet:
         return KVHeadSet(0, 1, heads, self.kv_group)

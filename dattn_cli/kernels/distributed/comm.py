@@ -52,6 +52,18 @@ class CommStats:
             return dict(self.counts)
 
 
+def post_exchange(sends: dict[int, torch.Tensor], receives: dict[int, torch.Tensor], group, stats: "CommStats",
+                  tag: int, phase: str) -> list:
+    """Post point-to-point sends to and receives from ranks of `group` (batch_isend_irecv), their bytes counted
+    in `stats`; the works to wait on."""
+    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+    ops = [dist.P2POp(dist.isend, buf, peer(r), group, tag) for r, buf in sends.items()]
+    ops += [dist.P2POp(dist.irecv, buf, peer(r), group, tag) for r, buf in receives.items()]
+    size = lambda bufs: sum(b.numel() * b.element_size() for b in bufs.values())  # noqa: E731
+    stats.add(phase, size(sends), size(receives))
+    return dist.batch_isend_irecv(ops) if ops else []
+
+
 DEBUG_CONSISTENCY = "DATTN_DEBUG_CONSISTENCY"
 
 
