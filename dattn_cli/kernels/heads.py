@@ -13,6 +13,7 @@ over each group and land on the representative head (the group's sum is what aut
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -61,23 +62,23 @@ class KVHeadSet:
     count: int
     group: int = 1
 
-    @property
+    @cached_property
     def _kv(self) -> list[int]:
         return [(self.first + i * self.step) // self.group for i in range(self.count)]
 
-    @property
+    @cached_property
     def keep(self) -> list[int]:
         seen: dict[int, int] = {}
         for i, j in enumerate(self._kv):
             seen.setdefault(j, i)
         return list(seen.values())
 
-    @property
+    @cached_property
     def spread(self) -> list[int]:
         order = {j: n for n, j in enumerate(dict.fromkeys(self._kv))}
         return [order[j] for j in self._kv]
 
-    @property
+    @cached_property
     def kv_count(self) -> int:
         return len(set(self._kv))
 

@@ -17,7 +17,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..heads import kv_group
+from ..heads import expand_kv, kv_group
 from ..validation import check_key_padding_mask, check_qkv
 from .comm import CommStats, DistributedAttention, check_consistent, group_rank_size
 from ..documents import document_spans
@@ -60,12 +60,8 @@ def _exchange(x: torch.Tensor, to_heads: bool, group, stats: CommStats, phase: s
 def spread_kv_heads(k: torch.Tensor, v: torch.Tensor, heads: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     """GQA: K/V with H_kv heads as lcm(H_kv, p) heads (each kv head repeated as often as needed), so that the
     all-to-all hands every rank the kv heads of its H/p query heads; as they are when p divides H_kv."""
-    kv_heads = k.shape[2]
-    kv_group(heads, kv_heads)
-    spread = math.lcm(kv_heads, world)  # divides H: p and H_kv both do
-    if spread == kv_heads:
-        return k, v
-    return k.repeat_interleave(spread // kv_heads, dim=2), v.repeat_interleave(spread // kv_heads, dim=2)
+    kv_group(heads, k.shape[2])
+    return expand_kv(k, v, math.lcm(k.shape[2], world))  # lcm divides H: p and H_kv both do
 
 
 class HeadParallelDilatedAttention(DistributedAttention):

@@ -16,6 +16,7 @@ Other shard lengths would split a segment unevenly over ranks; they are refused 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -44,7 +45,7 @@ class SpanningPair:
     sets: tuple[tuple[int, int, int, int], ...]  # (offset, head_start, head_step, heads) per head set
     kv_group: int = 1  # query heads per kv head (GQA): K/V travel at the kv heads (heads.py)
 
-    @property
+    @cached_property
     def kv_sets(self) -> tuple[KVHeadSet, ...]:
         """Per head set, its kv heads: what is packed, and how the receiver repeats them."""
         return tuple(KVHeadSet(h0, step, count, self.kv_group) for _, h0, step, count in self.sets)
@@ -312,7 +313,8 @@ def attend_member_backward(
         k_rows, v_rows, mask = kv
         kv_heads = plan.kv_sets[set_index]
         if q_block is None:  # no local query in this head set: member's rows get a zero share
-            shares.append((kv_heads.reduce(torch.zeros_like(k_rows), 1), kv_heads.reduce(torch.zeros_like(v_rows), 1)))
+            zeros = k_rows.new_zeros((k_rows.shape[0], kv_heads.kv_count, *k_rows.shape[2:]))
+            shares.append((zeros, zeros.clone()))
             continue
         qb, dob, ob = (attention.access.gather(x, q_block).transpose(1, 2) for x in (q, dout, out))
         lb = attention.access.gather(lse, q_block).transpose(1, 2)
