@@ -12,13 +12,16 @@ from dattn_cli.workload import Problem
 CONFIGS = [([512, 1024, 2048], [1, 2, 4], 2048), ([512, 2048], [1, 2], 2048), ([256, 1024], [2, 4], 1024)]
 
 
-def live_peak(impl, n, mode, segs, rates):
+def module_peak(module, n, mode, kv_heads=8, **call):
+    """Peak live tensor bytes of module(q, k, v, **call) (and its backward for fwdbwd), inputs included: q of 8
+    heads of 64, k and v of `kv_heads`; module None: torch's scaled_dot_product_attention."""
     reset_global_memory_pool()
-    module = None if impl == "sdpa" else REGISTRY[impl].cls(segs, rates)
     with LiveTensorBytes() as tracker:
-        q, k, v = (torch.randn(1, n, 8, 64, requires_grad=mode == "fwdbwd") for _ in range(3))
+        q = torch.randn(1, n, 8, 64, requires_grad=mode == "fwdbwd")
+        k, v = (torch.randn(1, n, kv_heads, 64, requires_grad=mode == "fwdbwd") for _ in range(2))
         t = lambda a: a.transpose(1, 2)  # noqa: E731
-        run = (lambda: t(F.scaled_dot_product_attention(t(q), t(k), t(v)))) if impl == "sdpa" else (lambda: module(q, k, v))
+        run = (lambda: t(F.scaled_dot_product_attention(t(q), t(k), t(v)))) if module is None else (
+            lambda: module(q, k, v, **call))
         if mode == "fwd":
             with torch.no_grad():
                 run()
@@ -26,6 +29,10 @@ def live_peak(impl, n, mode, segs, rates):
             out = run()
             out.backward(torch.ones_like(out))
     return tracker.peak
+
+
+def live_peak(impl, n, mode, segs, rates):
+    return module_peak(None if impl == "sdpa" else REGISTRY[impl].cls(segs, rates), n, mode)
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
@@ -101,18 +108,9 @@ def test_chunked_calls_match_live_tensor_bytes(monkeypatch, impl, mode):
     model = estimate_memory(problem)
     assert any(name.startswith("one chunk of 1,024 positions") for name in model.items), model.items
     tensors = model.total - sum(v for name, v in model.items.items() if name.endswith("kernel workspace"))
-    reset_global_memory_pool()
-    module = REGISTRY[impl].cls(segs, rates, sequence_chunk_elements=limit)
-    with LiveTensorBytes() as tracker:
-        q, k, v = (torch.randn(1, n, 8, 64, requires_grad=mode == "fwdbwd") for _ in range(3))
-        if mode == "fwd":
-            with torch.no_grad():
-                module(q, k, v)
-        else:
-            out = module(q, k, v)
-            out.backward(torch.ones_like(out))
-    assert abs(tensors - tracker.peak) <= 0.12 * tracker.peak, (tensors, tracker.peak)
-    assert tracker.peak < live_peak(impl, n, mode, segs, rates)  # the point of chunks
+    peak = module_peak(REGISTRY[impl].cls(segs, rates, sequence_chunk_elements=limit), n, mode)
+    assert abs(tensors - peak) <= 0.12 * peak, (tensors, peak)
+    assert peak < live_peak(impl, n, mode, segs, rates)  # the point of chunks
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
@@ -122,38 +120,20 @@ def test_packed_documents_match_live_tensor_bytes(documents, mode):
     set. Measured here within -11% .. +28% (the ragged long document's working set is overestimated)."""
     from dattn_cli.kernels.documents import offsets
 
-    reset_global_memory_pool()
     module = REGISTRY["ImprovedDilatedAttention"].cls([2048, 4096, 8192], [1, 2, 4])
-    with LiveTensorBytes() as tracker:
-        q, k, v = (torch.randn(1, sum(documents), 8, 64, requires_grad=mode == "fwdbwd") for _ in range(3))
-        if mode == "fwd":
-            with torch.no_grad():
-                module(q, k, v, cu_seqlens=offsets(documents))
-        else:
-            out = module(q, k, v, cu_seqlens=offsets(documents))
-            out.backward(torch.ones_like(out))
+    peak = module_peak(module, sum(documents), mode, cu_seqlens=offsets(documents))
     model = estimate_memory(Problem(seq_len=sum(documents), documents=documents, mode=mode))
     tensors = model.total - sum(v for name, v in model.items.items() if "workspace" in name)
-    assert 0.85 * tracker.peak <= tensors <= 1.3 * tracker.peak, (tensors, tracker.peak)
+    assert 0.85 * peak <= tensors <= 1.3 * peak, (tensors, peak)
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_gqa_items_match_live_tensor_bytes(kv_heads, mode):
     """k, v at the kv heads, their repeated copies while the call runs, the kv-head dk, dv: within 6% here."""
-    reset_global_memory_pool()
     segs, rates = [512, 1024, 2048], [1, 2, 4]
-    module = REGISTRY["ImprovedDilatedAttention"].cls(segs, rates)
-    with LiveTensorBytes() as tracker:
-        q = torch.randn(1, 2048, 8, 64, requires_grad=mode == "fwdbwd")
-        k, v = (torch.randn(1, 2048, kv_heads, 64, requires_grad=mode == "fwdbwd") for _ in range(2))
-        if mode == "fwd":
-            with torch.no_grad():
-                module(q, k, v)
-        else:
-            out = module(q, k, v)
-            out.backward(torch.ones_like(out))
+    peak = module_peak(REGISTRY["ImprovedDilatedAttention"].cls(segs, rates), 2048, mode, kv_heads=kv_heads)
     model = estimate_memory(Problem(seq_len=2048, kv_heads=kv_heads, mode=mode, segment_lengths=segs,
                                     dilation_rates=rates))
     tensors = model.total - model.items.get("kernel workspace", 0)
-    assert abs(tensors - tracker.peak) <= 0.12 * tracker.peak, (tensors, tracker.peak)
+    assert abs(tensors - peak) <= 0.12 * peak, (tensors, peak)
