@@ -2,7 +2,7 @@
 H % H_kv == 0, query head h attending with kv head h // (H / H_kv) (flash-attn's convention).
 
 Every implementation computes on K/V repeated to H heads (`expand_kv`), as transformers' `repeat_kv` does, but
-inside its autograd boundary (engine.DilatedAttentionFunction, window.SlidingWindowFunction): the repeated copies
+inside its autograd boundary (engine.DilatedAttentionFunction, which the sliding window uses too): the repeated copies
 exist only while a call runs (made again in backward), the kv-head K/V are what is saved between forward and
 backward, and the gradients of each group are summed into its kv head there (`reduce_kv`).
 What moves between ranks stays at the kv heads: an exchange packs one representative query head per kv
