@@ -39,13 +39,18 @@ class Spinners:
     def pids(self) -> list[int]:
         return [p.pid for p in self._running]
 
-    def start(self) -> "Spinners":
+    def start(self) -> Spinners:
         try:
             for _ in range(self.procs):
-                self._running.append(subprocess.Popen(
-                    [sys.executable, "-c", SPIN, str(self.deadline_s), str(os.getpid())],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    start_new_session=True))
+                self._running.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", SPIN, str(self.deadline_s), str(os.getpid())],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
         except BaseException:
             self.stop()
             raise
@@ -65,7 +70,7 @@ class Spinners:
                 proc.kill()
                 proc.wait()
 
-    def __enter__(self) -> "Spinners":
+    def __enter__(self) -> Spinners:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -104,7 +109,7 @@ class Intermittent:
         while not self._stop.is_set():
             self._cycle()
 
-    def start(self) -> "Intermittent":
+    def start(self) -> Intermittent:
         self._thread = threading.Thread(target=self._run, name="intermittent-load", daemon=True)
         self._thread.start()
         return self
@@ -118,7 +123,7 @@ class Intermittent:
                 self._current.stop()
                 self._current = None
 
-    def __enter__(self) -> "Intermittent":
+    def __enter__(self) -> Intermittent:
         return self.start()
 
     def __exit__(self, *exc) -> None:

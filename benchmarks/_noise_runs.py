@@ -33,7 +33,7 @@ class Failed(Exception):
 
 def shown(cmd: list[str]) -> str:
     """The command as a user types it: `dattn ...` for `python -m dattn_cli ...`."""
-    words = ["dattn", *cmd[len(DATTN):]] if cmd[: len(DATTN)] == DATTN else cmd
+    words = ["dattn", *cmd[len(DATTN) :]] if cmd[: len(DATTN)] == DATTN else cmd
     return shlex.join(str(w) for w in words)
 
 
@@ -48,8 +48,9 @@ def run_logged(cmd: list[str], log: Path, timeout_s: float, env: dict | None = N
     with open(log, "ab") as sink:
         sink.write(f"$ {shown(cmd)}\n".encode())
         sink.flush()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
-                                env={**os.environ, **env} if env else None)
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, env={**os.environ, **env} if env else None
+        )
         try:
             return proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -112,10 +113,13 @@ def report_facts(path: Path) -> dict:
     and whether any point was flagged contended, throttled or noisy."""
     rows = point_rows(path)
     busy = [r["other_cpus"] for r in rows if r.get("other_cpus") is not None]
-    return {"other_cpus": round(max(busy), 2) if busy else None,
-            "contended": any(r.get("contended") for r in rows),
-            "throttled": any(r.get("throttled") for r in rows),
-            "noisy": sum(bool(r.get("noisy")) for r in rows), "points": len(rows)}
+    return {
+        "other_cpus": round(max(busy), 2) if busy else None,
+        "contended": any(r.get("contended") for r in rows),
+        "throttled": any(r.get("throttled") for r in rows),
+        "noisy": sum(bool(r.get("noisy")) for r in rows),
+        "points": len(rows),
+    }
 
 
 def statistical_exit(base: Path, new: Path, threshold_pct: float) -> int:
@@ -133,8 +137,9 @@ def statistical_exit(base: Path, new: Path, threshold_pct: float) -> int:
 class Runner:
     """Runs bench and compare for one script run; reports and logs go to `runs_dir`."""
 
-    def __init__(self, workload: list[str], common: list[str], runs_dir: Path, timeout_s: float,
-                 env: dict | None = None):
+    def __init__(
+        self, workload: list[str], common: list[str], runs_dir: Path, timeout_s: float, env: dict | None = None
+    ):
         """`workload`: --impl and --seq-len of the A/A runs; `common`: the options of every bench run; `env`:
         what every bench run's environment adds (e.g. OMP_NUM_THREADS)."""
         self.workload, self.common, self.runs_dir, self.timeout_s = workload, common, runs_dir, timeout_s

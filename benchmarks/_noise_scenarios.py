@@ -40,8 +40,10 @@ class Plan:
 
 def _points(data: dict) -> list[dict]:
     keep = ("impl", "seq_len", "ratio", "ci_low", "ci_high", "p_value", "verdict")
-    return [{**{k: p.get(k) for k in keep}, "flagged": "flagged noisy" in (p.get("note") or "")}
-            for p in data.get("points", [])]
+    return [
+        {**{k: p.get(k) for k in keep}, "flagged": "flagged noisy" in (p.get("note") or "")}
+        for p in data.get("points", [])
+    ]
 
 
 def _load_named(data: dict) -> bool:
@@ -50,8 +52,14 @@ def _load_named(data: dict) -> bool:
 
 
 def _compared(code: int, data: dict) -> dict:
-    return {"exit_code": code, "verdict": data.get("verdict"), "comparable": data.get("comparable"),
-            "load_named": _load_named(data), "warnings": data.get("warnings", []), "points": _points(data)}
+    return {
+        "exit_code": code,
+        "verdict": data.get("verdict"),
+        "comparable": data.get("comparable"),
+        "load_named": _load_named(data),
+        "warnings": data.get("warnings", []),
+        "points": _points(data),
+    }
 
 
 def pair_aa(runner: Runner, plan: Plan, scenario: str, i: int) -> dict:
@@ -60,9 +68,14 @@ def pair_aa(runner: Runner, plan: Plan, scenario: str, i: int) -> dict:
     load = Spinners(plan.load_procs, plan.load_deadline_s) if scenario == "loaded" else None
     commands = [runner.bench(base), runner.bench(new, load=load)]
     code, data, cmd = runner.compare(base, new, f"{scenario}-{i}", plan.threshold)
-    record = {"scenario": scenario, "pair": i, **_compared(code, data),
-              "exit_code_unflagged": statistical_exit(base, new, plan.threshold), "commands": commands + [cmd],
-              "facts": {"base": report_facts(base), "new": report_facts(new)}}
+    record = {
+        "scenario": scenario,
+        "pair": i,
+        **_compared(code, data),
+        "exit_code_unflagged": statistical_exit(base, new, plan.threshold),
+        "commands": commands + [cmd],
+        "facts": {"base": report_facts(base), "new": report_facts(new)},
+    }
     if load is not None:
         record["load"] = {"kind": "steady", "procs": plan.load_procs, "side": "new"}
     return record
@@ -92,17 +105,29 @@ def pair_slowdown(runner: Runner, plan: Plan, i: int) -> dict:
     flagged = any(f["contended"] or f["throttled"] for f in facts.values())
     code, data = results["slow"]
     small_code, small_data = results["small"]
-    return {"scenario": "slowdown", "pair": i, **_compared(code, data),
-            "comparable": bool(data.get("comparable")) and not flagged, "slowdown_pct": plan.slowdown,
-            "small_slowdown_pct": plan.small_slowdown, "small_exit_code": small_code,
-            "small_verdict": small_data.get("verdict"), "small_points": _points(small_data),
-            "exit_code_unflagged": unflagged["slow"], "small_exit_code_unflagged": unflagged["small"],
-            "commands": commands, "facts": facts}
+    return {
+        "scenario": "slowdown",
+        "pair": i,
+        **_compared(code, data),
+        "comparable": bool(data.get("comparable")) and not flagged,
+        "slowdown_pct": plan.slowdown,
+        "small_slowdown_pct": plan.small_slowdown,
+        "small_exit_code": small_code,
+        "small_verdict": small_data.get("verdict"),
+        "small_points": _points(small_data),
+        "exit_code_unflagged": unflagged["slow"],
+        "small_exit_code_unflagged": unflagged["small"],
+        "commands": commands,
+        "facts": facts,
+    }
 
 
 def _ratio(rows: list[dict], plan: Plan) -> float | None:
-    times = {r["impl"]: r.get("time_ms") for r in rows if r.get("seq_len") == plan.interleave_seq_len
-             and r.get("status") == "ok"}
+    times = {
+        r["impl"]: r.get("time_ms")
+        for r in rows
+        if r.get("seq_len") == plan.interleave_seq_len and r.get("status") == "ok"
+    }
     a, b = times.get(plan.impl_a), times.get(plan.impl_b)
     return a / b if a and b else None
 
@@ -135,12 +160,27 @@ def pair_interleave(runner: Runner, plan: Plan, i: int) -> dict:
         outcome = "within"
     else:
         outcome = "flagged" if flags else "shifted"
-    return {"scenario": "interleave", "pair": i, "ratio_quiet": r_quiet, "ratio_loaded": r_loaded,
-            "shift": shift, "outcome": outcome, "flagged": bool(flags), "flag_kind": kind, "flags": flags,
-            "reference_flags": _flags(quiet_rows), "commands": commands,
-            "facts": {"quiet": report_facts(quiet), "loaded": report_facts(loaded)},
-            "load": {"kind": "intermittent", "procs": plan.load_procs, "on_s": plan.load_on_s,
-                     "off_s": plan.load_off_s, "cycles": load.cycles}}
+    return {
+        "scenario": "interleave",
+        "pair": i,
+        "ratio_quiet": r_quiet,
+        "ratio_loaded": r_loaded,
+        "shift": shift,
+        "outcome": outcome,
+        "flagged": bool(flags),
+        "flag_kind": kind,
+        "flags": flags,
+        "reference_flags": _flags(quiet_rows),
+        "commands": commands,
+        "facts": {"quiet": report_facts(quiet), "loaded": report_facts(loaded)},
+        "load": {
+            "kind": "intermittent",
+            "procs": plan.load_procs,
+            "on_s": plan.load_on_s,
+            "off_s": plan.load_off_s,
+            "cycles": load.cycles,
+        },
+    }
 
 
 # --- summaries ---------------------------------------------------------------------------------------------
@@ -161,8 +201,13 @@ def _share(count: int, total: int) -> str:
 
 def _alarm_target(name: str, alarms: int, total: int) -> dict:
     rate = _rate(alarms, total)
-    return _target(name, f"exit 1 in <= {FALSE_ALARM_MAX:.0%} of pairs", rate,
-                   None if rate is None else rate <= FALSE_ALARM_MAX, _share(alarms, total))
+    return _target(
+        name,
+        f"exit 1 in <= {FALSE_ALARM_MAX:.0%} of pairs",
+        rate,
+        None if rate is None else rate <= FALSE_ALARM_MAX,
+        _share(alarms, total),
+    )
 
 
 def _slowdown_targets(done: list[dict]) -> tuple[dict, list[dict]]:
@@ -171,14 +216,24 @@ def _slowdown_targets(done: list[dict]) -> tuple[dict, list[dict]]:
     rate = _rate(detected, len(comparable))
     small = sum(r.get("small_exit_code") == 1 for r in done)
     pct, small_pct = done[0]["slowdown_pct"], done[0]["small_slowdown_pct"]
-    figures = {"comparable": len(comparable), "detected": detected,
-               "detected_all": sum(r["exit_code"] == 1 for r in done),
-               "detected_unflagged": sum(r.get("exit_code_unflagged") == 1 for r in done),
-               "small_alarms_unflagged": sum(r.get("small_exit_code_unflagged") == 1 for r in done),
-               "small_exit_codes": dict(Counter(str(r.get("small_exit_code")) for r in done))}
-    targets = [_target(f"{pct:g}% slowdown detected", f"exit 1 in >= {DETECTION_MIN:.0%} of comparable pairs",
-                       rate, None if rate is None else rate >= DETECTION_MIN, _share(detected, len(comparable))),
-               _alarm_target(f"{small_pct:g}% change (below threshold) flagged", small, len(done))]
+    figures = {
+        "comparable": len(comparable),
+        "detected": detected,
+        "detected_all": sum(r["exit_code"] == 1 for r in done),
+        "detected_unflagged": sum(r.get("exit_code_unflagged") == 1 for r in done),
+        "small_alarms_unflagged": sum(r.get("small_exit_code_unflagged") == 1 for r in done),
+        "small_exit_codes": dict(Counter(str(r.get("small_exit_code")) for r in done)),
+    }
+    targets = [
+        _target(
+            f"{pct:g}% slowdown detected",
+            f"exit 1 in >= {DETECTION_MIN:.0%} of comparable pairs",
+            rate,
+            None if rate is None else rate >= DETECTION_MIN,
+            _share(detected, len(comparable)),
+        ),
+        _alarm_target(f"{small_pct:g}% change (below threshold) flagged", small, len(done)),
+    ]
     return figures, targets
 
 
@@ -187,28 +242,46 @@ def _interleave_targets(done: list[dict]) -> tuple[dict, list[dict]]:
     counted = [r for r in done if r["outcome"] != "no ratio"]
     bad = outcomes["shifted"]
     shifts = [r["shift"] for r in counted]
-    figures = {"outcomes": dict(outcomes), "flag_kinds": dict(Counter(r.get("flag_kind") or "none" for r in done)),
-               "reference_flagged": sum(bool(r.get("reference_flags")) for r in done),
-               "median_ratio_quiet": statistics.median([r["ratio_quiet"] for r in counted]) if counted else None,
-               "max_abs_shift": max((abs(s) for s in shifts), default=None)}
+    figures = {
+        "outcomes": dict(outcomes),
+        "flag_kinds": dict(Counter(r.get("flag_kind") or "none" for r in done)),
+        "reference_flagged": sum(bool(r.get("reference_flags")) for r in done),
+        "median_ratio_quiet": statistics.median([r["ratio_quiet"] for r in counted]) if counted else None,
+        "max_abs_shift": max((abs(s) for s in shifts), default=None),
+    }
     goal = f"ratio within {RATIO_TOLERANCE:.0%} of quiet, or flagged, in every pair"
     holds = None if not counted else bad == 0
-    return figures, [_target("interleaved ratio under intermittent load", goal, _rate(bad, len(counted)), holds,
-                             f"{len(counted) - bad}/{len(counted)} ok ({outcomes['within']} within, "
-                             f"{outcomes['flagged']} flagged, {bad} shifted unflagged)")]
+    return figures, [
+        _target(
+            "interleaved ratio under intermittent load",
+            goal,
+            _rate(bad, len(counted)),
+            holds,
+            f"{len(counted) - bad}/{len(counted)} ok ({outcomes['within']} within, "
+            f"{outcomes['flagged']} flagged, {bad} shifted unflagged)",
+        )
+    ]
 
 
 def summarize(scenario: str, records: list[dict]) -> dict:
     """The scenario's summary record: pairs, errors, exit codes, figures and targets."""
     done = [r for r in records if "error" not in r]
-    summary = {"record": "summary", "scenario": scenario, "pairs": len(done), "errors": len(records) - len(done),
-               "exit_codes": dict(Counter(str(r["exit_code"]) for r in done if "exit_code" in r))}
+    summary = {
+        "record": "summary",
+        "scenario": scenario,
+        "pairs": len(done),
+        "errors": len(records) - len(done),
+        "exit_codes": dict(Counter(str(r["exit_code"]) for r in done if "exit_code" in r)),
+    }
     if not done:
         return {**summary, "figures": {}, "targets": [_target(scenario, "at least one pair", None, None, "0 pairs")]}
     if scenario in ("quiet", "loaded"):
         alarms = sum(r["exit_code"] == 1 for r in done)
-        figures = {"false_alarms": alarms, "false_alarms_unflagged": sum(r.get("exit_code_unflagged") == 1 for r in done),
-                   "exit_codes_unflagged": dict(Counter(str(r.get("exit_code_unflagged")) for r in done))}
+        figures = {
+            "false_alarms": alarms,
+            "false_alarms_unflagged": sum(r.get("exit_code_unflagged") == 1 for r in done),
+            "exit_codes_unflagged": dict(Counter(str(r.get("exit_code_unflagged")) for r in done)),
+        }
         if scenario == "loaded":
             figures["inconclusive_load_named"] = sum(r["exit_code"] == 3 and r["load_named"] for r in done)
         targets = [_alarm_target(f"A/A false alarms ({scenario})", alarms, len(done))]

@@ -18,9 +18,12 @@ from dattn_cli.bench import Sweep, SweepResult, run_sweep
 
 
 def add_resume_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the report given by --out: points already in it are not measured again "
-                             "(without --resume a report that already holds rows is refused)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the report given by --out: points already in it are not measured again "
+        "(without --resume a report that already holds rows is refused)",
+    )
 
 
 def add_deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, **kwargs) -> None:
@@ -31,8 +34,14 @@ def add_deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, **
             print(f"{parser.prog}: note: {old} is deprecated, use {new}", file=sys.stderr)
             setattr(namespace, self.dest, values)
 
-    parser.add_argument(old, dest=new.lstrip("-").replace("-", "_"), action=Renamed, default=argparse.SUPPRESS,
-                        help=argparse.SUPPRESS, **kwargs)
+    parser.add_argument(
+        old,
+        dest=new.lstrip("-").replace("-", "_"),
+        action=Renamed,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+        **kwargs,
+    )
 
 
 def new_report_path(stem: str, suffix: str = ".jsonl") -> Path:
@@ -45,7 +54,9 @@ def new_report_path(stem: str, suffix: str = ".jsonl") -> Path:
     return path
 
 
-def report_path(parser: argparse.ArgumentParser, out: Path | None, resume: bool, stem: str, option: str = "--out") -> Path:
+def report_path(
+    parser: argparse.ArgumentParser, out: Path | None, resume: bool, stem: str, option: str = "--out"
+) -> Path:
     """The report to write: `out`, or a new results/ file; --resume without a report to continue is an error."""
     if out is None:
         if resume:

@@ -37,16 +37,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-len", default="32k")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=None, help="JSONL report (default: a new results/block_sparse-<time>.jsonl)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="JSONL report (default: a new results/block_sparse-<time>.jsonl)"
+    )
     add_resume_option(parser)
-    parser.add_argument("--plot", type=Path, default=None, help="PNG of time against density (default: the report's name, .png)")
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="PNG of time against density (default: the report's name, .png)"
+    )
     parser.add_argument("--no-flex", action="store_true", help="skip the compiled FlexAttention point")
     args = parser.parse_args()
     out = report_path(parser, args.out, args.resume, "block_sparse")
     plot = args.plot or out.with_suffix(".png")
     n = parse_seq_lens(args.seq_len)[0]
-    common = dict(seq_lens=[n], mode="fwd", batch=1, heads=8, head_dim=64, warmup=1, repeat=args.repeat,
-                  max_memory=16 * 2**30, max_seconds=900.0, pattern="local", block_size=128)
+    common = dict(
+        seq_lens=[n],
+        mode="fwd",
+        batch=1,
+        heads=8,
+        head_dim=64,
+        warmup=1,
+        repeat=args.repeat,
+        max_memory=16 * 2**30,
+        max_seconds=900.0,
+        pattern="local",
+        block_size=128,
+    )
     report = Report(parser, out, args.resume, script_command())
     show = lambda r: print(f"  {r.impl} {r.pattern or 'dense'}: {r.status} {r.time_ms} ms", flush=True)  # noqa: E731
     configs = [Sweep(impls=["sdpa", IMPL], densities=DENSITIES, **common)]
@@ -59,10 +74,14 @@ def main() -> None:
     dense = next(r for r in rows if r.impl == "sdpa")
     auto = sorted((r for r in rows if r.impl == IMPL and "[" not in r.pattern), key=lambda r: r.element_density)
     flex = [r for r in rows if r.impl == IMPL and r.pattern.endswith("[flex]")]
-    print(f"\nN={n}, fwd, fp32: dense sdpa {dense.time_ms:.1f} ms (p10 {dense.time_ms_p10:.1f}, p90 {dense.time_ms_p90:.1f})")
+    print(
+        f"\nN={n}, fwd, fp32: dense sdpa {dense.time_ms:.1f} ms (p10 {dense.time_ms_p10:.1f}, p90 {dense.time_ms_p90:.1f})"
+    )
     for r in auto + flex:
-        print(f"  {r.pattern:<26} density {r.element_density:.4f}: {r.time_ms:8.1f} ms "
-              f"(p10 {r.time_ms_p10:.1f}, p90 {r.time_ms_p90:.1f}) = {r.time_ms / dense.time_ms:.3f} x dense sdpa")
+        print(
+            f"  {r.pattern:<26} density {r.element_density:.4f}: {r.time_ms:8.1f} ms "
+            f"(p10 {r.time_ms_p10:.1f}, p90 {r.time_ms_p90:.1f}) = {r.time_ms / dense.time_ms:.3f} x dense sdpa"
+        )
     for fit in fit_density(auto):
         print("  fit (executor auto = gather on CPU): " + fit.line())
     plot_density(auto + [dense], plot)

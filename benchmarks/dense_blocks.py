@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -72,6 +71,7 @@ def dense_backend_step(name: str, inputs, causal: bool, backward: bool):
             out, lse = backend.forward(q, k, v, None, call)
             if backward:
                 backend.backward(dout, q, k, v, out, lse, None, call)
+
     return step
 
 
@@ -83,6 +83,7 @@ def dense_sdpa_step(inputs, causal: bool, backward: bool):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             if backward:
                 torch.autograd.grad(out, (q, k, v), dout)
+
     return step
 
 
@@ -93,6 +94,7 @@ def module_step(module, x, causal: bool, backward: bool):
         out = module(q, k, v, is_causal=causal)
         if backward:
             torch.autograd.grad(out, (q, k, v), dout)
+
     return step
 
 
@@ -105,21 +107,39 @@ def measure(args, seq_len: int) -> dict:
     x = [torch.randn(args.batch, seq_len, args.heads, args.head_dim, dtype=dtype, device=device) for _ in range(4)]
     for t in x[:3]:
         t.requires_grad_(backward)
-    row = {"seq_len": seq_len, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,
-           "segments": args.segments, "dilations": args.dilations, "dtype": args.dtype, "mode": args.mode,
-           "causal": args.causal, "device": device, "blocks": len(blocks), "flops": flops}
+    row = {
+        "seq_len": seq_len,
+        "batch": args.batch,
+        "heads": args.heads,
+        "head_dim": args.head_dim,
+        "segments": args.segments,
+        "dilations": args.dilations,
+        "dtype": args.dtype,
+        "mode": args.mode,
+        "causal": args.causal,
+        "device": device,
+        "blocks": len(blocks),
+        "flops": flops,
+    }
     t_module = timed(module_step(module, x, args.causal, backward), device, args.repeat, args.warmup)
     backend = module.last_backend[0]
     del x
     inputs = block_inputs(blocks, args.batch, args.head_dim, dtype, device)
     t_blocks = timed(dense_backend_step(backend, inputs, args.causal, backward), device, args.repeat, args.warmup)
     t_sdpa = timed(dense_sdpa_step(inputs, args.causal, backward), device, args.repeat, args.warmup)
-    row.update({
-        "block_backend": backend, "module_ms": t_module * 1e3, "dense_blocks_ms": t_blocks * 1e3,
-        "sdpa_blocks_ms": t_sdpa * 1e3, "module_tflops": flops / t_module / 1e12,
-        "dense_blocks_tflops": flops / t_blocks / 1e12, "sdpa_blocks_tflops": flops / t_sdpa / 1e12,
-        "ratio": t_blocks / t_module, "ratio_vs_sdpa_default": t_sdpa / t_module,
-    })
+    row.update(
+        {
+            "block_backend": backend,
+            "module_ms": t_module * 1e3,
+            "dense_blocks_ms": t_blocks * 1e3,
+            "sdpa_blocks_ms": t_sdpa * 1e3,
+            "module_tflops": flops / t_module / 1e12,
+            "dense_blocks_tflops": flops / t_blocks / 1e12,
+            "sdpa_blocks_tflops": flops / t_sdpa / 1e12,
+            "ratio": t_blocks / t_module,
+            "ratio_vs_sdpa_default": t_sdpa / t_module,
+        }
+    )
     if args.trace and row["ratio"] < args.trace_below:
         row["trace"] = write_trace(args, module, seq_len, dtype, backward)
     return row

@@ -36,21 +36,37 @@ def main() -> None:
     add_deprecated_alias(parser, "--nproc", "--world-size", type=int)
     parser.add_argument("--mode", default="fwdbwd", choices=["fwd", "fwdbwd"])
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSONL report (default: a new results/distributed_memory-<time>.jsonl)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="JSONL report (default: a new results/distributed_memory-<time>.jsonl)"
+    )
     add_resume_option(parser)
     args = parser.parse_args()
     out = report_path(parser, args.out, args.resume, "distributed_memory")
     report = Report(parser, out, args.resume, script_command())
     n = parse_seq_lens(args.seq_len)[0]
-    common = dict(impls=IMPLS, seq_lens=[n], mode=args.mode, heads=8, head_dim=64, segment_lengths=[2048, 8192, 32768],
-                  dilation_rates=[1, 2, 8], warmup=1, repeat=args.repeat, max_memory=16 * 2**30, max_seconds=900.0)
+    common = dict(
+        impls=IMPLS,
+        seq_lens=[n],
+        mode=args.mode,
+        heads=8,
+        head_dim=64,
+        segment_lengths=[2048, 8192, 32768],
+        dilation_rates=[1, 2, 8],
+        warmup=1,
+        repeat=args.repeat,
+        max_memory=16 * 2**30,
+        max_seconds=900.0,
+    )
     p = args.world_size
     for world_size in (1, p):
-        report.sweep(Sweep(**common, world_size=world_size),
-                     on_row=lambda r: print(f"  p={r.world_size} {r.impl} {r.mode}: {r.status} "
-                                            f"peak {r.peak_mem_bytes} B, {r.time_ms} ms", flush=True),
-                     predict=predicted_peak_bytes)
+        report.sweep(
+            Sweep(**common, world_size=world_size),
+            on_row=lambda r: print(
+                f"  p={r.world_size} {r.impl} {r.mode}: {r.status} peak {r.peak_mem_bytes} B, {r.time_ms} ms",
+                flush=True,
+            ),
+            predict=predicted_peak_bytes,
+        )
     rows = [r for r in read_rows(out) if r.seq_len == n and r.mode == args.mode and r.status == "ok"]
     print(f"\nN={n}, {args.mode}: peak memory per rank, p={p} vs p=1 (target <= 0.35x); rows: {out}")
     for impl in IMPLS:
@@ -58,9 +74,11 @@ def main() -> None:
         many = [r for r in rows if r.impl == impl and r.world_size == p]
         if one and many:
             a, b = one[-1], many[-1]
-            print(f"  {impl:38s} p=1 {a.peak_mem_bytes / 2**20:8.1f} MiB   p={p} max rank "
-                  f"{b.peak_mem_bytes / 2**20:8.1f} MiB (ranks {[round(x / 2**20) for x in b.peak_mem_bytes_per_rank]})"
-                  f"   ratio {b.peak_mem_bytes / a.peak_mem_bytes:.3f}   sent/rank/call {b.comm_bytes_sent / 2**20:.1f} MiB")
+            print(
+                f"  {impl:38s} p=1 {a.peak_mem_bytes / 2**20:8.1f} MiB   p={p} max rank "
+                f"{b.peak_mem_bytes / 2**20:8.1f} MiB (ranks {[round(x / 2**20) for x in b.peak_mem_bytes_per_rank]})"
+                f"   ratio {b.peak_mem_bytes / a.peak_mem_bytes:.3f}   sent/rank/call {b.comm_bytes_sent / 2**20:.1f} MiB"
+            )
 
 
 if __name__ == "__main__":

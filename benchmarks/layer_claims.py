@@ -41,8 +41,12 @@ IMPL = "ImprovedMultiheadDilatedAttention"
 SEGMENTS, DILATIONS = [2048, 4096, 8192], [1, 2, 4]
 GPU_SEGMENTS, GPU_DILATIONS = [2048, 4096, 8192, 16384, 32768], [1, 2, 4, 8, 16]
 DENSE = dict(segment_lengths=[1 << 20], dilation_rates=[1])  # one segment longer than any N: dense causal
-OPTIONS = {"plain": {}, "checkpointing": {"checkpointing": True}, "amp bf16": {"amp": "bf16"},
-           "checkpointing + amp bf16": {"checkpointing": True, "amp": "bf16"}}
+OPTIONS = {
+    "plain": {},
+    "checkpointing": {"checkpointing": True},
+    "amp bf16": {"amp": "bf16"},
+    "checkpointing + amp bf16": {"checkpointing": True, "amp": "bf16"},
+}
 SHORT = {"plain": "plain", "ckpt": "checkpointing", "bf16": "amp bf16", "ckpt+bf16": "checkpointing + amp bf16"}
 MODEL = dict(heads=12, head_dim=64, layers=12, vocab_size=50304)
 
@@ -55,35 +59,75 @@ def label(row) -> str:
 
 def block_part(seq_lens: list[int], report: Report, device: str, profile_name: str, chosen: list[str]) -> None:
     cuda = device.startswith("cuda")
-    common = dict(impls=[IMPL], seq_lens=seq_lens, mode="fwdbwd", heads=12, head_dim=64, causal=True, target="layer",
-                  warmup=2 if cuda else 1, repeat=10 if cuda else 3, max_memory=16 * 2**30, max_seconds=900.0, device=device)
-    segments = dict(segment_lengths=GPU_SEGMENTS, dilation_rates=GPU_DILATIONS) if cuda else \
-        dict(segment_lengths=SEGMENTS, dilation_rates=DILATIONS)
+    common = dict(
+        impls=[IMPL],
+        seq_lens=seq_lens,
+        mode="fwdbwd",
+        heads=12,
+        head_dim=64,
+        causal=True,
+        target="layer",
+        warmup=2 if cuda else 1,
+        repeat=10 if cuda else 3,
+        max_memory=16 * 2**30,
+        max_seconds=900.0,
+        device=device,
+    )
+    segments = (
+        dict(segment_lengths=GPU_SEGMENTS, dilation_rates=GPU_DILATIONS)
+        if cuda
+        else dict(segment_lengths=SEGMENTS, dilation_rates=DILATIONS)
+    )
     configs = [Sweep(**segments, **common, **OPTIONS[name]) for name in chosen]
     configs.append(Sweep(**DENSE, **common))
     for cfg in configs:
-        report.sweep(cfg, on_row=lambda r: print(f"  block {label(r)} N={r.seq_len}: {r.status} {r.time_ms} ms", flush=True),
-                     predict=predicted_peak_bytes)
+        report.sweep(
+            cfg,
+            on_row=lambda r: print(f"  block {label(r)} N={r.seq_len}: {r.status} {r.time_ms} ms", flush=True),
+            predict=predicted_peak_bytes,
+        )
     rows = [r for r in read_rows(report.path) if r.status == "ok" and r.target == "layer"]
     profile = load_profile(profile_name)
-    print(f"\nblock E=768 H=12, fwd+bwd, causal, {device}; ratios against the plain dilated block at the same N"
-          f" (rows: {report.path})")
+    print(
+        f"\nblock E=768 H=12, fwd+bwd, causal, {device}; ratios against the plain dilated block at the same N"
+        f" (rows: {report.path})"
+    )
     for n in seq_lens:
         at = {label(r): r for r in rows if r.seq_len == n}
         base = at.get("dilated, plain")
         for name, r in at.items():
             predicted = planner.plan(row_problem(r), profile).memory.total
-            ratio = f" = {r.time_ms / base.time_ms:.2f}x time, {r.peak_mem_bytes / base.peak_mem_bytes:.2f}x memory" if base else ""
-            print(f"  N={n:>6} {name:<36} {r.time_ms:9.1f} ms {r.peak_mem_bytes / 2**20:8.1f} MiB"
-                  f" (plan {predicted / 2**20:7.1f} MiB){ratio}")
+            ratio = (
+                f" = {r.time_ms / base.time_ms:.2f}x time, {r.peak_mem_bytes / base.peak_mem_bytes:.2f}x memory"
+                if base
+                else ""
+            )
+            print(
+                f"  N={n:>6} {name:<36} {r.time_ms:9.1f} ms {r.peak_mem_bytes / 2**20:8.1f} MiB"
+                f" (plan {predicted / 2**20:7.1f} MiB){ratio}"
+            )
 
 
 def model_part(cap: int, report: Report, device: str, profile_name: str, chosen: list[str]) -> None:
     cuda = device.startswith("cuda")
-    segments = dict(segment_lengths=GPU_SEGMENTS, dilation_rates=GPU_DILATIONS) if cuda else \
-        dict(segment_lengths=SEGMENTS, dilation_rates=DILATIONS)
-    common = dict(impls=[IMPL], until_oom=True, mode="fwdbwd", target="model", **segments, device=device,
-                  warmup=1, repeat=3 if cuda else 1, max_memory=cap, max_seconds=900.0, **MODEL)
+    segments = (
+        dict(segment_lengths=GPU_SEGMENTS, dilation_rates=GPU_DILATIONS)
+        if cuda
+        else dict(segment_lengths=SEGMENTS, dilation_rates=DILATIONS)
+    )
+    common = dict(
+        impls=[IMPL],
+        until_oom=True,
+        mode="fwdbwd",
+        target="model",
+        **segments,
+        device=device,
+        warmup=1,
+        repeat=3 if cuda else 1,
+        max_memory=cap,
+        max_seconds=900.0,
+        **MODEL,
+    )
     profile = load_profile(profile_name)
     if not cuda:
         profile = profile.model_copy(update={"memory_gib": cap / 2**30})
@@ -94,40 +138,64 @@ def model_part(cap: int, report: Report, device: str, profile_name: str, chosen:
         # an ok point below the limit even where the plan is optimistic.
         planned = planner.max_seq(model_shape(seq_len=1024, **segments, **options), profile)[0]
         start = max(1024, int(planned * (0.5 if cuda else 1.0)) // 1024 * 1024)
-        report.sweep(Sweep(**common, start=start, **options),
-                     on_row=lambda r: print(f"  model {label(r)} N={r.seq_len}: {r.status} "
-                                            f"{(r.peak_mem_bytes or 0) / 2**20:.0f} MiB {r.time_ms} ms", flush=True),
-                     predict=predicted_peak_bytes)
+        report.sweep(
+            Sweep(**common, start=start, **options),
+            on_row=lambda r: print(
+                f"  model {label(r)} N={r.seq_len}: {r.status} "
+                f"{(r.peak_mem_bytes or 0) / 2**20:.0f} MiB {r.time_ms} ms",
+                flush=True,
+            ),
+            predict=predicted_peak_bytes,
+        )
     rows = [r for r in read_rows(report.path) if r.target == "model"]
     where = f"on {profile.name}" if cuda else f"on CPU under a {cap / 2**30:.1f} GiB cap"
     print(f"\n~125M LongNetLM training step {where}: longest trainable N (rows: {report.path})")
     for name in chosen:
         options = OPTIONS[name]
-        mine = [r for r in rows if (r.checkpointing, r.amp) == (options.get("checkpointing", False), options.get("amp"))]
+        mine = [
+            r for r in rows if (r.checkpointing, r.amp) == (options.get("checkpointing", False), options.get("amp"))
+        ]
         ok = [r.seq_len for r in mine if r.status == "ok"]
         failed = [r.seq_len for r in mine if r.status == "oom"]
         shape = model_shape(seq_len=1024, **segments, **options)
         n_plan, _ = planner.max_seq(shape, profile)
-        print(f"  {name:<26} measured: ok at {max(ok, default=0):,}, oom at {min(failed, default=0):,}; "
-              f"plan --max-seq: {n_plan:,}")
+        print(
+            f"  {name:<26} measured: ok at {max(ok, default=0):,}, oom at {min(failed, default=0):,}; "
+            f"plan --max-seq: {n_plan:,}"
+        )
 
 
 def model_shape(**overrides) -> Problem:
-    fields = dict(impl=IMPL, seq_len=1 << 20, heads=12, embed_dim=768, layers=12, vocab_size=50304, target="model",
-                  segment_lengths=SEGMENTS, dilation_rates=DILATIONS, mode="fwdbwd", causal=True)
+    fields = dict(
+        impl=IMPL,
+        seq_len=1 << 20,
+        heads=12,
+        embed_dim=768,
+        layers=12,
+        vocab_size=50304,
+        target="model",
+        segment_lengths=SEGMENTS,
+        dilation_rates=DILATIONS,
+        mode="fwdbwd",
+        causal=True,
+    )
     return Problem(**{**fields, **overrides})
 
 
 def gpu_part() -> None:
     gpu = load_profile("h100-sxm-80gb")
     segments = dict(segment_lengths=[2048, 4096, 8192, 16384, 32768], dilation_rates=[1, 2, 4, 8, 16])
-    print(f"\nplan, ~125M LongNetLM on one {gpu.name} ({gpu.memory_gib:.1f} GiB), LongNet segments {segments['segment_lengths']}")
+    print(
+        f"\nplan, ~125M LongNetLM on one {gpu.name} ({gpu.memory_gib:.1f} GiB), LongNet segments {segments['segment_lengths']}"
+    )
     for name, options in OPTIONS.items():
         n, _ = planner.max_seq(model_shape(**segments, **options), gpu)
         print(f"  {name:<26} longest trainable N: {n:,}")
     at_1m = planner.plan(model_shape(**segments, checkpointing=True, amp="bf16"), gpu)
-    print(f"  at N = 1,048,576 with checkpointing + bf16: {at_1m.memory.total / 2**30:,.1f} GiB "
-          f"(peak during {at_1m.memory.phase}):")
+    print(
+        f"  at N = 1,048,576 with checkpointing + bf16: {at_1m.memory.total / 2**30:,.1f} GiB "
+        f"(peak during {at_1m.memory.phase}):"
+    )
     for item, value in sorted(at_1m.memory.items.items(), key=lambda kv: -kv[1])[:5]:
         print(f"    {item:<58} {value / 2**30:8.1f} GiB")
 
@@ -135,11 +203,17 @@ def gpu_part() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--profile", default=None, help="planner profile to compare with (default cpu-host / h100-sxm-80gb)")
+    parser.add_argument(
+        "--profile", default=None, help="planner profile to compare with (default cpu-host / h100-sxm-80gb)"
+    )
     parser.add_argument("--seq-len", default=None, help="block lengths (default 2k,4k,8k,16k on CPU, 32k,128k on CUDA)")
     add_deprecated_alias(parser, "--seq-lens", "--seq-len")
     parser.add_argument("--cap", default="3GiB", help="memory cap of the model's --until-oom search (CPU only)")
-    parser.add_argument("--options", default="plain,ckpt,bf16,ckpt+bf16", help=f"options to measure (block, and one model search each), of {', '.join(SHORT)}")
+    parser.add_argument(
+        "--options",
+        default="plain,ckpt,bf16,ckpt+bf16",
+        help=f"options to measure (block, and one model search each), of {', '.join(SHORT)}",
+    )
     parser.add_argument("--block-out", type=Path, default=None, help="block report (default: a new results/ file)")
     parser.add_argument("--model-out", type=Path, default=None, help="model report (default: a new results/ file)")
     add_resume_option(parser)

@@ -50,8 +50,17 @@ class Config:
 CONFIGS = [
     Config("1.3B (24 x 2048, 16 heads), N=2048, 1 x A100 80GB", 24, 2048, 16, 2048, "a100-sxm-80gb", 1, 0),
     Config("7B (32 x 4096, 32 heads), N=4096, ZeRO-3 over 8 x H100", 32, 4096, 32, 4096, "h100-sxm-80gb", 8, 3),
-    Config("13B (40 x 5120, 40 heads), N=2048, tp 1, dp 8 ZeRO-2, full recompute, A100 80GB", 40, 5120, 40, 2048,
-           "a100-sxm-80gb", 8, 2, checkpointing=True),
+    Config(
+        "13B (40 x 5120, 40 heads), N=2048, tp 1, dp 8 ZeRO-2, full recompute, A100 80GB",
+        40,
+        5120,
+        40,
+        2048,
+        "a100-sxm-80gb",
+        8,
+        2,
+        checkpointing=True,
+    ),
     Config("7B (32 x 4096, 32 heads), N=4096, DDP over 8 x H100", 32, 4096, 32, 4096, "h100-sxm-80gb", 8, 0),
 ]
 
@@ -105,8 +114,12 @@ class LLMAnalysis:
         """training(): estimated_peak_memory_per_gpu = op_state + weights + max(activations, gradients)
         + max(bwd prefetch, loss_bwd_memory); the logits are in the activations and again in loss_bwd_memory."""
         bwd_prefetch = 2 * 2 * self.params_layer()
-        return (self.optimizer_states() + self.weights() + max(self.activations(), self.gradients())
-                + max(bwd_prefetch, self.logits()))
+        return (
+            self.optimizer_states()
+            + self.weights()
+            + max(self.activations(), self.gradients())
+            + max(bwd_prefetch, self.logits())
+        )
 
     def step_ms(self) -> float:
         """training(): latency_per_iter = 3 x latency_fwd + recompute + weight update (no DDP all-reduce in it)."""
@@ -123,9 +136,21 @@ class LLMAnalysis:
 
 
 def dattn_figures(c: Config, profile: HardwareProfile) -> tuple[dict[str, float], float]:
-    s = Problem(impl="ImprovedMultiheadDilatedAttention", target="model", layers=c.layers, embed_dim=c.width,
-                heads=c.heads, seq_len=c.seq_len, batch=c.batch, vocab_size=c.vocab, dtype="bfloat16", mode="fwdbwd",
-                segment_lengths=[c.seq_len], dilation_rates=[1], checkpointing=c.checkpointing)
+    s = Problem(
+        impl="ImprovedMultiheadDilatedAttention",
+        target="model",
+        layers=c.layers,
+        embed_dim=c.width,
+        heads=c.heads,
+        seq_len=c.seq_len,
+        batch=c.batch,
+        vocab_size=c.vocab,
+        dtype="bfloat16",
+        mode="fwdbwd",
+        segment_lengths=[c.seq_len],
+        dilation_rates=[1],
+        checkpointing=c.checkpointing,
+    )
     training = Training(devices=c.devices, zero=c.zero)
     result = solve.plan(s, profile, training=training)
     states = model_states(s, training)
@@ -140,7 +165,8 @@ def dattn_figures(c: Config, profile: HardwareProfile) -> tuple[dict[str, float]
     figures = {
         "parameters (count, 1e9)": model_parameters(s) / 1e9 * GIB,
         "weights": pick("parameters", states.resident),
-        "optimizer states + fp32 master": pick("optimizer states", states.resident) + pick("fp32 master", states.resident),
+        "optimizer states + fp32 master": pick("optimizer states", states.resident)
+        + pick("fp32 master", states.resident),
         "gradients": pick("gradients", states.step),
         "activations (logits included)": activations,
         "logits / loss": pick("log-softmax", alone.items),
@@ -155,8 +181,13 @@ def dattn_figures(c: Config, profile: HardwareProfile) -> tuple[dict[str, float]
 def compare(c: Config) -> list[tuple[str, float, float]]:
     profile = load_profile(c.profile)
     ours, ms = dattn_figures(c, profile)
-    la = LLMAnalysis(c, profile, profile.efficiency.compute_for(matmul_key(
-        Problem(impl="ImprovedMultiheadDilatedAttention", target="model", dtype="bfloat16")), "fwdbwd"))
+    la = LLMAnalysis(
+        c,
+        profile,
+        profile.efficiency.compute_for(
+            matmul_key(Problem(impl="ImprovedMultiheadDilatedAttention", target="model", dtype="bfloat16")), "fwdbwd"
+        ),
+    )
     theirs = {
         "parameters (count, 1e9)": la.params_total() / 1e9 * GIB,
         "weights": la.weights(),
@@ -174,8 +205,10 @@ def compare(c: Config) -> list[tuple[str, float, float]]:
 
 
 def main() -> None:
-    print("dattn plan (plan/parallel.py) vs llm-analysis formulas (llm_analysis/analysis.py @ d841e40); "
-          "GiB per device (framework overhead excluded) unless stated")
+    print(
+        "dattn plan (plan/parallel.py) vs llm-analysis formulas (llm_analysis/analysis.py @ d841e40); "
+        "GiB per device (framework overhead excluded) unless stated"
+    )
     for c in CONFIGS:
         print(f"\n{c.name}")
         print(f"| {'item':<34} | {'dattn':>10} | {'llm-analysis':>12} | {'diff':>7} |")

@@ -48,12 +48,10 @@ from pathlib import Path
 
 from _noise_runs import BadInput, Failed, Runner, interleave_available, read_records
 from _noise_scenarios import SCENARIOS, Plan, pair_aa, pair_interleave, pair_slowdown, summarize
-from _reports import add_resume_option, report_path, script_command
-
+from _reports import add_resume_option, report_path
 
 IMPLS = ["ImprovedDilatedAttention", "sdpa"]
-WORKLOAD = ("impl", "seq_len", "mode", "heads", "head_dim", "segments", "dilations", "repeat", "max_seconds",
-            "threads")
+WORKLOAD = ("impl", "seq_len", "mode", "heads", "head_dim", "segments", "dilations", "repeat", "max_seconds", "threads")
 TIMEOUT_S = 1800.0  # one bench or compare run; the steady load's own deadline too
 SETTINGS = WORKLOAD + ("interleave_seq_len", "threshold", "slowdown", "small_slowdown", "load_procs", "load_period")
 
@@ -89,10 +87,18 @@ def build_parser() -> Parser:
     p.add_argument("--segments", default="512,1024")
     p.add_argument("--dilations", default="1,2")
     p.add_argument("--repeat", type=int, default=None, help="timed calls per point (default: dattn's --precision)")
-    p.add_argument("--max-seconds", type=float, default=30.0,
-                   help="bench's time budget per point (per line with --interleave); default 30")
-    p.add_argument("--threads", type=int, default=None,
-                   help="bench --threads of every run (default: bench's, which leaves a CPU free)")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=30.0,
+        help="bench's time budget per point (per line with --interleave); default 30",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="bench --threads of every run (default: bench's, which leaves a CPU free)",
+    )
     p.add_argument("--threshold", type=float, default=10.0, help="compare --threshold PCT (default 10)")
     p.add_argument("--slowdown", type=float, default=25.0, help="injected slowdown, percent (default 25)")
     p.add_argument("--small-slowdown", type=float, default=5.0, help="injected change below --threshold (default 5)")
@@ -100,7 +106,9 @@ def build_parser() -> Parser:
     p.add_argument("--load-period", default="2,2", help="intermittent load: ON,OFF seconds (default 2,2)")
     p.add_argument("--out", type=Path, default=None, help="JSONL results (default: a new results/noise-<time>.jsonl)")
     add_resume_option(p)
-    p.add_argument("--runs-dir", type=Path, default=None, help="bench reports and logs (default results/noise-runs/<out name>)")
+    p.add_argument(
+        "--runs-dir", type=Path, default=None, help="bench reports and logs (default results/noise-runs/<out name>)"
+    )
     return p
 
 
@@ -125,8 +133,10 @@ def check_args(p: Parser, args: argparse.Namespace) -> argparse.Namespace:
     _positive(p, "--threshold", args.threshold)
     _positive(p, "--small-slowdown", args.small_slowdown, strict=False)
     if not (math.isfinite(args.slowdown) and args.slowdown > args.threshold):
-        p.error(f"--slowdown {args.slowdown:g} must be above --threshold {args.threshold:g}: a smaller change "
-                "is not one compare may call a regression")
+        p.error(
+            f"--slowdown {args.slowdown:g} must be above --threshold {args.threshold:g}: a smaller change "
+            "is not one compare may call a regression"
+        )
     if not args.small_slowdown < args.threshold:
         p.error(f"--small-slowdown {args.small_slowdown:g} must be below --threshold {args.threshold:g}")
     try:
@@ -147,17 +157,34 @@ def check_args(p: Parser, args: argparse.Namespace) -> argparse.Namespace:
         p.error(f"--interleave-seq-len {args.interleave_seq_len}: give one length, e.g. 8k")
     args.interleave_n = lengths["--interleave-seq-len"][0]
     if "interleave" in args.scenario and len(args.impl) < 2:
-        p.error("scenario interleave compares the first two --impl: give two (e.g. --impl ImprovedDilatedAttention "
-                "--impl sdpa)")
+        p.error(
+            "scenario interleave compares the first two --impl: give two (e.g. --impl ImprovedDilatedAttention "
+            "--impl sdpa)"
+        )
     return args
 
 
 def bench_args(args: argparse.Namespace) -> list[str]:
     """The options every bench run gets (the A/A runs add --impl and --seq-len, interleave its own)."""
-    out = ["--mode", args.mode, "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--segments",
-           args.segments, "--dilations", args.dilations, "--max-seconds", f"{args.max_seconds:g}"]
-    return out + (["--repeat", str(args.repeat)] if args.repeat else []) + (
-        ["--threads", str(args.threads)] if args.threads else [])
+    out = [
+        "--mode",
+        args.mode,
+        "--heads",
+        str(args.heads),
+        "--head-dim",
+        str(args.head_dim),
+        "--segments",
+        args.segments,
+        "--dilations",
+        args.dilations,
+        "--max-seconds",
+        f"{args.max_seconds:g}",
+    ]
+    return (
+        out
+        + (["--repeat", str(args.repeat)] if args.repeat else [])
+        + (["--threads", str(args.threads)] if args.threads else [])
+    )
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -175,8 +202,10 @@ class Results:
         for record in held:
             if record.get("record") == "run" and record.get("settings") != run["settings"]:
                 changed = [k for k in SETTINGS if record["settings"].get(k) != run["settings"].get(k)]
-                p.error(f"--resume: {path} was measured with other settings ({', '.join(changed)}): "
-                        "give the same options, or another --out")
+                p.error(
+                    f"--resume: {path} was measured with other settings ({', '.join(changed)}): "
+                    "give the same options, or another --out"
+                )
             if record.get("record") == "pair":
                 self.done[(record["scenario"], record["pair"])] = record
         self.new_file, self.pairs = not held, len(self.done)
@@ -197,10 +226,17 @@ class Results:
 
 
 def run_record(args: argparse.Namespace) -> dict:
-    return {"record": "run", "command": " ".join(["python", *sys.argv]), "settings": settings(args),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpus": os.cpu_count(),
-            "torch": metadata.version("torch"), "python": platform.python_version(),
-            "load_average": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "record": "run",
+        "command": " ".join(["python", *sys.argv]),
+        "settings": settings(args),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "torch": metadata.version("torch"),
+        "python": platform.python_version(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def run_pair(scenario: str, i: int, runner: Runner, plan: Plan) -> dict:
@@ -227,8 +263,11 @@ def show_pair(record: dict) -> None:
         line = f"exit {record['exit_code']} ({record['verdict']})"
         if record["scenario"] == "slowdown":
             line += f", comparable {record['comparable']}; small change: exit {record['small_exit_code']}"
-    print(f"  {record['scenario']} pair {record['pair'] + 1}: {line} [{record['seconds']:.0f} s]", file=sys.stderr,
-          flush=True)
+    print(
+        f"  {record['scenario']} pair {record['pair'] + 1}: {line} [{record['seconds']:.0f} s]",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def show_summary(summary: dict) -> None:
@@ -263,10 +302,18 @@ def run_scenario(scenario: str, count: int, runner: Runner, plan: Plan, results:
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
-    return Plan(threshold=args.threshold, slowdown=args.slowdown, small_slowdown=args.small_slowdown,
-                load_procs=args.load_procs, load_on_s=args.on_s, load_off_s=args.off_s, impl_a=args.impl[0],
-                impl_b=args.impl[1] if len(args.impl) > 1 else args.impl[0],
-                interleave_seq_len=args.interleave_n, load_deadline_s=TIMEOUT_S)
+    return Plan(
+        threshold=args.threshold,
+        slowdown=args.slowdown,
+        small_slowdown=args.small_slowdown,
+        load_procs=args.load_procs,
+        load_on_s=args.on_s,
+        load_off_s=args.off_s,
+        impl_a=args.impl[0],
+        impl_b=args.impl[1] if len(args.impl) > 1 else args.impl[0],
+        interleave_seq_len=args.interleave_n,
+        load_deadline_s=TIMEOUT_S,
+    )
 
 
 def run_all(args: argparse.Namespace, results: Results, runs_dir: Path) -> list[str]:
@@ -282,8 +329,11 @@ def run_all(args: argparse.Namespace, results: Results, runs_dir: Path) -> list[
             continue
         count = args.interleave_pairs if scenario == "interleave" else args.pairs
         summary = run_scenario(scenario, count, runner, plan, results)
-        missed += [f"{scenario}: {t['name']} ({t['target']}): {t['shown']} {t['result']}"
-                   for t in summary["targets"] if t["result"] != "PASS"]
+        missed += [
+            f"{scenario}: {t['name']} ({t['target']}): {t['shown']} {t['result']}"
+            for t in summary["targets"]
+            if t["result"] != "PASS"
+        ]
     return missed
 
 
@@ -302,8 +352,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"noise.py: error: dattn refused an option: {exc}", file=sys.stderr)
         return 2
     except Interrupted as exc:
-        print(f"noise.py: interrupted ({exc}); the load is stopped; {results.pairs} pair(s) kept in {out}: rerun "
-              f"with --out {out} --resume", file=sys.stderr)
+        print(
+            f"noise.py: interrupted ({exc}); the load is stopped; {results.pairs} pair(s) kept in {out}: rerun "
+            f"with --out {out} --resume",
+            file=sys.stderr,
+        )
         return 128 + exc.signum
     print(f"noise: results in {out}, bench reports in {runs_dir}", file=sys.stderr)
     for line in missed:

@@ -35,8 +35,18 @@ WORLD = 2
 
 
 def problem(seq_len: int, layers: int, heads: int = 2, vocab: int = 2048) -> Problem:
-    return Problem(impl="ImprovedMultiheadDilatedAttention", target="model", layers=layers, heads=heads, head_dim=64,
-                   seq_len=seq_len, vocab_size=vocab, mode="fwdbwd", segment_lengths=[256, 512], dilation_rates=[1, 2])
+    return Problem(
+        impl="ImprovedMultiheadDilatedAttention",
+        target="model",
+        layers=layers,
+        heads=heads,
+        head_dim=64,
+        seq_len=seq_len,
+        vocab_size=vocab,
+        mode="fwdbwd",
+        segment_lengths=[256, 512],
+        dilation_rates=[1, 2],
+    )
 
 
 def _storages(tensors) -> int:
@@ -132,8 +142,17 @@ def _steps(rank: int, port: int, zero: int, shape: tuple, out) -> None:
     torch.manual_seed(0)
     s = problem(*shape)
     reset_global_memory_pool()
-    model = LongNetLM(s.vocab_size, s.width, s.heads, s.layers, attention=s.impl, mlp_ratio=s.mlp_ratio,
-                      segment_lengths=s.segment_lengths, dilation_rates=s.dilation_rates, semantics=s.semantics)
+    model = LongNetLM(
+        s.vocab_size,
+        s.width,
+        s.heads,
+        s.layers,
+        attention=s.impl,
+        mlp_ratio=s.mlp_ratio,
+        segment_lengths=s.segment_lengths,
+        dilation_rates=s.dilation_rates,
+        semantics=s.semantics,
+    )
     if zero == 3:
         _wrap(model, zero)  # before counting: the weight shards it leaves are `before`, the full weights are freed
     existing = list(model.parameters()) + list(model.buffers())
@@ -191,9 +210,11 @@ def main() -> None:
         states = model_states(s, Training(devices=WORLD, zero=zero, optimizer="adamw"), "cpu")  # for-loop AdamW
         predicted = layer_memory(s, 0, "cuda", states)
         measured = measure(zero, shape)
-        print(f"--zero {zero} over {WORLD} gloo ranks, N={s.seq_len}, {s.layers} x E={s.width}, V={s.vocab_size}: predicted "
-              f"{predicted.total / 2**20:.2f} MiB ({predicted.phase}), measured {measured / 2**20:.2f} MiB, "
-              f"error {100 * (predicted.total - measured) / measured:+.1f}%")
+        print(
+            f"--zero {zero} over {WORLD} gloo ranks, N={s.seq_len}, {s.layers} x E={s.width}, V={s.vocab_size}: predicted "
+            f"{predicted.total / 2**20:.2f} MiB ({predicted.phase}), measured {measured / 2**20:.2f} MiB, "
+            f"error {100 * (predicted.total - measured) / measured:+.1f}%"
+        )
 
 
 if __name__ == "__main__":

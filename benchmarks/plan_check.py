@@ -27,10 +27,16 @@ def main() -> None:
     profile = load_profile(args.profile)
     rows = [r for r in read_rows(args.report) if r.status == "ok"]
     memory = check_rows(rows, profile)
-    print(memory[["impl", "seq_len", "mode", "measured_mem_bytes", "predicted_mem_bytes", "mem_error_pct"]].to_string(index=False))
+    print(
+        memory[["impl", "seq_len", "mode", "measured_mem_bytes", "predicted_mem_bytes", "mem_error_pct"]].to_string(
+            index=False
+        )
+    )
     stats = summary(memory)
-    print(f"memory: median |error| {stats['mem_error_pct_median_abs']:.1f}%, max {stats['mem_error_pct_max_abs']:.1f}% "
-          f"over {len(memory)} ok rows\n")
+    print(
+        f"memory: median |error| {stats['mem_error_pct_median_abs']:.1f}%, max {stats['mem_error_pct_max_abs']:.1f}% "
+        f"over {len(memory)} ok rows\n"
+    )
     groups: dict = {}
     for r in sorted(rows, key=lambda r: r.seq_len):
         groups.setdefault((r.impl, r.mode), []).append(r)
@@ -43,8 +49,10 @@ def main() -> None:
     timing = check_rows(held, calibrated)
     print(timing[["impl", "seq_len", "mode", "measured_ms", "predicted_ms", "time_error_pct"]].to_string(index=False))
     stats = summary(timing)
-    print(f"time on the held-out half: median |error| {stats['time_error_pct_median_abs']:.1f}%, "
-          f"max {stats['time_error_pct_max_abs']:.1f}% over {len(timing)} rows")
+    print(
+        f"time on the held-out half: median |error| {stats['time_error_pct_median_abs']:.1f}%, "
+        f"max {stats['time_error_pct_max_abs']:.1f}% over {len(timing)} rows"
+    )
 
 
 if __name__ == "__main__":

@@ -65,14 +65,29 @@ def load_cells(path: Path) -> pd.DataFrame:
 
 
 def published_flops(cell) -> float:
-    return 4.0 * cell.batch * cell.heads * cell.seq_len ** 2 * cell.head_dim * (0.5 if cell.causal else 1.0) \
+    return (
+        4.0
+        * cell.batch
+        * cell.heads
+        * cell.seq_len**2
+        * cell.head_dim
+        * (0.5 if cell.causal else 1.0)
         * FACTOR[cell.direction]
+    )
 
 
 def _model(params, cells: pd.DataFrame, peak: float, units: int | None) -> np.ndarray:
     e_inf, n_half = params
-    return np.array([saturation(c.seq_len, e_inf, n_half) * wave_factor(c.seq_len, c.batch * c.heads, units)
-                     for c in cells.itertuples()]) * peak / 1e12
+    return (
+        np.array(
+            [
+                saturation(c.seq_len, e_inf, n_half) * wave_factor(c.seq_len, c.batch * c.heads, units)
+                for c in cells.itertuples()
+            ]
+        )
+        * peak
+        / 1e12
+    )
 
 
 def fit_group(cells: pd.DataFrame, peak: float, units: int | None, n_half: float | None = None) -> tuple[float, float]:
@@ -106,10 +121,20 @@ def fit_all(cells: pd.DataFrame) -> list[dict]:
 
 
 def curves_of(entries: list[dict], gpu: str) -> list[AttentionCurve]:
-    return [AttentionCurve(kernel=e["kernel"], direction=e["direction"], causal=bool(e["causal"]),
-                           head_dim=int(e["head_dim"]), dtypes=e["dtypes"].split(","), e_inf=round(e["e_inf"], 4),
-                           n_half=round(e["n_half"], 1), source=e["source"])
-            for e in entries if e["gpu"] == gpu]
+    return [
+        AttentionCurve(
+            kernel=e["kernel"],
+            direction=e["direction"],
+            causal=bool(e["causal"]),
+            head_dim=int(e["head_dim"]),
+            dtypes=e["dtypes"].split(","),
+            e_inf=round(e["e_inf"], 4),
+            n_half=round(e["n_half"], 1),
+            source=e["source"],
+        )
+        for e in entries
+        if e["gpu"] == gpu
+    ]
 
 
 def with_curves(profile: HardwareProfile, curves: list[AttentionCurve]) -> HardwareProfile:
@@ -121,20 +146,41 @@ def predict(cell, hw: HardwareProfile) -> float:
     """Predicted TFLOP/s of one published cell in the published FLOP convention, by the planner (bwd cells, float8
     and kernels the planner does not pick, e.g. cudnn: by the curve alone)."""
     if cell.direction == "bwd" or cell.kernel not in KERNELS or cell.dtype not in ELEMENT_BYTES:
-        eff = curve_efficiency(hw.efficiency, cell.kernel, cell.dtype, cell.head_dim, cell.causal, cell.direction,
-                               cell.seq_len, cell.batch * cell.heads)
+        eff = curve_efficiency(
+            hw.efficiency,
+            cell.kernel,
+            cell.dtype,
+            cell.head_dim,
+            cell.causal,
+            cell.direction,
+            cell.seq_len,
+            cell.batch * cell.heads,
+        )
         return float("nan") if eff is None else eff * hw.peak_flops(cell.dtype) / 1e12
     impl, backend = IMPL.get(cell.kernel, ("flash", cell.kernel))
-    problem = Problem(impl=impl, backend=backend, batch=cell.batch, seq_len=cell.seq_len, heads=cell.heads,
-                      head_dim=cell.head_dim, dtype=cell.dtype, causal=cell.causal, mode=cell.direction,
-                      device="cuda", segment_lengths=[cell.seq_len], dilation_rates=[1])
+    problem = Problem(
+        impl=impl,
+        backend=backend,
+        batch=cell.batch,
+        seq_len=cell.seq_len,
+        heads=cell.heads,
+        head_dim=cell.head_dim,
+        dtype=cell.dtype,
+        causal=cell.causal,
+        mode=cell.direction,
+        device="cuda",
+        segment_lengths=[cell.seq_len],
+        dilation_rates=[1],
+    )
     return published_flops(cell) / estimate_time(problem, hw).total_s / 1e12
 
 
 def evaluate(cells: pd.DataFrame, entries: list[dict] | None) -> pd.DataFrame:
     """cells with predicted TFLOP/s and error (%) under the curves of `entries` (None: the shipped profiles' own)."""
-    profiles = {g: load_profile(g) if entries is None else with_curves(load_profile(g), curves_of(entries, g))
-                for g in cells["gpu"].unique()}
+    profiles = {
+        g: load_profile(g) if entries is None else with_curves(load_profile(g), curves_of(entries, g))
+        for g in cells["gpu"].unique()
+    }
     out = cells.copy()
     out["predicted"] = [predict(c, profiles[c.gpu]) for c in cells.itertuples()]
     out["error_pct"] = 100 * (out["predicted"] - out["tflops"]) / out["tflops"]
@@ -162,9 +208,12 @@ def held_out_head_dim(cells: pd.DataFrame) -> pd.DataFrame:
 
 def scores(frame: pd.DataFrame) -> dict[str, float]:
     errors = frame["error_pct"].abs().dropna()
-    return {"cells": len(errors), "within_25_pct": 100 * float((errors <= 25).mean()) if len(errors) else float("nan"),
-            "median_abs_pct": float(errors.median()) if len(errors) else float("nan"),
-            "max_abs_pct": float(errors.max()) if len(errors) else float("nan")}
+    return {
+        "cells": len(errors),
+        "within_25_pct": 100 * float((errors <= 25).mean()) if len(errors) else float("nan"),
+        "median_abs_pct": float(errors.median()) if len(errors) else float("nan"),
+        "max_abs_pct": float(errors.max()) if len(errors) else float("nan"),
+    }
 
 
 def score_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -176,13 +225,17 @@ def score_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def curves_yaml(curves: list[AttentionCurve]) -> str:
-    lines = ["  attention_curves:       # fitted by benchmarks/plan_fit.py: e_inf x N / (N + n_half) x wave (docs/plan.md)"]
+    lines = [
+        "  attention_curves:       # fitted by benchmarks/plan_fit.py: e_inf x N / (N + n_half) x wave (docs/plan.md)"
+    ]
     for c in curves:
         dtypes = "[" + ", ".join(c.dtypes) + "]"
         source = c.source.replace('"', "'")
-        lines.append(f"    - {{kernel: {c.kernel}, direction: {c.direction}, causal: {str(c.causal).lower()}, "
-                     f"head_dim: {c.head_dim}, dtypes: {dtypes}, e_inf: {c.e_inf}, n_half: {c.n_half},\n"
-                     f"       source: \"{source}\"}}")
+        lines.append(
+            f"    - {{kernel: {c.kernel}, direction: {c.direction}, causal: {str(c.causal).lower()}, "
+            f"head_dim: {c.head_dim}, dtypes: {dtypes}, e_inf: {c.e_inf}, n_half: {c.n_half},\n"
+            f'       source: "{source}"}}'
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -201,13 +254,17 @@ def write_curves(path: Path, curves: list[AttentionCurve]) -> None:
 
 def markdown(entries: list[dict], fitted: pd.DataFrame) -> str:
     """docs/plan.md's table: one line per fitted curve with its in-sample residuals."""
-    lines = ["| gpu | kernel | direction | causal | d | e_inf | n_half | cells | median \\|err\\| | max \\|err\\| |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| gpu | kernel | direction | causal | d | e_inf | n_half | cells | median \\|err\\| | max \\|err\\| |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for e in entries:
         part = fitted.loc[e["cells"].index, "error_pct"].abs()
-        lines.append(f"| {e['gpu']} | {e['kernel']} | {e['direction']} | {'yes' if e['causal'] else 'no'} | "
-                     f"{e['head_dim']} | {e['e_inf']:.3f} | {e['n_half']:.0f} | {len(part)} | {part.median():.1f}% | "
-                     f"{part.max():.1f}% |")
+        lines.append(
+            f"| {e['gpu']} | {e['kernel']} | {e['direction']} | {'yes' if e['causal'] else 'no'} | "
+            f"{e['head_dim']} | {e['e_inf']:.3f} | {e['n_half']:.0f} | {len(part)} | {part.median():.1f}% | "
+            f"{part.max():.1f}% |"
+        )
     return "\n".join(lines)
 
 
@@ -216,13 +273,27 @@ def report(title: str, frame: pd.DataFrame) -> None:
     print(score_table(frame).to_string(index=False, float_format=lambda v: f"{v:.1f}"))
 
 
-SHOWN = ["gpu", "kernel", "direction", "causal", "head_dim", "seq_len", "batch", "heads", "tflops", "predicted", "error_pct"]
+SHOWN = [
+    "gpu",
+    "kernel",
+    "direction",
+    "causal",
+    "head_dim",
+    "seq_len",
+    "batch",
+    "heads",
+    "tflops",
+    "predicted",
+    "error_pct",
+]
 
 
 def fit_and_report(cells: pd.DataFrame, args: argparse.Namespace) -> None:
     entries = fit_all(cells)
     print("## fitted curves (eff = e_inf x N / (N + n_half) x wave)\n")
-    params = pd.DataFrame([{k: e[k] for k in GROUP + ["e_inf", "n_half"]} | {"cells": len(e["cells"])} for e in entries])
+    params = pd.DataFrame(
+        [{k: e[k] for k in GROUP + ["e_inf", "n_half"]} | {"cells": len(e["cells"])} for e in entries]
+    )
     print(params.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     fitted = evaluate(cells, entries)
     print("\n## per cell (in-sample)\n")
@@ -248,8 +319,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write", action="store_true", help="write the fitted curves into the shipped profiles")
     parser.add_argument("--yaml", action="store_true", help="print the attention_curves blocks")
     parser.add_argument("--markdown", action="store_true", help="print docs/plan.md's table of curves and residuals")
-    parser.add_argument("--shipped", action="store_true",
-                        help="no fit: predict the cells with the shipped profiles as they are (cells from other sources)")
+    parser.add_argument(
+        "--shipped",
+        action="store_true",
+        help="no fit: predict the cells with the shipped profiles as they are (cells from other sources)",
+    )
     args = parser.parse_args(argv)
     cells = load_cells(args.cells)
     if args.shipped:

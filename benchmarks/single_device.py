@@ -53,7 +53,10 @@ def _steps(impls, mode: str, n: int, heads: int, head_dim: int):
         if impl == "kernel_floor":
             fwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
             bwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-            shapes = [(b.num_segments, b.num_heads, b.rows, head_dim) for b in build_blocks(n, heads, SEGMENTS, DILATIONS, "longnet")]
+            shapes = [
+                (b.num_segments, b.num_heads, b.rows, head_dim)
+                for b in build_blocks(n, heads, SEGMENTS, DILATIONS, "longnet")
+            ]
             blocks = [[torch.randn(shape) for _ in range(4)] for shape in shapes]
 
             def step(blocks=blocks):
@@ -63,13 +66,14 @@ def _steps(impls, mode: str, n: int, heads: int, head_dim: int):
                         bwd_op(bdo, bq, bk, bv, o, lse, 0.0, False)
         else:
             if impl == "sdpa_dense":
+
                 def run(q, k, v):
                     t = lambda x: x.transpose(1, 2)  # noqa: E731
                     return t(torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v)))
             else:
-                run = {"DilatedAttention": DilatedAttention, "ImprovedDilatedAttention": ImprovedDilatedAttention}[impl](
-                    SEGMENTS, DILATIONS
-                )
+                run = {"DilatedAttention": DilatedAttention, "ImprovedDilatedAttention": ImprovedDilatedAttention}[
+                    impl
+                ](SEGMENTS, DILATIONS)
 
             def step(run=run):
                 if grad:
@@ -78,6 +82,7 @@ def _steps(impls, mode: str, n: int, heads: int, head_dim: int):
                 else:
                     with torch.no_grad():
                         run(q, k, v)
+
         steps[impl] = step
     return steps
 
@@ -88,7 +93,7 @@ def _time_worker(impls, mode, n, heads, head_dim, repeat, queue) -> None:
         step()  # warm-up
     times = {impl: [] for impl in impls}
     for r in range(repeat):
-        order = list(impls[r % len(impls):]) + list(impls[: r % len(impls)])
+        order = list(impls[r % len(impls) :]) + list(impls[: r % len(impls)])
         for impl in order:
             t0 = time.perf_counter()
             steps[impl]()
@@ -114,7 +119,9 @@ def _spawn(target, *args):
             break
         except Exception:
             if not proc.is_alive():
-                raise SystemExit(f"benchmark worker {target.__name__}{args[:3]} died with exit code {proc.exitcode}")
+                raise SystemExit(
+                    f"benchmark worker {target.__name__}{args[:3]} died with exit code {proc.exitcode}"
+                ) from None
     proc.join()
     return result
 
@@ -133,29 +140,45 @@ def main() -> None:
 
     from dattn_cli.kernels.pattern import attended_pairs, build_blocks
 
-    print(f"B=1 H={args.heads} D={args.head_dim} fp32, segments {SEGMENTS}, dilations {DILATIONS}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}, {platform.machine()}, median of {args.repeat} rounds")
+    print(
+        f"B=1 H={args.heads} D={args.head_dim} fp32, segments {SEGMENTS}, dilations {DILATIONS}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}, {platform.machine()}, median of {args.repeat} rounds"
+    )
     rows = []
     for mode, n in (("fwd", args.fwd_n), ("fwdbwd", args.fwdbwd_n)):
         pairs = attended_pairs(1, build_blocks(n, args.heads, SEGMENTS, DILATIONS, "longnet"), False)
-        print(f"\n{mode} N={n}: the pattern computes {pairs / (args.heads * n * n):.4f} of the dense (query, key) pairs")
+        print(
+            f"\n{mode} N={n}: the pattern computes {pairs / (args.heads * n * n):.4f} of the dense (query, key) pairs"
+        )
         times = _spawn(_time_worker, IMPLS, mode, n, args.heads, args.head_dim, args.repeat)
         dense = times["sdpa_dense"]
         for impl in IMPLS:
             peak = None if args.no_memory else _spawn(_memory_worker, impl, mode, n, args.heads, args.head_dim)
             ratio = statistics.median(t / d for t, d in zip(times[impl], dense))
-            row = {"impl": impl, "mode": mode, "seq_len": n, "median_s": statistics.median(times[impl]),
-                   "times_s": times[impl], "ratio_to_dense_sdpa": ratio, "peak_rss_delta_bytes": peak}
+            row = {
+                "impl": impl,
+                "mode": mode,
+                "seq_len": n,
+                "median_s": statistics.median(times[impl]),
+                "times_s": times[impl],
+                "ratio_to_dense_sdpa": ratio,
+                "peak_rss_delta_bytes": peak,
+            }
             rows.append(row)
             memory = "" if peak is None else f"   peak RSS +{peak / 2**20:7.1f} MiB"
             print(f"  {impl:26s} median {row['median_s']:7.3f} s   / dense SDPA {ratio:6.3f}{memory}", flush=True)
         by = {r["impl"]: r for r in rows if r["mode"] == mode}
         imp, dil = by["ImprovedDilatedAttention"], by["DilatedAttention"]
         per_round = statistics.median(a / b for a, b in zip(imp["times_s"], dil["times_s"]))
-        memory = "" if args.no_memory else \
-            f"peak memory {imp['peak_rss_delta_bytes'] / max(1, dil['peak_rss_delta_bytes']):.3f}; "
-        print(f"  Improved / Dilated: time {per_round:.3f} (median of per-round ratios), {memory}"
-              f"Improved / kernel floor: {imp['median_s'] / by['kernel_floor']['median_s']:.3f}")
+        memory = (
+            ""
+            if args.no_memory
+            else f"peak memory {imp['peak_rss_delta_bytes'] / max(1, dil['peak_rss_delta_bytes']):.3f}; "
+        )
+        print(
+            f"  Improved / Dilated: time {per_round:.3f} (median of per-round ratios), {memory}"
+            f"Improved / kernel floor: {imp['median_s'] / by['kernel_floor']['median_s']:.3f}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -38,10 +38,12 @@ def main() -> None:
     out = attention(q, k, v, is_causal=True)
     out.backward(grad[:, shard].to(device))
     stats = attention.comm_stats()
-    print(f"rank {rank}/{world}: out shard {tuple(out.shape)} sum {out.sum().item():.4f}; "
-          f"forward sent {stats['forward_bytes_sent']:,} B received {stats['forward_bytes_received']:,} B; "
-          f"backward sent {stats['backward_bytes_sent']:,} B received {stats['backward_bytes_received']:,} B",
-          flush=True)
+    print(
+        f"rank {rank}/{world}: out shard {tuple(out.shape)} sum {out.sum().item():.4f}; "
+        f"forward sent {stats['forward_bytes_sent']:,} B received {stats['forward_bytes_received']:,} B; "
+        f"backward sent {stats['backward_bytes_sent']:,} B received {stats['backward_bytes_received']:,} B",
+        flush=True,
+    )
     dist.destroy_process_group()
 
 

@@ -35,8 +35,14 @@ def main() -> None:
     batch, seq_len, heads, head_dim = 1, 4096, 8, 64
     segments, dilations = [512, 1024, 4096], [1, 2, 4]
     torch.manual_seed(0)  # same weights on every rank, as DDP would make them
-    attention = RingMultiheadDilatedAttention(heads * head_dim, heads, segment_lengths=segments, dilation_rates=dilations,
-                                              process_group=dist.group.WORLD, device=device)
+    attention = RingMultiheadDilatedAttention(
+        heads * head_dim,
+        heads,
+        segment_lengths=segments,
+        dilation_rates=dilations,
+        process_group=dist.group.WORLD,
+        device=device,
+    )
     x = torch.randn(batch, seq_len, heads * head_dim, generator=torch.Generator().manual_seed(1))
     shard = x[:, rank * seq_len // world : (rank + 1) * seq_len // world].to(device, copy=True).requires_grad_()
     out, _ = attention(shard, shard, shard, is_causal=False)
@@ -44,11 +50,14 @@ def main() -> None:
     stats = attention.comm_stats()
     expected = comm_volume("ring", seq_len, world, batch, heads, head_dim, 4, segments, dilations)[rank]
     full_kv = 2 * batch * (seq_len // world) * heads * head_dim * 4
-    print(f"rank {rank}/{world}: out {tuple(out.shape)}, |dx| {shard.grad.norm():.4f}; "
-          f"forward sent {stats['forward_bytes_sent']:,} B, received {stats['forward_bytes_received']:,} B; "
-          f"backward sent {stats['backward_bytes_sent']:,} B, received {stats['backward_bytes_received']:,} B; "
-          f"formula {'matches' if all(stats[k] == v for k, v in expected.items()) else 'DIFFERS: ' + str(expected)}; "
-          f"(unsparsified K/V shard would be {full_kv:,} B)", flush=True)
+    print(
+        f"rank {rank}/{world}: out {tuple(out.shape)}, |dx| {shard.grad.norm():.4f}; "
+        f"forward sent {stats['forward_bytes_sent']:,} B, received {stats['forward_bytes_received']:,} B; "
+        f"backward sent {stats['backward_bytes_sent']:,} B, received {stats['backward_bytes_received']:,} B; "
+        f"formula {'matches' if all(stats[k] == v for k, v in expected.items()) else 'DIFFERS: ' + str(expected)}; "
+        f"(unsparsified K/V shard would be {full_kv:,} B)",
+        flush=True,
+    )
     dist.destroy_process_group()
 
 

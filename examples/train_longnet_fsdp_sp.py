@@ -39,7 +39,9 @@ from dattn_cli.models import LongNetLM
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--sp", type=int, default=1, help="ranks per sequence-parallel group (divides the world)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (the whole, not a shard)")
@@ -51,8 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--attention", default="DistributedImprovedMultiheadDilatedAttention",
-                        help="a sequence-parallel multihead implementation (dattn impls)")
+    parser.add_argument(
+        "--attention",
+        default="DistributedImprovedMultiheadDilatedAttention",
+        help="a sequence-parallel multihead implementation (dattn impls)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -77,9 +82,17 @@ def setup(sp: int):
 
 def build(args: argparse.Namespace, mesh, device: torch.device) -> LongNetLM:
     torch.manual_seed(args.seed)  # the same initial weights on every rank; fully_shard keeps each rank's shard
-    model = LongNetLM(args.vocab, args.embed_dim, args.heads, args.layers, segment_lengths=ints(args.segments),
-                      dilation_rates=ints(args.dilations), attention=args.attention,
-                      process_group=mesh["sp"].get_group(), device=device)
+    model = LongNetLM(
+        args.vocab,
+        args.embed_dim,
+        args.heads,
+        args.layers,
+        segment_lengths=ints(args.segments),
+        dilation_rates=ints(args.dilations),
+        attention=args.attention,
+        process_group=mesh["sp"].get_group(),
+        device=device,
+    )
     for block in model.blocks:  # one FSDP unit per block (its weights gathered just before it runs), then the rest
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
@@ -123,8 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     model = build(args, mesh, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     if rank == 0:
-        print(f"world {world} = dp {world // args.sp} x sp {args.sp} on {device.type} ({dist.get_backend()}); "
-              f"{model.num_parameters():,} parameters; {model.blocks[0].attn.attention.describe()}", flush=True)
+        print(
+            f"world {world} = dp {world // args.sp} x sp {args.sp} on {device.type} ({dist.get_backend()}); "
+            f"{model.num_parameters():,} parameters; {model.blocks[0].attn.attention.describe()}",
+            flush=True,
+        )
     replica = mesh["dp"].get_local_rank()
     for step in range(1, args.steps + 1):
         loss, norm = train_step(model, optimizer, row_batch(args, step, replica, device), mesh)

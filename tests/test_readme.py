@@ -55,82 +55,124 @@ PROFILE_SMALL = ("--iterations", "2", "--warmup", "0")
 TOUR: dict[str, Small] = {
     "dattn impls": Small(expect=r"ImprovedDilatedAttention"),
     "dattn verify --quick": Small(
-        add=("--impl", "ImprovedDilatedAttention", *ONE_CASE_SET), expect=r"verify passed",
+        add=("--impl", "ImprovedDilatedAttention", *ONE_CASE_SET),
+        expect=r"verify passed",
         why="one implementation, longnet, causal: the whole quick matrix (280 checks) takes minutes on 2 cores; "
-            "tests/ check every implementation"),
+        "tests/ check every implementation",
+    ),
     "dattn verify --seq-len 4096 --segments 1024,2048 --dilations 1,2 --heads 4": Small(
-        set={"--seq-len": "256", "--segments": "64,128"}, add=ONE_CASE_SET, expect=r"verify passed",
-        why="N and the segments divided by 16, longnet, causal; every implementation that can run it still does"),
+        set={"--seq-len": "256", "--segments": "64,128"},
+        add=ONE_CASE_SET,
+        expect=r"verify passed",
+        why="N and the segments divided by 16, longnet, causal; every implementation that can run it still does",
+    ),
     "dattn verify --impl ImprovedDilatedAttention --dtype bfloat16 --json verify.json": Small(
-        add=ONE_CASE_SET, files=("verify.json",), why="longnet, causal only"),
+        add=ONE_CASE_SET, files=("verify.json",), why="longnet, causal only"
+    ),
     "dattn verify --full --backend math --backend sdpa": Small(
-        add=("--impl", "ImprovedDilatedAttention", *ONE_CASE_SET), expect=r"verify passed",
-        why="one implementation, longnet, causal: the full matrix for every implementation takes many minutes"),
+        add=("--impl", "ImprovedDilatedAttention", *ONE_CASE_SET),
+        expect=r"verify passed",
+        why="one implementation, longnet, causal: the full matrix for every implementation takes many minutes",
+    ),
     "dattn bench --impl ImprovedDilatedAttention --impl sdpa --seq-len 8k,16k,32k --out r.jsonl --plot r.png": Small(
-        set={"--seq-len": "1k"}, add=BENCH_SMALL, files=("r.jsonl", "r.png"), why="N = 1k, one timed call"),
+        set={"--seq-len": "1k"}, add=BENCH_SMALL, files=("r.jsonl", "r.png"), why="N = 1k, one timed call"
+    ),
     "dattn bench --impl ImprovedDilatedAttention --impl sdpa --seq-len 8k,16k,32k --out r.jsonl --resume": Small(
-        set={"--seq-len": "1k"}, add=BENCH_SMALL, why="the points of the line that wrote r.jsonl"),
+        set={"--seq-len": "1k"}, add=BENCH_SMALL, why="the points of the line that wrote r.jsonl"
+    ),
     "dattn bench --impl ImprovedDilatedAttention --seq-len 8k,16k --baseline r.jsonl --fail-on-regression 10": Small(
-        set={"--seq-len": "1k"}, add=BENCH_SMALL, exit_codes=(3,), expect=r"regression gate.*inconclusive",
+        set={"--seq-len": "1k"},
+        add=BENCH_SMALL,
+        exit_codes=(3,),
+        expect=r"regression gate.*inconclusive",
         why="N = 1k against r.jsonl's 1k row; one timed call a side is too few for a 95% CI, so the gate must say "
-            "inconclusive (exit 3); tests/cli/test_bench_cli.py checks exits 0, 1 and 3 with enough samples"),
+        "inconclusive (exit 3); tests/cli/test_bench_cli.py checks exits 0, 1 and 3 with enough samples",
+    ),
     "dattn bench --interleave --impl ImprovedDilatedAttention --impl sdpa --seq-len 8k --out ab.jsonl": Small(
-        set={"--seq-len": "1k"}, add=("--repeat", "6", "--warmup", "1", "--mode", "fwd"), files=("ab.jsonl",),
-        expect=r"round-robin", why="N = 1k forward, 6 timed calls a line"),
+        set={"--seq-len": "1k"},
+        add=("--repeat", "6", "--warmup", "1", "--mode", "fwd"),
+        files=("ab.jsonl",),
+        expect=r"round-robin",
+        why="N = 1k forward, 6 timed calls a line",
+    ),
     "dattn compare ab.jsonl --a ImprovedDilatedAttention --b sdpa": Small(
-        exit_codes=(0, 1, 3), expect=r"verdict: ",
-        why="which is faster at 1k, and whether 6 calls can tell, depends on this machine; exit 2 or a crash fails"),
+        exit_codes=(0, 1, 3),
+        expect=r"verdict: ",
+        why="which is faster at 1k, and whether 6 calls can tell, depends on this machine; exit 2 or a crash fails",
+    ),
     "dattn bench --until-oom --max-memory 2GiB --impl math --impl ImprovedDilatedAttention": Small(
-        set={"--max-memory": "64MiB"}, add=("--start-seq-len", "1k", *BENCH_SMALL),
+        set={"--max-memory": "64MiB"},
+        add=("--start-seq-len", "1k", *BENCH_SMALL),
         why="a 64 MiB cap: each search ends at its first point (math predicted over the cap, Improved measured "
-            "over it); the 2 GiB search takes about 5 minutes (benchmarks/RESULTS.md), the search logic is "
-            "tested in tests/bench"),
+        "over it); the 2 GiB search takes about 5 minutes (benchmarks/RESULTS.md), the search logic is "
+        "tested in tests/bench",
+    ),
     "dattn plan --check r.jsonl --profile cpu-host": Small(),
     "dattn plan --impl ImprovedDilatedAttention --seq-len 256k --json - | python -m json.tool": Small(
-        expect=r'^\{\s*$'),
+        expect=r"^\{\s*$"
+    ),
     "dattn profile --impl ImprovedDilatedAttention --seq-len 16k --trace trace.json": Small(
-        set={"--seq-len": "1k"}, add=PROFILE_SMALL, files=("trace.json",), why="N = 1k, two calls per setting"),
+        set={"--seq-len": "1k"}, add=PROFILE_SMALL, files=("trace.json",), why="N = 1k, two calls per setting"
+    ),
     "dattn verify --world-size 1,2,4": Small(
-        set={"--world-size": "1,2"}, add=("--impl", "RingDilatedAttention", *ONE_CASE_SET), expect=r"verify passed",
-        why="p = 1, 2, one distributed implementation, longnet, causal (all of them at p = 1, 2, 4: ~5 minutes)"),
+        set={"--world-size": "1,2"},
+        add=("--impl", "RingDilatedAttention", *ONE_CASE_SET),
+        expect=r"verify passed",
+        why="p = 1, 2, one distributed implementation, longnet, causal (all of them at p = 1, 2, 4: ~5 minutes)",
+    ),
     "torchrun --nproc_per_node 2 examples/head_parallel_torchrun.py": Small(expect=r"rank 1/2"),
     "torchrun --nproc_per_node 2 examples/ring_multihead_torchrun.py": Small(expect=r"formula matches"),
     "dattn bench --impl RingDilatedAttention --world-size 4 --seq-len 16k": Small(
-        set={"--world-size": "2", "--seq-len": "2k"}, add=BENCH_SMALL, why="2 ranks at N = 2k"),
+        set={"--world-size": "2", "--seq-len": "2k"}, add=BENCH_SMALL, why="2 ranks at N = 2k"
+    ),
     "python benchmarks/distributed_memory.py": Small(
         add=("--seq-len", "2k", "--world-size", "2", "--repeat", "1", "--mode", "fwd"),
         files=("results/distributed_memory-*.jsonl",),
-        why="the script's smallest run: N = 2k, p = 2 vs 1, forward (the default, N = 64k at p = 4, takes minutes)"),
+        why="the script's smallest run: N = 2k, p = 2 vs 1, forward (the default, N = 64k at p = 4, takes minutes)",
+    ),
     "dattn verify --impl BlockSparseRingDilatedAttention --pattern local --pattern longnet": Small(
-        add=ONE_CASE_SET, expect=r"verify passed", why="longnet, causal only"),
+        add=ONE_CASE_SET, expect=r"verify passed", why="longnet, causal only"
+    ),
     "dattn bench --impl BlockSparseRingDilatedAttention --impl sdpa --pattern local --density 0.05,0.1,0.25 "
     "--seq-len 8k --plot d.png": Small(
-        set={"--seq-len": "1k", "--density": "0.1,0.25"}, add=BENCH_SMALL, files=("d.png",),
-        why="N = 1k (8 blocks), two densities"),
-    "dattn profile --impl BlockSparseRingDilatedAttention --pattern hierarchical --window 2 --show-pattern pattern.png":
-        Small(add=("--seq-len", "2k", *PROFILE_SMALL), files=("pattern.png",), why="N = 2k, two calls per setting"),
+        set={"--seq-len": "1k", "--density": "0.1,0.25"},
+        add=BENCH_SMALL,
+        files=("d.png",),
+        why="N = 1k (8 blocks), two densities",
+    ),
+    "dattn profile --impl BlockSparseRingDilatedAttention --pattern hierarchical --window 2 --show-pattern pattern.png": Small(
+        add=("--seq-len", "2k", *PROFILE_SMALL), files=("pattern.png",), why="N = 2k, two calls per setting"
+    ),
     "python benchmarks/block_sparse.py": Small(
-        add=("--seq-len", "2k", "--repeat", "1", "--no-flex"), files=("results/block_sparse-*.png",),
-        why="the script's smallest run: N = 2k, one timed call, no FlexAttention compile (the default takes minutes)"),
+        add=("--seq-len", "2k", "--repeat", "1", "--no-flex"),
+        files=("results/block_sparse-*.png",),
+        why="the script's smallest run: N = 2k, one timed call, no FlexAttention compile (the default takes minutes)",
+    ),
     "dattn bench --target layer --embed-dim 768 --heads 12 --causal --seq-len 4k,8k --checkpointing --amp bf16": Small(
-        set={"--embed-dim": "64", "--heads": "2", "--seq-len": "1k"}, add=BENCH_SMALL,
+        set={"--embed-dim": "64", "--heads": "2", "--seq-len": "1k"},
+        add=BENCH_SMALL,
         why="a 64-wide block at N = 1k: bf16 autocast of the 768-wide block takes ~25 s a call on CPUs without "
-            "native bf16"),
+        "native bf16",
+    ),
     "dattn bench --target model --layers 12 --embed-dim 768 --heads 12 --until-oom --start-seq-len 1k "
     "--max-memory 3GiB": Small(
         set={"--layers": "1", "--embed-dim": "64", "--heads": "2", "--max-memory": "64MiB"},
         add=("--vocab-size", "256", *BENCH_SMALL),
         why="a one-layer 64-wide model under a 64 MiB cap: the search ends at its first point (a step of the "
-            "125M model takes 10-30 s on CPU)"),
+        "125M model takes 10-30 s on CPU)",
+    ),
     "dattn plan --target model --layers 12 --embed-dim 768 --heads 12 --profile h100-sxm-80gb --checkpointing --amp bf16 "
     "--max-seq": Small(expect=r"largest N"),
     "python benchmarks/layer_claims.py --cap 3GiB": Small(
-        set={"--cap": "1GiB"}, add=("--seq-len", "512", "--options", "plain"),
+        set={"--cap": "1GiB"},
+        add=("--seq-len", "512", "--options", "plain"),
         why="the script's smallest run: the plain and dense blocks at N = 512; under a 1 GiB cap the 125M model's "
-            "search ends before measuring (its weights and AdamW state alone are ~2 GiB); the planner part as is"),
+        "search ends before measuring (its weights and AdamW state alone are ~2 GiB); the planner part as is",
+    ),
     "dattn profiles list": Small(expect=r"cpu-host"),
-    "dattn plan --impl RingDilatedAttention --profile h100-sxm-80gb --seq-len 4m --world-size 8 --dtype bfloat16":
-        Small(expect=r"verdict"),
+    "dattn plan --impl RingDilatedAttention --profile h100-sxm-80gb --seq-len 4m --world-size 8 --dtype bfloat16": Small(
+        expect=r"verdict"
+    ),
     "dattn plan --profile cpu-host --max-seq --max-memory 2GiB --mode fwd": Small(expect=r"largest N"),
     "dattn env": Small(expect=r"torch"),
     "echo 'verify: {semantics: longnet, causal: true}' > opts.yaml": Small(files=("opts.yaml",)),
@@ -139,7 +181,8 @@ TOUR: dict[str, Small] = {
         add=("--fwd-n", "1024", "--fwdbwd-n", "1024", "--repeat", "1", "--heads", "2", "--no-memory"),
         expect=r"Improved / Dilated",
         why="the script's smallest run: N = 1k, one round, 2 heads, time only (the targets, N = 32k/16k with "
-            "memory measured in ten spawned processes, take minutes)"),
+        "memory measured in ten spawned processes, take minutes)",
+    ),
 }
 
 
@@ -210,8 +253,11 @@ def test_every_tour_line_has_an_entry():
     missing = [k for k in keys if k not in TOUR]
     unused = [k for k in TOUR if k not in keys]
     assert not missing, "README tour lines without a TOUR entry in tests/test_readme.py (add one each):\n" + "\n".join(
-        f"    {k!r}: Small(...)," for k in missing)
-    assert not unused, "TOUR entries whose line is no longer in the README (remove or update them):\n" + "\n".join(unused)
+        f"    {k!r}: Small(...)," for k in missing
+    )
+    assert not unused, "TOUR entries whose line is no longer in the README (remove or update them):\n" + "\n".join(
+        unused
+    )
 
 
 def test_entries_apply_to_their_lines():
@@ -244,11 +290,23 @@ def free_port() -> int:
 
 
 def run_line(command: str, cwd: Path, timeout: int) -> tuple[int, str]:
-    env = {**os.environ, "PATH": f"{cwd / '.bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "PET_MASTER_PORT": str(free_port()), "MPLBACKEND": "Agg", "COLUMNS": "160"}
-    proc = subprocess.Popen(["bash", "-o", "pipefail", "-c", command], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env = {
+        **os.environ,
+        "PATH": f"{cwd / '.bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PET_MASTER_PORT": str(free_port()),
+        "MPLBACKEND": "Agg",
+        "COLUMNS": "160",
+    }
+    proc = subprocess.Popen(
+        ["bash", "-o", "pipefail", "-c", command],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

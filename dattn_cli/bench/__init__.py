@@ -6,6 +6,13 @@ from .plot import fit_exponent, plot_rows
 from .sweep import ImplSummary, SweepResult, run_sweep
 
 __all__ = [
-    "Sweep", "fit_exponent", "plot_rows", "BenchRow", "read_rows", "rows_frame",
-    "ImplSummary", "SweepResult", "run_sweep",
+    "Sweep",
+    "fit_exponent",
+    "plot_rows",
+    "BenchRow",
+    "read_rows",
+    "rows_frame",
+    "ImplSummary",
+    "SweepResult",
+    "run_sweep",
 ]

@@ -53,11 +53,16 @@ class AttachedRunner:
         rank, first = next(((k, r) for k, r in failed if not peer_symptom(str(r.get("error", "")))), failed[0])
         self.broken = f"not measured: an earlier point failed on rank {rank} (attached world; see that row)"
         said = str(first.get("error") or first.get("reason"))
-        return {**first, "reason": f"{first.get('reason', 'failed')} on rank {rank}",
-                "error": (said if said.startswith(f"rank {rank} ") else f"rank {rank}: {said}")[:500]}
+        return {
+            **first,
+            "reason": f"{first.get('reason', 'failed')} on rank {rank}",
+            "error": (said if said.startswith(f"rank {rank} ") else f"rank {rank}: {said}")[:500],
+        }
 
     def _exchange(self, result: dict) -> list[dict]:
         """Every rank's result for this point, in rank order; a rank silent past the deadline as an error."""
         results = exchange(f"bench/{self.points}", result, self.world, self.timeout_s)
-        return [{"status": "error", "reason": "a rank failed", "error": r.message} if isinstance(r, RankSilent) else r
-                for r in results]
+        return [
+            {"status": "error", "reason": "a rank failed", "error": r.message} if isinstance(r, RankSilent) else r
+            for r in results
+        ]

@@ -12,9 +12,8 @@ from ..kernels.registry import REGISTRY
 from ..runtime.attach import local_ranks
 from ..runtime.contention import measurement_threads
 from ..runtime.limits import check_spawned_ranks
-from ..workload.parse import MAX_CALLS, MAX_THREADS, MAX_SECONDS, MAX_SEED, MAX_SEQ_LEN, check_count, check_number
+from ..workload.parse import MAX_CALLS, MAX_SECONDS, MAX_SEED, MAX_SEQ_LEN, MAX_THREADS, check_count, check_number
 from ..workload.problem import Problem
-
 
 DEFAULT_PROCESSES = 3  # bench.processes: an outlier process is one of three
 
@@ -88,28 +87,42 @@ class Sweep(Problem):
         return check_number("--" + info.field_name.replace("_", "-"), value, 0, MAX_SECONDS, low_open=True)
 
     @model_validator(mode="after")
-    def _sweep_consistent(self) -> "Sweep":
+    def _sweep_consistent(self) -> Sweep:
         if not self.impls:
             raise ValueError("--impl: give at least one implementation or baseline")
         if self.until_oom == bool(self.seq_lens):
             raise ValueError("give exactly one of --seq-len and --until-oom")
         if self.documents is not None and self.seq_lens != [self.seq_len]:
-            raise ValueError(f"--documents pack {self.seq_len:,} tokens: measure that one length (leave --seq-len out, "
-                             "no --until-oom)")
+            raise ValueError(
+                f"--documents pack {self.seq_len:,} tokens: measure that one length (leave --seq-len out, "
+                "no --until-oom)"
+            )
         if self.world_size > 1 and not self.attached:
             check_spawned_ranks(self.world_size, device=self.device)
         if self.processes is None:
-            self.processes = 1 if (self.repeat is not None or self.until_oom or self.interleave or self.world_size > 1
-                                   or self.attached) else DEFAULT_PROCESSES
+            self.processes = (
+                1
+                if (
+                    self.repeat is not None or self.until_oom or self.interleave or self.world_size > 1 or self.attached
+                )
+                else DEFAULT_PROCESSES
+            )
         elif self.processes > 1 and (self.until_oom or self.interleave or self.world_size > 1 or self.attached):
-            raise ValueError(f"--processes {self.processes}: only single-process points of a --seq-len sweep take "
-                             "several processes (not --until-oom, --interleave or distributed points): drop it")
+            raise ValueError(
+                f"--processes {self.processes}: only single-process points of a --seq-len sweep take "
+                "several processes (not --until-oom, --interleave or distributed points): drop it"
+            )
         if self.threads is None:  # attached: the ranks on this node share its CPUs
             self.threads = measurement_threads(None, local_ranks() if self.attached else self.world_size)
         if self.interleave and (self.until_oom or self.world_size > 1):
-            raise ValueError("--interleave times the lines of each --seq-len round-robin in one process: not with "
-                             + ("--until-oom (its lengths differ per implementation)" if self.until_oom else
-                                "--world-size > 1; compare the runs with dattn compare instead"))
+            raise ValueError(
+                "--interleave times the lines of each --seq-len round-robin in one process: not with "
+                + (
+                    "--until-oom (its lengths differ per implementation)"
+                    if self.until_oom
+                    else "--world-size > 1; compare the runs with dattn compare instead"
+                )
+            )
         for impl in self.impls:
             for point in self.variants(impl):
                 point.with_(seq_len=self.seq_lens[0] if self.seq_lens else self.start)  # each refused here, by name

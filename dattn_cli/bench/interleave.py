@@ -10,7 +10,8 @@ others go on; the time budget is --max-seconds per line.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..runtime.limits import address_space_capped, cap_address_space
 from ..runtime.measure import return_freed_memory, reuse_freed_memory, rss_bytes
@@ -20,8 +21,10 @@ from .point import TIMING_HEADROOM, ColdCache, _stepper, _too_slow, peak_of_one_
 from .probes import Probes
 from .sampling import Clock, take_samples, warm_up
 
-MEM_METHOD = ("peak RSS of one call after the first, freed memory returned to the OS, above the interleaved worker's "
-              "RSS before this line was built (the lines built before it left out), inputs included")
+MEM_METHOD = (
+    "peak RSS of one call after the first, freed memory returned to the OS, above the interleaved worker's "
+    "RSS before this line was built (the lines built before it left out), inputs included"
+)
 
 
 class LineFailed(Exception):
@@ -43,6 +46,7 @@ class _Line:
                 return self.step()
             except Exception as exc:  # this line fails; the others are timed again without it
                 raise LineFailed(self.index, exc) from exc
+
         return step
 
 
@@ -60,9 +64,12 @@ def _prepare(sweep: Sweep, line: _Line, returns_memory: bool, cold: ColdCache) -
     if sweep.cuda:
         return None
     peak, exact = peak_of_one_call(line.step, before, returns_memory)
-    line.memory = {"peak_mem_bytes": peak,
-                   "mem_method": MEM_METHOD if exact else "peak RSS of the interleaved worker (all lines) above its "
-                                                          "RSS before this line was built"}
+    line.memory = {
+        "peak_mem_bytes": peak,
+        "mem_method": MEM_METHOD
+        if exact
+        else "peak RSS of the interleaved worker (all lines) above its RSS before this line was built",
+    }
     return None
 
 
@@ -114,7 +121,9 @@ def _time_round_robin(sweep: Sweep, lines: list[_Line], clock: Clock, flush_byte
         if line.problem.target != "attention":
             fields["params"] = sum(p.numel() for p in line.module.parameters())
         if sweep.cuda:
-            fields.update(peak_mem_bytes=torch.cuda.max_memory_allocated() - flush_bytes,
-                          mem_method="torch.cuda.max_memory_allocated over all interleaved lines (allocator view)")
+            fields.update(
+                peak_mem_bytes=torch.cuda.max_memory_allocated() - flush_bytes,
+                mem_method="torch.cuda.max_memory_allocated over all interleaved lines (allocator view)",
+            )
         rows.append(fields)
     return rows

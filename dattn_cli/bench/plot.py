@@ -37,7 +37,9 @@ def plot_rows(rows: list[BenchRow], path: Path) -> dict[str, dict[str, float | N
         scale = 2**20 if field == "peak_mem_bytes" else 1
         for i, impl in enumerate(impls):
             color = colors[i % len(colors)]
-            ok = sorted((r for r in rows if r.impl == impl and r.status == "ok" and getattr(r, field)), key=lambda r: r.seq_len)
+            ok = sorted(
+                (r for r in rows if r.impl == impl and r.status == "ok" and getattr(r, field)), key=lambda r: r.seq_len
+            )
             xs = [r.seq_len for r in ok]
             ys = [getattr(r, field) / scale for r in ok]
             slope = fit_exponent(xs, ys)
@@ -45,12 +47,21 @@ def plot_rows(rows: list[BenchRow], path: Path) -> dict[str, dict[str, float | N
             legend = f"{impl}: {name} ~ N^{slope:.2f}" if slope is not None else f"{impl}"
             if ok:
                 ax.plot(xs, ys, "o-", color=color, label=legend)
-            failed = sorted((r for r in rows if r.impl == impl and r.status in ("oom", "skipped", "error")), key=lambda r: r.seq_len)
+            failed = sorted(
+                (r for r in rows if r.impl == impl and r.status in ("oom", "skipped", "error")), key=lambda r: r.seq_len
+            )
             if failed:
                 y = ys[-1] if ys else 1.0
                 first = failed[0]
-                ax.scatter([first.seq_len], [y], marker="x", s=90, color=color, zorder=5,
-                           label=f"{impl}: {first.status} at N={first.seq_len}")
+                ax.scatter(
+                    [first.seq_len],
+                    [y],
+                    marker="x",
+                    s=90,
+                    color=color,
+                    zorder=5,
+                    label=f"{impl}: {first.status} at N={first.seq_len}",
+                )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length N")
@@ -59,8 +70,11 @@ def plot_rows(rows: list[BenchRow], path: Path) -> dict[str, dict[str, float | N
         ax.legend(fontsize=7)
     sample = rows[0] if rows else None
     if sample:
-        fig.suptitle(f"dattn bench: {sample.mode}, {sample.dtype}, B={sample.batch} H={sample.heads} D={sample.head_dim}, "
-                     f"segments {sample.segments}, dilations {sample.dilations}, {sample.device}", fontsize=9)
+        fig.suptitle(
+            f"dattn bench: {sample.mode}, {sample.dtype}, B={sample.batch} H={sample.heads} D={sample.head_dim}, "
+            f"segments {sample.segments}, dilations {sample.dilations}, {sample.device}",
+            fontsize=9,
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -81,8 +95,10 @@ class DensityFit(BaseModel):
     def line(self) -> str:
         if self.slope_ms is None:
             return f"{self.impl} N={self.seq_len}: fewer than two densities measured"
-        return (f"{self.impl} N={self.seq_len}: time = {self.intercept_ms:.1f} ms + {self.slope_ms:.1f} ms x density "
-                f"(log-log exponent {self.exponent:.2f}; 1.00 = proportional)")
+        return (
+            f"{self.impl} N={self.seq_len}: time = {self.intercept_ms:.1f} ms + {self.slope_ms:.1f} ms x density "
+            f"(log-log exponent {self.exponent:.2f}; 1.00 = proportional)"
+        )
 
 
 def fit_density(rows: list[BenchRow]) -> list[DensityFit]:
@@ -99,8 +115,17 @@ def fit_density(rows: list[BenchRow]) -> list[DensityFit]:
             mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
             slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
             intercept = my - slope * mx
-        fits.append(DensityFit(impl=impl, seq_len=n, densities=xs, times_ms=ys, slope_ms=slope, intercept_ms=intercept,
-                               exponent=fit_exponent(xs, ys)))
+        fits.append(
+            DensityFit(
+                impl=impl,
+                seq_len=n,
+                densities=xs,
+                times_ms=ys,
+                slope_ms=slope,
+                intercept_ms=intercept,
+                exponent=fit_exponent(xs, ys),
+            )
+        )
     return fits
 
 

@@ -18,14 +18,22 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..kernels.distributed.sharding import padding_mask
 from ..kernels.registry import shard_call_options, shard_length
 from ..runtime.limits import address_space_capped, cap_address_space
+from ..runtime.measure import (
+    nvml_used_bytes,
+    peak_rss_bytes,
+    quantile,
+    reset_peak_rss,
+    return_freed_memory,
+    reuse_freed_memory,
+    rss_bytes,
+)
 from ..runtime.timings import median_ci_pct, relative_iqr
-from ..runtime.measure import (nvml_used_bytes, peak_rss_bytes, quantile, reset_peak_rss, return_freed_memory,
-                               reuse_freed_memory, rss_bytes)
 from ..workload.build import build_call
 from ..workload.counts import total_flops
 from ..workload.problem import Problem
@@ -33,8 +41,10 @@ from .config import Sweep
 from .probes import Probes
 from .sampling import Agree, Clock, alone, take_samples, warm_up
 
-CPU_MEM_METHOD = ("peak RSS of one call after the warm-up, freed memory returned to the OS (glibc mmap threshold "
-                  "64 KiB from worker start-up), above the isolated worker's RSS after start-up, inputs included")
+CPU_MEM_METHOD = (
+    "peak RSS of one call after the warm-up, freed memory returned to the OS (glibc mmap threshold "
+    "64 KiB from worker start-up), above the isolated worker's RSS after start-up, inputs included"
+)
 CPU_MEM_METHOD_FALLBACK = "peak RSS (ru_maxrss) of the isolated worker above its RSS after start-up, inputs included"
 GPU_MEM_METHOD = "torch.cuda.max_memory_allocated after reset_peak_memory_stats (allocator view)"
 TIMING_HEADROOM = 2  # x --max-memory for the timed calls on CPU (see the module docstring)
@@ -95,6 +105,7 @@ def _stepper(sweep: Sweep, problem: Problem, group: Any, flush: ColdCache) -> tu
         else:
             seconds = time.perf_counter() - t0
         return seconds if group is None else _slowest(seconds, group)
+
     return step, call.module
 
 
@@ -128,6 +139,7 @@ def _agreement(group: Any) -> Agree:
 
     def agree(flag: bool) -> bool:
         return _slowest(1.0 if flag else 0.0, group) > 0.5
+
     return agree
 
 
@@ -140,9 +152,14 @@ def _too_slow(sweep: Sweep, first: float, clock: Clock) -> dict | None:
     projected = clock.spent() + first * (warmup + timed + untimed)
     if projected <= sweep.max_seconds:
         return None
-    calls = (f"{timed} timed call{'s' if timed > 1 else ''}" + (f" and {untimed + warmup} untimed" if untimed + warmup else ""))
-    return {"status": "skipped", "reason": f"time: one call took {first:.2f} s; with {calls} the point would take "
-            f"about {projected:.1f} s, over --max-seconds {sweep.max_seconds:g}"}
+    calls = f"{timed} timed call{'s' if timed > 1 else ''}" + (
+        f" and {untimed + warmup} untimed" if untimed + warmup else ""
+    )
+    return {
+        "status": "skipped",
+        "reason": f"time: one call took {first:.2f} s; with {calls} the point would take "
+        f"about {projected:.1f} s, over --max-seconds {sweep.max_seconds:g}",
+    }
 
 
 def peak_of_one_call(step: Callable[[], float], base_rss: int, returns_memory: bool) -> tuple[int, bool]:
@@ -188,15 +205,21 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
     warmup_calls, warm = warm_up([step], sweep.warmup, clock, agree)
     calls_before = module.comm_stats() if hasattr(module, "comm_stats") else None
     (times,), stopped_by = take_samples([step], sweep.repeat, sweep.precision, clock, agree)
-    result = {**timing_fields(problem, times, sweep, stopped_by, probes.fields()),
-              "warmup_calls": warmup_calls, "warmup_settled": warm}
+    result = {
+        **timing_fields(problem, times, sweep, stopped_by, probes.fields()),
+        "warmup_calls": warmup_calls,
+        "warmup_settled": warm,
+    }
     if problem.target != "attention":
         result["params"] = sum(p.numel() for p in module.parameters())
     if calls_before is not None:
         result.update(_bytes_moved(calls_before, module.comm_stats(), len(times)))
     if sweep.cuda:
-        memory = dict(peak_mem_bytes=torch.cuda.max_memory_allocated() - cold.nbytes, mem_method=GPU_MEM_METHOD,
-                      nvml_used_bytes=nvml_used_bytes(torch.cuda.current_device()))
+        memory = dict(
+            peak_mem_bytes=torch.cuda.max_memory_allocated() - cold.nbytes,
+            mem_method=GPU_MEM_METHOD,
+            nvml_used_bytes=nvml_used_bytes(torch.cuda.current_device()),
+        )
     return {**result, **memory}
 
 
@@ -208,11 +231,19 @@ def timing_fields(problem: Problem, times: list[float], sweep: Sweep, stopped_by
     reasons = [noise_reason(summary["noise"]), probed.pop("contention", None), probed.pop("throttle", None)]
     if stopped_by in ("max-seconds", "max-samples"):
         reached = f"+-{ci_pct:.1f}%" if ci_pct is not None else "no 95% CI (fewer than 6 samples)"
-        reasons.append(f"stopped by {stopped_by} after {len(times)} samples with the median known to {reached}, "
-                       f"not --precision {sweep.precision:g}%")
+        reasons.append(
+            f"stopped by {stopped_by} after {len(times)} samples with the median known to {reached}, "
+            f"not --precision {sweep.precision:g}%"
+        )
     reasons = [r for r in reasons if r]
-    return {"status": "ok", **summary, "stopped_by": stopped_by, **probed, "noisy": bool(reasons),
-            "noisy_reason": "; ".join(reasons) or None}
+    return {
+        "status": "ok",
+        **summary,
+        "stopped_by": stopped_by,
+        **probed,
+        "noisy": bool(reasons),
+        "noisy_reason": "; ".join(reasons) or None,
+    }
 
 
 def summary_fields(problem: Problem, times: list[float]) -> dict:
@@ -220,10 +251,18 @@ def summary_fields(problem: Problem, times: list[float]) -> dict:
     ordered = sorted(times)
     median = statistics.median(ordered)
     flops = total_flops(problem)
-    return {"time_ms": median * 1e3, "repeats": len(times),
-            "time_ms_p10": quantile(ordered, 0.1) * 1e3, "time_ms_p90": quantile(ordered, 0.9) * 1e3,
-            "tokens_per_s": problem.batch * problem.seq_len / median, "flops": flops, "tflops": flops / median / 1e12,
-            "samples_ms": [t * 1e3 for t in times], "noise": noise(ordered), "median_ci_pct": median_ci_pct(times)}
+    return {
+        "time_ms": median * 1e3,
+        "repeats": len(times),
+        "time_ms_p10": quantile(ordered, 0.1) * 1e3,
+        "time_ms_p90": quantile(ordered, 0.9) * 1e3,
+        "tokens_per_s": problem.batch * problem.seq_len / median,
+        "flops": flops,
+        "tflops": flops / median / 1e12,
+        "samples_ms": [t * 1e3 for t in times],
+        "noise": noise(ordered),
+        "median_ci_pct": median_ci_pct(times),
+    }
 
 
 NOISY_IQR = 0.10  # relative IQR above which a point's median alone is not trusted

@@ -14,7 +14,7 @@ because --max-seconds is the point's budget and the processes share it.
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 from ..workload.problem import Problem
 from .config import Sweep
@@ -52,16 +52,23 @@ def pooled(results: list[dict], problem: Problem, sweep: Sweep) -> dict:
                 reasons.append(reason)
     stops = [r["stopped_by"] for r in results]
     if short := next((s for s in stops if s in ("max-seconds", "max-samples")), None):
-        reasons.append(f"stopped by {short} in {stops.count(short)} of {len(results)} processes before --precision "
-                       f"{sweep.precision:g}%")
+        reasons.append(
+            f"stopped by {short} in {stops.count(short)} of {len(results)} processes before --precision "
+            f"{sweep.precision:g}%"
+        )
     others = [r["other_cpus"] for r in results if r.get("other_cpus") is not None]
     merged.update(
-        process_medians_ms=[statistics.median(r["samples_ms"]) for r in results], processes=len(results),
+        process_medians_ms=[statistics.median(r["samples_ms"]) for r in results],
+        processes=len(results),
         stopped_by=stops[-1] if len(set(stops)) == 1 else ",".join(stops),
-        other_cpus=max(others) if others else None, contended=any(r.get("contended") for r in results),
+        other_cpus=max(others) if others else None,
+        contended=any(r.get("contended") for r in results),
         throttled=any(r.get("throttled") for r in results),
-        gpu_after=results[-1].get("gpu_after"), peak_mem_bytes=max(r.get("peak_mem_bytes") or 0 for r in results),
+        gpu_after=results[-1].get("gpu_after"),
+        peak_mem_bytes=max(r.get("peak_mem_bytes") or 0 for r in results),
         warmup_calls=max(r.get("warmup_calls") or 0 for r in results),
         warmup_settled=all(r.get("warmup_settled", True) for r in results),
-        noisy=bool(reasons), noisy_reason="; ".join(reasons) or None)
+        noisy=bool(reasons),
+        noisy_reason="; ".join(reasons) or None,
+    )
     return merged

@@ -16,8 +16,8 @@ that reads a clock goes through `agree` (an all-reduce).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from ..runtime.timings import median_ci_pct, settled
 
@@ -74,8 +74,9 @@ def warm_up(steps: Sequence[Step], warmup: int | None, clock: Clock, agree: Agre
         last = _round(steps, history)
 
 
-def take_samples(steps: Sequence[Step], repeat: int | None, precision_pct: float, clock: Clock,
-                 agree: Agree = alone) -> tuple[list[list[float]], str]:
+def take_samples(
+    steps: Sequence[Step], repeat: int | None, precision_pct: float, clock: Clock, agree: Agree = alone
+) -> tuple[list[list[float]], str]:
     """The timed calls of every step, round-robin: `repeat` of them, or adaptively (module docstring)."""
     samples: list[list[float]] = [[] for _ in steps]
     while True:

@@ -71,16 +71,23 @@ def summarize(impl: str, best: int | None, row: BenchRow | None, extra: str = ""
     """A line's summary; `row` is the one that stopped it (None: every length ran ok)."""
     if row is None:
         return ImplSummary(impl=impl, max_ok_seq_len=best)
-    return ImplSummary(impl=impl, max_ok_seq_len=best, stopped_by=stop_reason(row), stopped_at=row.seq_len,
-                       limit=describe_stop(row) + extra)
+    return ImplSummary(
+        impl=impl,
+        max_ok_seq_len=best,
+        stopped_by=stop_reason(row),
+        stopped_at=row.seq_len,
+        limit=describe_stop(row) + extra,
+    )
 
 
 def scaling_exponents(rows: list[BenchRow]) -> dict[str, float | None]:
     """Fitted time and memory exponents (y ~ N^slope) over the ok rows of one line."""
     ok = sorted((r for r in rows if r.status == "ok"), key=lambda r: r.seq_len)
     lengths = [r.seq_len for r in ok]
-    return {"time_exponent": fit_exponent(lengths, [r.time_ms for r in ok]),
-            "memory_exponent": fit_exponent(lengths, [r.peak_mem_bytes for r in ok])}
+    return {
+        "time_exponent": fit_exponent(lengths, [r.time_ms for r in ok]),
+        "memory_exponent": fit_exponent(lengths, [r.peak_mem_bytes for r in ok]),
+    }
 
 
 def dense_baseline(rows: list[BenchRow]) -> str | None:
@@ -98,5 +105,6 @@ def time_ratios(rows: list[BenchRow]) -> tuple[str | None, list[float | None]]:
     """The dense baseline and each row's time over the baseline's time at the same N (None where either is missing)."""
     base = dense_baseline(rows)
     times = {r.seq_len: r.time_ms for r in rows if r.impl == base and r.status == "ok" and r.time_ms}
-    return base, [r.time_ms / times[r.seq_len] if r.status == "ok" and r.time_ms and r.seq_len in times else None
-                  for r in rows]
+    return base, [
+        r.time_ms / times[r.seq_len] if r.status == "ok" and r.time_ms and r.seq_len in times else None for r in rows
+    ]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pydantic import BaseModel
 
@@ -13,8 +13,8 @@ from ..workload.problem import Problem
 from ..workload.records import BenchRow, pattern_fields, point_key, row_fields, rows_with_settings, settings_mismatch
 from ..workload.reportfile import ReportFile
 from .config import Sweep
-from .summary import PREDICTED, ImplSummary, scaling_exponents, stop_reason, summarize
 from .processes import run_in_processes
+from .summary import PREDICTED, ImplSummary, scaling_exponents, stop_reason, summarize
 from .worker import make_row, run_distributed_point, run_isolated, run_isolated_group
 
 Runner = Callable[[Sweep, Problem], dict]
@@ -49,8 +49,13 @@ def environment_record(cfg: Sweep, command: list[str] | None) -> dict:
 
     env = collect_environment().model_dump()
     env["torch_threads"] = cfg.threads  # what the workers run with, not this process
-    return {"record": "environment", **env, "seed": cfg.seed, "command": command or ["dattn", *sys.argv[1:]],
-            "config": cfg.model_dump()}
+    return {
+        "record": "environment",
+        **env,
+        "seed": cfg.seed,
+        "command": command or ["dattn", *sys.argv[1:]],
+        "config": cfg.model_dump(),
+    }
 
 
 MEMORY_LIMITS = ("memory", "prediction")  # what until-oom bisects towards
@@ -63,10 +68,17 @@ def run_points(sweep: Sweep, problem: Problem) -> dict:
 
 def measurement_settings(sweep: Sweep) -> dict:
     """The settings each row records beside its problem; a resumed point must have been measured with them."""
-    return {"repeat": sweep.repeat, "warmup": sweep.warmup, "precision": sweep.precision if sweep.repeat is None else None,
-            "cache": sweep.cache, "max_memory": sweep.max_memory,
-            "max_seconds": sweep.max_seconds, "seed": sweep.seed, "threads": sweep.threads,
-            "processes": sweep.processes}
+    return {
+        "repeat": sweep.repeat,
+        "warmup": sweep.warmup,
+        "precision": sweep.precision if sweep.repeat is None else None,
+        "cache": sweep.cache,
+        "max_memory": sweep.max_memory,
+        "max_seconds": sweep.max_seconds,
+        "seed": sweep.seed,
+        "threads": sweep.threads,
+        "processes": sweep.processes,
+    }
 
 
 def _would_measure(sweep: Sweep, row: BenchRow) -> bool:
@@ -92,8 +104,10 @@ def _start_report(report: ReportFile, sweep: Sweep, resume: bool, environment: d
     settings = measurement_settings(sweep)
     for number, row in rows:
         if (differs := settings_mismatch(row, settings)) and _would_measure(sweep, row):
-            raise ValueError(f"--resume: {report.path}:{number} ({row.impl} N={row.seq_len:,}) was measured with "
-                             f"{differs}: resume with the report's settings, or write a new --out")
+            raise ValueError(
+                f"--resume: {report.path}:{number} ({row.impl} N={row.seq_len:,}) was measured with "
+                f"{differs}: resume with the report's settings, or write a new --out"
+            )
     if note := report.repair_tail():
         print(f"dattn: note: {note}", file=sys.stderr)
     report.append(environment)
@@ -101,8 +115,16 @@ def _start_report(report: ReportFile, sweep: Sweep, resume: bool, environment: d
 
 
 class _Sweeper:
-    def __init__(self, sweep: Sweep, report: ReportFile | None, done: dict[tuple, BenchRow], on_row, runner: Runner,
-                 predict: Predict | None, group_runner: GroupRunner = run_isolated_group):
+    def __init__(
+        self,
+        sweep: Sweep,
+        report: ReportFile | None,
+        done: dict[tuple, BenchRow],
+        on_row,
+        runner: Runner,
+        predict: Predict | None,
+        group_runner: GroupRunner = run_isolated_group,
+    ):
         self.sweep, self.report, self.on_row, self.runner, self.predict = sweep, report, on_row, runner, predict
         self.group_runner = group_runner
         self.line: Problem | None = None  # the problem of the line being measured (impl, density)
@@ -142,16 +164,22 @@ class _Sweeper:
         if blocked:
             return {"status": "skipped", "reason": blocked}
         if not self.sweep.cuda and predicted is not None and predicted > PREDICTION_MARGIN * cap:
-            return {"status": "skipped", "reason": f"{PREDICTED} {predicted / 2**30:.2f} GiB, more than "
-                    f"{PREDICTION_MARGIN:g} x --max-memory {cap / 2**30:.2f} GiB"}
+            return {
+                "status": "skipped",
+                "reason": f"{PREDICTED} {predicted / 2**30:.2f} GiB, more than "
+                f"{PREDICTION_MARGIN:g} x --max-memory {cap / 2**30:.2f} GiB",
+            }
         return None
 
     def checked(self, result: dict) -> dict:
         """A CPU point whose measured peak is above --max-memory is an oom row."""
         cap, measured = self.sweep.max_memory, result.get("peak_mem_bytes")
         if not self.sweep.cuda and result.get("status") == "ok" and measured and measured > cap:
-            result = {**result, "status": "oom", "reason": f"measured peak {measured / 2**30:.2f} GiB above "
-                      f"--max-memory {cap / 2**30:.2f} GiB"}
+            result = {
+                **result,
+                "status": "oom",
+                "reason": f"measured peak {measured / 2**30:.2f} GiB above --max-memory {cap / 2**30:.2f} GiB",
+            }
         return result
 
     def fixed(self) -> ImplSummary:
@@ -172,8 +200,12 @@ class _Sweeper:
                 break
             ok, n = n, n * 2
         else:
-            return ImplSummary(impl=impl, max_ok_seq_len=ok, stopped_by="doublings",
-                               limit=f"stopped after {MAX_DOUBLINGS} doublings, every length ran ok")
+            return ImplSummary(
+                impl=impl,
+                max_ok_seq_len=ok,
+                stopped_by="doublings",
+                limit=f"stopped after {MAX_DOUBLINGS} doublings, every length ran ok",
+            )
         if stop_reason(row) not in MEMORY_LIMITS:
             return summarize(impl, ok, row)
         oom = row

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from ..runtime.attach import backend as attach_backend
-from ..runtime.launch import DistributedError, run_distributed, run_isolated as launch_isolated
+from ..runtime.launch import DistributedError, run_distributed
+from ..runtime.launch import run_isolated as launch_isolated
 from ..runtime.limits import RLIMIT_SLACK, cap_address_space, is_oom
 from ..runtime.measure import rss_bytes
 from ..workload.problem import Problem
@@ -67,8 +68,11 @@ def failure_row(exc: BaseException) -> dict:
     message = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:500]
     if not oom and os.environ.get("DATTN_DEBUG"):
         traceback.print_exc()
-    return {"status": "oom" if oom else "error", "error": message,
-            "reason": "out of memory" if oom else "exception in worker"}
+    return {
+        "status": "oom" if oom else "error",
+        "error": message,
+        "reason": "out of memory" if oom else "exception in worker",
+    }
 
 
 def run_isolated(sweep: Sweep, problem: Problem, child: Callable = _child) -> dict:
@@ -83,14 +87,19 @@ def run_isolated_group(sweep: Sweep, problems: list[Problem]) -> list[dict]:
     return result if isinstance(result, list) else [result] * len(problems)
 
 
-def _launch(sweep: Sweep, child: Callable, problem_data: "dict | list[dict]", lines: int):
+def _launch(sweep: Sweep, child: Callable, problem_data: dict | list[dict], lines: int):
     """A fresh worker running child(conn, sweep, problem_data): --max-seconds per line (plus 30 s to start), and
     on CPU its RSS watched against twice --max-memory."""
     rss_limit = None if sweep.cuda else int(TIMING_HEADROOM * sweep.max_memory + RLIMIT_SLACK)
     per_line = " per interleaved line" if lines > 1 else ""
-    return launch_isolated(child, (sweep.model_dump(), problem_data), deadline_s=sweep.max_seconds * lines + 30.0,
-                           deadline_text=f"--max-seconds {sweep.max_seconds:g}{per_line}", rss_limit=rss_limit,
-                           rss_limit_text=f"{TIMING_HEADROOM}x --max-memory")
+    return launch_isolated(
+        child,
+        (sweep.model_dump(), problem_data),
+        deadline_s=sweep.max_seconds * lines + 30.0,
+        deadline_text=f"--max-seconds {sweep.max_seconds:g}{per_line}",
+        rss_limit=rss_limit,
+        rss_limit_text=f"{TIMING_HEADROOM}x --max-memory",
+    )
 
 
 def measure_rank(rank: int, world: int, sweep_data: dict, problem_data: dict) -> dict:
@@ -117,13 +126,22 @@ def run_distributed_point(sweep: Sweep, problem: Problem) -> dict:
         return {"status": "skipped", "reason": f"cannot shard: {reason}"}
     backend = attach_backend() if sweep.cuda else "gloo"  # CUDA: CPU tensors (the clock's all-reduces) still over gloo
     try:
-        per_rank = run_distributed(measure_rank, problem.world_size, sweep.model_dump(), problem.model_dump(),
-                                   backend=backend, timeout_s=sweep.dist_timeout + sweep.max_seconds)
+        per_rank = run_distributed(
+            measure_rank,
+            problem.world_size,
+            sweep.model_dump(),
+            problem.model_dump(),
+            backend=backend,
+            timeout_s=sweep.dist_timeout + sweep.max_seconds,
+        )
     except DistributedError as exc:
         text = str(exc)
         oom = any(s in text.lower() for s in OOM_TEXT)
-        return {"status": "oom" if oom else "error", "error": text[:500],
-                "reason": "out of memory" if oom else "a rank failed"}
+        return {
+            "status": "oom" if oom else "error",
+            "error": text[:500],
+            "reason": "out of memory" if oom else "a rank failed",
+        }
     bad = [r for r in per_rank if r["status"] != "ok"]
     return bad[0] if bad else _combine_ranks(per_rank)
 
@@ -136,7 +154,9 @@ def _combine_ranks(per_rank: list[dict]) -> dict:
     for way in ("sent", "received"):
         values = [r.get(f"comm_bytes_{way}") for r in per_rank]
         result[f"comm_bytes_{way}"] = max(values) if None not in values else None
-    result["mem_method"] = (result.get("mem_method") or "") + "; per rank, the largest over ranks (all in peak_mem_bytes_per_rank)"
+    result["mem_method"] = (
+        result.get("mem_method") or ""
+    ) + "; per rank, the largest over ranks (all in peak_mem_bytes_per_rank)"
     return result
 
 

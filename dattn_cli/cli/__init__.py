@@ -51,10 +51,11 @@ def _one_line(exc: Exception) -> str:
     else:
         message = str(exc)
     message = next((line.strip() for line in message.splitlines() if line.strip()), "") or type(exc).__name__
-    quoted = re.compile(r"(?<!\w)(?:'([^']{%d,})'|\"([^\"]{%d,})\")(?!\w)" % (ECHO_LIMIT + 1, ECHO_LIMIT + 1))
+    long = ECHO_LIMIT + 1
+    quoted = re.compile(rf"(?<!\w)(?:'([^']{{{long},}})'|\"([^\"]{{{long},}})\")(?!\w)")
     message = quoted.sub(lambda m: m[0][0] + (m[1] or m[2])[:ECHO_LIMIT] + "..." + m[0][0], message)
     if len(message) > MESSAGE_LIMIT:
-        message = message[:MESSAGE_LIMIT - 300] + " ... " + message[-295:]
+        message = message[: MESSAGE_LIMIT - 300] + " ... " + message[-295:]
     return message
 
 

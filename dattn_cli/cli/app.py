@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -27,8 +27,9 @@ def git_commit() -> str | None:
     if not (root / ".git").exists():
         return None
     try:
-        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=5)
+        done = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() or None if done.returncode == 0 else None
@@ -50,9 +51,13 @@ def _version(value: bool) -> None:
 @app.callback(invoke_without_command=True)
 def root(
     ctx: typer.Context,
-    config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of options per command (the CLI wins).")] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="YAML file of options per command (the CLI wins).")
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
 ) -> None:
     if ctx.invoked_subcommand is None:  # plain `dattn`: the help, exit 0
         typer.echo(ctx.get_help())

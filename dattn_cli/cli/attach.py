@@ -5,8 +5,14 @@ from __future__ import annotations
 from ..runtime.attach import World, detect, join
 
 
-def attached_world(attach: bool | None, master_addr: str | None, master_port: int | None, world_size: int | None,
-                   cuda: bool, timeout_s: float) -> World | None:
+def attached_world(
+    attach: bool | None,
+    master_addr: str | None,
+    master_port: int | None,
+    world_size: int | None,
+    cuda: bool,
+    timeout_s: float,
+) -> World | None:
     """The launcher's world, joined; None to spawn ranks here (no launcher, or --spawn). `world_size`: the
     --world-size given (None: not given), which must be the launcher's when attached."""
     if attach is False:
@@ -14,14 +20,18 @@ def attached_world(attach: bool | None, master_addr: str | None, master_port: in
     world = detect(master_addr=master_addr, master_port=master_port)
     if world is None:
         if attach:
-            raise ValueError("--attach: no launcher environment found (RANK, WORLD_SIZE and MASTER_ADDR from torchrun, "
-                             "or SLURM_PROCID and SLURM_NTASKS in an srun step): start dattn with torchrun or srun, or "
-                             "drop --attach")
+            raise ValueError(
+                "--attach: no launcher environment found (RANK, WORLD_SIZE and MASTER_ADDR from torchrun, "
+                "or SLURM_PROCID and SLURM_NTASKS in an srun step): start dattn with torchrun or srun, or "
+                "drop --attach"
+            )
         return None
     if world_size not in (None, 1, world.world_size):
-        raise ValueError(f"--world-size {world_size}: this process is rank {world.rank} of a world of "
-                         f"{world.world_size} started by {world.launcher}; drop --world-size (or pass "
-                         f"{world.world_size}), or pass --spawn to spawn {world_size} ranks here instead")
+        raise ValueError(
+            f"--world-size {world_size}: this process is rank {world.rank} of a world of "
+            f"{world.world_size} started by {world.launcher}; drop --world-size (or pass "
+            f"{world.world_size}), or pass --spawn to spawn {world_size} ranks here instead"
+        )
     join(world, cuda, timeout_s)
     return world
 

@@ -9,19 +9,77 @@ import typer
 
 from ..runtime.signals import Interrupted, take_pending
 from .attach import agreed_exit_code, attached_world
-from .options import (DEFAULT_MODE, AmpOption, AttachOption, MasterAddrOption, MasterPortOption, BaselineOption, BatchOption, BlockSizeOption, CausalOption, CheckpointingOption, CompileOption,
-                      CacheOption, CsvOption, DensitiesOption, DeviceOption, DilationsOption, DistTimeoutOption, DTypeOption,
-                      EmbedDimOption, ExecutorOption, FailOnRegressionOption, GlobalBlocksOption, HeadDimOption,
-                      HeadsOption, KVHeadsOption, DocumentsOption, ImplsOption, InterleaveOption, JsonOption, LayersOption, LevelsOption, MarkdownOption, MaxMemoryOption,
-                      MaxSecondsOption, ModeOption, OutOption, PrecisionOption, QuietOption, RanksOption, PatternOption, PlotOption, PlotXOption,
-                      QuickOption, RepeatOption, ResumeOption, SeedOption, SegmentsOption, SemanticsOption,
-                      SeqLensOption, StartOption, TargetOption, ThreadsOption, ProcessesOption, UntilOomOption, VocabSizeOption, WarmupOption,
-                      WindowOption, WindowLeftOption, WindowRightOption, check_ranks)
+from .options import (
+    DEFAULT_MODE,
+    AmpOption,
+    AttachOption,
+    BaselineOption,
+    BatchOption,
+    BlockSizeOption,
+    CacheOption,
+    CausalOption,
+    CheckpointingOption,
+    CompileOption,
+    CsvOption,
+    DensitiesOption,
+    DeviceOption,
+    DilationsOption,
+    DistTimeoutOption,
+    DocumentsOption,
+    DTypeOption,
+    EmbedDimOption,
+    ExecutorOption,
+    FailOnRegressionOption,
+    GlobalBlocksOption,
+    HeadDimOption,
+    HeadsOption,
+    ImplsOption,
+    InterleaveOption,
+    JsonOption,
+    KVHeadsOption,
+    LayersOption,
+    LevelsOption,
+    MarkdownOption,
+    MasterAddrOption,
+    MasterPortOption,
+    MaxMemoryOption,
+    MaxSecondsOption,
+    ModeOption,
+    OutOption,
+    PatternOption,
+    PlotOption,
+    PlotXOption,
+    PrecisionOption,
+    ProcessesOption,
+    QuickOption,
+    QuietOption,
+    RanksOption,
+    RepeatOption,
+    ResumeOption,
+    SeedOption,
+    SegmentsOption,
+    SemanticsOption,
+    SeqLensOption,
+    StartOption,
+    TargetOption,
+    ThreadsOption,
+    UntilOomOption,
+    VocabSizeOption,
+    WarmupOption,
+    WindowLeftOption,
+    WindowOption,
+    WindowRightOption,
+    check_ranks,
+)
 from .render.bench import bench_table, point_line, scaling_lines
-from .render.common import set_quiet, machine_output, emit, emit_json, note, progress, stdout
+from .render.common import emit, emit_json, machine_output, note, progress, set_quiet, stdout
 
-QUICK = {"impls": ["DilatedAttention", "ImprovedDilatedAttention", "sdpa"], "seq_lens": "2k,4k,8k",
-         "segments": "512,1024,2048", "dilations": "1,2,4"}
+QUICK = {
+    "impls": ["DilatedAttention", "ImprovedDilatedAttention", "sdpa"],
+    "seq_lens": "2k,4k,8k",
+    "segments": "512,1024,2048",
+    "dilations": "1,2,4",
+}
 QUICK_MAX_SECONDS = 10.0  # --quick: adaptive repeats stop within 10 s a point on a noisy machine
 # --target layer/model without --impl: the multihead module a user would put in a model
 LAYER_DEFAULT_IMPL = "ImprovedMultiheadDilatedAttention"
@@ -42,8 +100,13 @@ def _command() -> list[str]:
     return ["dattn", *sys.argv[1:]]
 
 
-def _check_outputs(out: Path | None, resume: bool, baseline: Path | None, fail_on_regression: float | None,
-                   files: dict[str, "str | Path | None"]):
+def _check_outputs(
+    out: Path | None,
+    resume: bool,
+    baseline: Path | None,
+    fail_on_regression: float | None,
+    files: dict[str, str | Path | None],
+):
     """Every file option checked before anything is measured; the baseline report (None without one)."""
     from ..compare import load_report
     from ..workload.reportfile import check_distinct, check_output_path, check_report_path
@@ -61,7 +124,9 @@ def _check_outputs(out: Path | None, resume: bool, baseline: Path | None, fail_o
         return None
     loaded = load_report(baseline, "--baseline")
     if not any(side.row.status == "ok" for side in loaded.points):
-        raise ValueError(f"--baseline {baseline}: no ok point to compare against; give a report `dattn bench --out` wrote")
+        raise ValueError(
+            f"--baseline {baseline}: no ok point to compare against; give a report `dattn bench --out` wrote"
+        )
     return loaded
 
 
@@ -97,9 +162,15 @@ def _run(sweep, out: Path | None, resume: bool, world=None):
             def on_row(row) -> None:
                 bar.update(task, advance=1, description=point_line(row))
 
-            return run_sweep(sweep, out=out, resume=resume, command=_command(), on_row=on_row,
-                             predict=predicted_peak_bytes,
-                             runner=AttachedRunner(world, sweep.dist_timeout) if world is not None else None)
+            return run_sweep(
+                sweep,
+                out=out,
+                resume=resume,
+                command=_command(),
+                on_row=on_row,
+                predict=predicted_peak_bytes,
+                runner=AttachedRunner(world, sweep.dist_timeout) if world is not None else None,
+            )
     except ReportWriteError as exc:  # the machine failed, not the input: exit 1
         _fail(f"{exc}; rerun with --resume once there is room")
 
@@ -118,10 +189,15 @@ def _write(sweep, result, csv_out: str | None, json_out: str | None, interrupted
         from ..bench.sweep import environment_record
 
         environment = result.environment or environment_record(sweep, _command())  # interrupted: no end record
-        emit_json(json_out, {"environment": environment,
-                             **({"interrupted": interrupted} if interrupted else {}),
-                             "summaries": [s.model_dump() for s in result.summaries],
-                             "rows": [r.model_dump() for r in result.rows]})
+        emit_json(
+            json_out,
+            {
+                "environment": environment,
+                **({"interrupted": interrupted} if interrupted else {}),
+                "summaries": [s.model_dump() for s in result.summaries],
+                "rows": [r.model_dump() for r in result.rows],
+            },
+        )
 
 
 def _points(n: int) -> str:
@@ -142,12 +218,16 @@ def _interrupted(sweep, exc: Interrupted, out: Path | None, csv_out: str | None,
             pass  # the --out report holds the rows; the message says so
     if out is not None:
         return Interrupted(exc.signum, f"{_points(len(rows))} kept in {out}; rerun with --resume")
-    return Interrupted(exc.signum, f"nothing kept ({_points(len(rows))} measured, no --out): pass --out FILE.jsonl "
-                                   "to keep points as they are measured, and --resume to continue")
+    return Interrupted(
+        exc.signum,
+        f"nothing kept ({_points(len(rows))} measured, no --out): pass --out FILE.jsonl "
+        "to keep points as they are measured, and --resume to continue",
+    )
 
 
-def _outputs(sweep, result, out: Path | None, csv_out: str | None, json_out: str | None, plot: tuple,
-             markdown: str | None = None) -> None:
+def _outputs(
+    sweep, result, out: Path | None, csv_out: str | None, json_out: str | None, plot: tuple, markdown: str | None = None
+) -> None:
     """--csv, --json and --plot; a file that cannot be written (e.g. the disk filled up after the sweep) is one
     line and exit 1: the input was fine, and the --out report is complete."""
     try:
@@ -159,8 +239,10 @@ def _outputs(sweep, result, out: Path | None, csv_out: str | None, json_out: str
 
             emit_markdown(markdown, bench_markdown(result.rows))
     except OSError as exc:
-        _fail(f"cannot write {exc.filename or 'an output file'}: {exc.strerror or exc}"
-              + (f"; the report {out} is complete" if out is not None else ""))
+        _fail(
+            f"cannot write {exc.filename or 'an output file'}: {exc.strerror or exc}"
+            + (f"; the report {out} is complete" if out is not None else "")
+        )
 
 
 def _defaults(quick: bool, impl, target: str, segments: str, dilations: str, seq_lens, until_oom: bool, mode):
@@ -187,8 +269,9 @@ def _lengths(seq_lens: str | None, documents: str | None) -> dict:
     return {**fields, "seq_len": sum(docs)} if docs else fields
 
 
-def _show(sweep, result, out: Path | None, csv_out: str | None, json_out: str | None, plot: tuple,
-          markdown: str | None) -> None:
+def _show(
+    sweep, result, out: Path | None, csv_out: str | None, json_out: str | None, plot: tuple, markdown: str | None
+) -> None:
     stdout.print(bench_table(result))
     for line in scaling_lines(result):
         stdout.print(line, markup=False, highlight=False)
@@ -235,56 +318,136 @@ def _gate(result, baseline, threshold: float) -> int:
 
 
 def bench(
-    impl: ImplsOption = None, device: DeviceOption = "cpu",
-    seq_lens: SeqLensOption = None, batch: BatchOption = 1, heads: HeadsOption = 8, kv_heads: KVHeadsOption = None,
-    head_dim: HeadDimOption = 64, documents: DocumentsOption = None, dtype: DTypeOption = "float32",
+    impl: ImplsOption = None,
+    device: DeviceOption = "cpu",
+    seq_lens: SeqLensOption = None,
+    batch: BatchOption = 1,
+    heads: HeadsOption = 8,
+    kv_heads: KVHeadsOption = None,
+    head_dim: HeadDimOption = 64,
+    documents: DocumentsOption = None,
+    dtype: DTypeOption = "float32",
     mode: ModeOption = None,
-    segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
-    semantics: SemanticsOption = "longnet", causal: CausalOption = False,
-    pattern: PatternOption = None, block_size: BlockSizeOption = 128, window: WindowOption = None,
-    window_left: WindowLeftOption = None, window_right: WindowRightOption = None,
-    density: DensitiesOption = None, global_blocks: GlobalBlocksOption = 1, levels: LevelsOption = 2,
+    segments: SegmentsOption = "2048,4096,8192",
+    dilations: DilationsOption = "1,2,4",
+    semantics: SemanticsOption = "longnet",
+    causal: CausalOption = False,
+    pattern: PatternOption = None,
+    block_size: BlockSizeOption = 128,
+    window: WindowOption = None,
+    window_left: WindowLeftOption = None,
+    window_right: WindowRightOption = None,
+    density: DensitiesOption = None,
+    global_blocks: GlobalBlocksOption = 1,
+    levels: LevelsOption = 2,
     executor: ExecutorOption = "auto",
-    target: TargetOption = "attention", embed_dim: EmbedDimOption = None, layers: LayersOption = 12,
-    vocab_size: VocabSizeOption = 50304, checkpointing: CheckpointingOption = False, amp: AmpOption = None,
-    quick: QuickOption = False, until_oom: UntilOomOption = False, start: StartOption = "4k",
-    warmup: WarmupOption = None, repeat: RepeatOption = None, precision: PrecisionOption = 3.0,
-    cache: CacheOption = "warm", threads: ThreadsOption = None, processes: ProcessesOption = None,
-    interleave: InterleaveOption = False, seed: SeedOption = 0, compile_module: CompileOption = False,
-    max_memory: MaxMemoryOption = None, max_seconds: MaxSecondsOption = None,
-    baseline: BaselineOption = None, fail_on_regression: FailOnRegressionOption = None,
-    world_size: RanksOption = 1, dist_timeout: DistTimeoutOption = 120.0, attach: AttachOption = None,
-    master_addr: MasterAddrOption = None, master_port: MasterPortOption = None,
-    out: OutOption = None, resume: ResumeOption = False, csv_out: CsvOption = None, json_out: JsonOption = None,
-    plot: PlotOption = None, plot_x: PlotXOption = None, markdown: MarkdownOption = None, quiet: QuietOption = False,
+    target: TargetOption = "attention",
+    embed_dim: EmbedDimOption = None,
+    layers: LayersOption = 12,
+    vocab_size: VocabSizeOption = 50304,
+    checkpointing: CheckpointingOption = False,
+    amp: AmpOption = None,
+    quick: QuickOption = False,
+    until_oom: UntilOomOption = False,
+    start: StartOption = "4k",
+    warmup: WarmupOption = None,
+    repeat: RepeatOption = None,
+    precision: PrecisionOption = 3.0,
+    cache: CacheOption = "warm",
+    threads: ThreadsOption = None,
+    processes: ProcessesOption = None,
+    interleave: InterleaveOption = False,
+    seed: SeedOption = 0,
+    compile_module: CompileOption = False,
+    max_memory: MaxMemoryOption = None,
+    max_seconds: MaxSecondsOption = None,
+    baseline: BaselineOption = None,
+    fail_on_regression: FailOnRegressionOption = None,
+    world_size: RanksOption = 1,
+    dist_timeout: DistTimeoutOption = 120.0,
+    attach: AttachOption = None,
+    master_addr: MasterAddrOption = None,
+    master_port: MasterPortOption = None,
+    out: OutOption = None,
+    resume: ResumeOption = False,
+    csv_out: CsvOption = None,
+    json_out: JsonOption = None,
+    plot: PlotOption = None,
+    plot_x: PlotXOption = None,
+    markdown: MarkdownOption = None,
+    quiet: QuietOption = False,
 ) -> None:
     """Sweep sequence lengths: time, memory, TFLOP/s per implementation, each point in an isolated worker."""
-    world = attached_world(attach, master_addr, master_port, world_size, (device or "").startswith("cuda"), dist_timeout)
+    world = attached_world(
+        attach, master_addr, master_port, world_size, (device or "").startswith("cuda"), dist_timeout
+    )
     if world is not None:  # only rank 0 prints and writes
-        world_size, (quiet, out, csv_out, json_out, markdown, plot, baseline) = world.world_size, _rank_outputs(
-            world, quiet, out, csv_out, json_out, markdown, plot, baseline)
+        world_size, (quiet, out, csv_out, json_out, markdown, plot, baseline) = (
+            world.world_size,
+            _rank_outputs(world, quiet, out, csv_out, json_out, markdown, plot, baseline),
+        )
     machine_output(csv_out, json_out, markdown)
     set_quiet(quiet)
     from ..bench import Sweep
     from ..workload import parse_float_list, parse_int_list, parse_seq_lens
 
-    impl, segments, dilations, seq_lens, mode = _defaults(quick, impl, target, segments, dilations, seq_lens,
-                                                         until_oom, mode)
-    baseline_report = _check_outputs(out, resume, baseline, fail_on_regression,
-                                   {"--csv": csv_out, "--json": json_out, "--plot": plot, "--markdown": markdown})
+    impl, segments, dilations, seq_lens, mode = _defaults(
+        quick, impl, target, segments, dilations, seq_lens, until_oom, mode
+    )
+    baseline_report = _check_outputs(
+        out,
+        resume,
+        baseline,
+        fail_on_regression,
+        {"--csv": csv_out, "--json": json_out, "--plot": plot, "--markdown": markdown},
+    )
     check_ranks(impl, world_size, "--world-size")
     sweep = Sweep(
-        impls=impl, until_oom=until_oom, start=parse_seq_lens(start)[0], batch=batch, heads=heads, kv_heads=kv_heads,
-        head_dim=head_dim, dtype=dtype, mode=mode, **_lengths(seq_lens, documents),
-        segment_lengths=parse_int_list(segments, "--segments"), dilation_rates=parse_int_list(dilations, "--dilations"),
-        semantics=semantics, causal=causal, device=device, warmup=warmup, repeat=repeat, seed=seed,
-        precision=precision, cache=cache, threads=threads, processes=processes or (1 if quick else None),
-        interleave=interleave, max_memory=_max_memory(max_memory, out, resume),
+        impls=impl,
+        until_oom=until_oom,
+        start=parse_seq_lens(start)[0],
+        batch=batch,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        mode=mode,
+        **_lengths(seq_lens, documents),
+        segment_lengths=parse_int_list(segments, "--segments"),
+        dilation_rates=parse_int_list(dilations, "--dilations"),
+        semantics=semantics,
+        causal=causal,
+        device=device,
+        warmup=warmup,
+        repeat=repeat,
+        seed=seed,
+        precision=precision,
+        cache=cache,
+        threads=threads,
+        processes=processes or (1 if quick else None),
+        interleave=interleave,
+        max_memory=_max_memory(max_memory, out, resume),
         max_seconds=max_seconds or (QUICK_MAX_SECONDS if quick else 120.0),
-        world_size=world_size, attached=world is not None, dist_timeout=dist_timeout, pattern=pattern or "dilated",
-        block_size=block_size, window=window, window_left=window_left, window_right=window_right, densities=parse_float_list(density, "--density") if density else [],
-        global_blocks=global_blocks, levels=levels, executor=executor, target=target, embed_dim=embed_dim,
-        layers=layers, vocab_size=vocab_size, checkpointing=checkpointing, amp=amp, compiled=compile_module)
+        world_size=world_size,
+        attached=world is not None,
+        dist_timeout=dist_timeout,
+        pattern=pattern or "dilated",
+        block_size=block_size,
+        window=window,
+        window_left=window_left,
+        window_right=window_right,
+        densities=parse_float_list(density, "--density") if density else [],
+        global_blocks=global_blocks,
+        levels=levels,
+        executor=executor,
+        target=target,
+        embed_dim=embed_dim,
+        layers=layers,
+        vocab_size=vocab_size,
+        checkpointing=checkpointing,
+        amp=amp,
+        compiled=compile_module,
+    )
     try:
         result = _run(sweep, out, resume, world)
     except Interrupted as exc:

@@ -5,7 +5,7 @@ verdict (dattn_cli/compare). Exit 0 no regression, 1 a regression beyond --thres
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -13,20 +13,37 @@ from .options import CsvOption, JsonOption, MarkdownOption, finite
 from .render.common import emit_csv, emit_json, machine_output
 from .render.compare import show_report
 
-ReportsArgument = Annotated[list[Path], typer.Argument(
-    help="BASE.jsonl NEW.jsonl (bench reports), or one RUN.jsonl with --a and --b.", metavar="REPORT...",
-    show_default=False)]
-ImplAOption = Annotated[Optional[str], typer.Option(
-    "--a", help="In one report: this implementation (ratio = a / b).", metavar="IMPL")]
-ImplBOption = Annotated[Optional[str], typer.Option("--b", help="In one report: against this one.", metavar="IMPL")]
-ThresholdOption = Annotated[float, typer.Option(
-    "--threshold", help="The smallest change that counts, in percent.", metavar="PCT",
-    callback=finite("--threshold", 0.0, 1000.0))]
+ReportsArgument = Annotated[
+    list[Path],
+    typer.Argument(
+        help="BASE.jsonl NEW.jsonl (bench reports), or one RUN.jsonl with --a and --b.",
+        metavar="REPORT...",
+        show_default=False,
+    ),
+]
+ImplAOption = Annotated[
+    str | None, typer.Option("--a", help="In one report: this implementation (ratio = a / b).", metavar="IMPL")
+]
+ImplBOption = Annotated[str | None, typer.Option("--b", help="In one report: against this one.", metavar="IMPL")]
+ThresholdOption = Annotated[
+    float,
+    typer.Option(
+        "--threshold",
+        help="The smallest change that counts, in percent.",
+        metavar="PCT",
+        callback=finite("--threshold", 0.0, 1000.0),
+    ),
+]
 
 
 def compare(
-    reports: ReportsArgument, impl_a: ImplAOption = None, impl_b: ImplBOption = None, threshold: ThresholdOption = 10.0,
-    json_out: JsonOption = None, csv_out: CsvOption = None, markdown: MarkdownOption = None,
+    reports: ReportsArgument,
+    impl_a: ImplAOption = None,
+    impl_b: ImplBOption = None,
+    threshold: ThresholdOption = 10.0,
+    json_out: JsonOption = None,
+    csv_out: CsvOption = None,
+    markdown: MarkdownOption = None,
 ) -> None:
     """Compare two bench reports (NEW / BASE), or --a against --b in one report: ratio, 95% CI, p-value, verdict."""
     from ..compare import compare_impls, compare_reports
@@ -34,8 +51,9 @@ def compare(
     machine_output(json_out, csv_out, markdown)
     if impl_a or impl_b:
         if not (impl_a and impl_b) or len(reports) != 1:
-            raise ValueError("--a IMPL --b IMPL compare two implementations of ONE report: dattn compare RUN.jsonl "
-                             "--a IMPL --b IMPL")
+            raise ValueError(
+                "--a IMPL --b IMPL compare two implementations of ONE report: dattn compare RUN.jsonl --a IMPL --b IMPL"
+            )
         report, labels = compare_impls(reports[0], impl_a, impl_b, threshold), (impl_b, impl_a)
     elif len(reports) == 2:
         report, labels = compare_reports(reports[0], reports[1], threshold), ("base", "new")
@@ -43,8 +61,10 @@ def compare(
         raise ValueError(f"give two reports (BASE.jsonl NEW.jsonl), or one with --a IMPL --b IMPL; got {len(reports)}")
     show_report(report, labels)
     if json_out:
-        emit_json(json_out, report.model_dump(include={"points", "verdict", "warnings", "comparable", "threshold_pct",
-                                                       "alpha"}))
+        emit_json(
+            json_out,
+            report.model_dump(include={"points", "verdict", "warnings", "comparable", "threshold_pct", "alpha"}),
+        )
     if csv_out:
         emit_csv(csv_out, [p.model_dump() for p in report.points])
     if markdown:

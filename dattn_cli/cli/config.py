@@ -20,7 +20,9 @@ def load_config(path: Path) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: expected a mapping of command names to options, e.g. 'verify: {{dtype: float32}}'")
+        raise ValueError(
+            f"--config {path}: expected a mapping of command names to options, e.g. 'verify: {{dtype: float32}}'"
+        )
     return data
 
 
@@ -38,13 +40,21 @@ def config_default_map(ctx: typer.Context, data: dict, path: Path) -> dict:
         if not isinstance(options, dict):
             raise ValueError(f"--config {path}: '{command}' must map option names to values")
         params = {p.name: p for p in sub.params}  # by parameter name, and by option name (seq_len for --seq-len)
-        params.update({opt.lstrip("-").replace("-", "_"): p for p in sub.params for opt in getattr(p, "opts", ())
-                       if opt.startswith("--")})
+        params.update(
+            {
+                opt.lstrip("-").replace("-", "_"): p
+                for p in sub.params
+                for opt in getattr(p, "opts", ())
+                if opt.startswith("--")
+            }
+        )
         entry = {}
         for key, value in options.items():
             param = params.get(str(key).lstrip("-").replace("-", "_"))
             if param is None:
-                raise ValueError(f"--config {path}: '{command}' has no option {shown(key)}; see 'dattn {command} --help'")
+                raise ValueError(
+                    f"--config {path}: '{command}' has no option {shown(key)}; see 'dattn {command} --help'"
+                )
             entry[param.name] = _value(param, value, f"--config {path}: '{command}' option {key}")
         default_map[command] = entry
     return default_map

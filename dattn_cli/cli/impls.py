@@ -12,15 +12,29 @@ def availability(spec) -> dict:
     a cuda-only entry's missing package and its install hint, not merely 'not cpu')."""
     reasons = {device: spec.unavailable(device) for device in spec.devices}
     usable = [device for device, reason in reasons.items() if reason is None]
-    return {"available": bool(usable), "available_on": usable,
-            "unavailable": None if usable else "; ".join(f"{device}: {reason}" for device, reason in reasons.items())}
+    return {
+        "available": bool(usable),
+        "available_on": usable,
+        "unavailable": None if usable else "; ".join(f"{device}: {reason}" for device, reason in reasons.items()),
+    }
 
 
 def record(spec) -> dict:
-    return {"name": spec.name, "kind": spec.kind, "strategy": spec.strategy, "baseline": spec.baseline,
-            "block_sparse": spec.block_sparse, "distributed": spec.distributed, "single_device": spec.single_device,
-            "backends": list(spec.backends), "devices": list(spec.devices), "where": spec.where(),
-            "summary": spec.summary, "requires": list(spec.requires), **availability(spec)}
+    return {
+        "name": spec.name,
+        "kind": spec.kind,
+        "strategy": spec.strategy,
+        "baseline": spec.baseline,
+        "block_sparse": spec.block_sparse,
+        "distributed": spec.distributed,
+        "single_device": spec.single_device,
+        "backends": list(spec.backends),
+        "devices": list(spec.devices),
+        "where": spec.where(),
+        "summary": spec.summary,
+        "requires": list(spec.requires),
+        **availability(spec),
+    }
 
 
 def impls(json_out: JsonOption = None) -> None:

@@ -7,17 +7,52 @@ from pathlib import Path
 
 import typer
 
-from .options import (DEFAULT_MODE, AmpOption, BatchOption, CalibrateOption, CausalOption, CheckOption, CheckpointingOption,
-                      DevicesOption, DilationsOption, DTypeOption, EmbedDimOption, FailIfInfeasibleOption,
-                      HeadDimOption, HeadsOption, KVHeadsOption, DocumentsOption, ImplOption, KernelOption, JsonOption, CsvOption, LayersOption, MaxSeqOption, MemoryOption,
-                      MinDevicesOption, ModeOption, OptimizerOption, ProfileOption, SaveOption, SegmentsOption,
-                      SemanticsOption, SequenceParallelOption, ZeroOption,
-                      SeqLenOption, TargetOption, VocabSizeOption, check_ranks)
-from .render.common import machine_output, emit_csv, emit_json, note, stdout
+from .options import (
+    DEFAULT_MODE,
+    AmpOption,
+    BatchOption,
+    CalibrateOption,
+    CausalOption,
+    CheckOption,
+    CheckpointingOption,
+    CsvOption,
+    DevicesOption,
+    DilationsOption,
+    DocumentsOption,
+    DTypeOption,
+    EmbedDimOption,
+    FailIfInfeasibleOption,
+    HeadDimOption,
+    HeadsOption,
+    ImplOption,
+    JsonOption,
+    KernelOption,
+    KVHeadsOption,
+    LayersOption,
+    MaxSeqOption,
+    MemoryOption,
+    MinDevicesOption,
+    ModeOption,
+    OptimizerOption,
+    ProfileOption,
+    SaveOption,
+    SegmentsOption,
+    SemanticsOption,
+    SeqLenOption,
+    SequenceParallelOption,
+    TargetOption,
+    VocabSizeOption,
+    ZeroOption,
+    check_ranks,
+)
+from .render.common import emit_csv, emit_json, machine_output, note, stdout
 from .render.plan import check_table, plan_table
 
-DEFAULT_IMPL = {"attention": "ImprovedDilatedAttention", "layer": "ImprovedMultiheadDilatedAttention",
-                "model": "ImprovedMultiheadDilatedAttention"}
+DEFAULT_IMPL = {
+    "attention": "ImprovedDilatedAttention",
+    "layer": "ImprovedMultiheadDilatedAttention",
+    "model": "ImprovedMultiheadDilatedAttention",
+}
 
 
 def _hardware(profile: str, memory: str | None):
@@ -47,14 +82,16 @@ def _calibrate(hw, report: Path, save: Path | None) -> None:
         note(f"{kernel}: {value:.3f} x the profile's efficiency curve")
 
 
-def _check_files(check: Path | None, calibrate: Path | None, save: Path | None, json_out: str | None,
-                 csv_out: str | None) -> None:
+def _check_files(
+    check: Path | None, calibrate: Path | None, save: Path | None, json_out: str | None, csv_out: str | None
+) -> None:
     """Before any work: no output over an input (--save over the --calibrate report), outputs writable."""
     from ..workload.reportfile import check_distinct, check_output_path
 
-    check_distinct({"--check": check, "--calibrate": calibrate, "--save": save, "--json": json_out,
-                    "--csv": csv_out},
-                   inputs=("--check", "--calibrate"))
+    check_distinct(
+        {"--check": check, "--calibrate": calibrate, "--save": save, "--json": json_out, "--csv": csv_out},
+        inputs=("--check", "--calibrate"),
+    )
     check_output_path(save, "--save")
     check_output_path(json_out, "--json")
     check_output_path(csv_out, "--csv")
@@ -87,17 +124,26 @@ def _solve(problem, hw, max_seq: bool, min_devices: bool, training=None):
         found = solve.max_seq_search(problem, hw, devices, training)
         n, result = found.seq_len, found.plan
         devices = training.devices if training is not None else devices
-        solved = (f"no bound found up to N={n:,}: every N the search tried fits on {devices} x {hw.name} (it stops "
-                  "at 2**40)" if found.capped else f"largest N that fits on {devices} x {hw.name}: {n:,}" if n
-                  else f"no N fits on {devices} x {hw.name}")
+        solved = (
+            f"no bound found up to N={n:,}: every N the search tried fits on {devices} x {hw.name} (it stops at 2**40)"
+            if found.capped
+            else f"largest N that fits on {devices} x {hw.name}: {n:,}"
+            if n
+            else f"no N fits on {devices} x {hw.name}"
+        )
         return result or solve.plan(problem, hw, devices, training), solved
     if min_devices:
         if problem.target != "attention":
-            raise ValueError(f"--min-devices applies to --target attention; --target {problem.target} is planned on one device")
+            raise ValueError(
+                f"--min-devices applies to --target attention; --target {problem.target} is planned on one device"
+            )
         d, result = solve.min_devices(problem, hw)
         most = min(solve.DEVICE_SEARCH_CAP, problem.seq_len)
-        solved = (f"fewest devices for N={problem.seq_len:,}: {d}" if d else
-                  f"no bound found: N={problem.seq_len:,} fits on no number of devices up to {most:,}")
+        solved = (
+            f"fewest devices for N={problem.seq_len:,}: {d}"
+            if d
+            else f"no bound found: N={problem.seq_len:,} fits on no number of devices up to {most:,}"
+        )
         return result or solve.plan(problem, hw, devices), solved
     return solve.plan(problem, hw, devices, training), None
 
@@ -116,8 +162,12 @@ def _min_model_devices(solve, problem, hw, training):
     d, result = solve.min_model_devices(problem, hw, training)
     if d:
         return result, f"fewest devices for this model's step with --zero {training.zero}: {d}"
-    why = ("with --zero 0 (DDP) every device holds all weights, gradients and optimizer states: shard them with "
-           "--zero 1, 2 or 3" if training.zero == 0 else f"none up to {solve.DEVICE_SEARCH_CAP:,} devices")
+    why = (
+        "with --zero 0 (DDP) every device holds all weights, gradients and optimizer states: shard them with "
+        "--zero 1, 2 or 3"
+        if training.zero == 0
+        else f"none up to {solve.DEVICE_SEARCH_CAP:,} devices"
+    )
     return solve.plan(problem, hw, training=training), f"no number of devices fits: {why}"
 
 
@@ -158,18 +208,39 @@ def _lengths(seq_len: str, documents: str | None, devices: int, max_seq: bool, m
 
 def plan(
     impl: ImplOption = None,
-    seq_len: SeqLenOption = "64k", batch: BatchOption = 1, heads: HeadsOption = 8, kv_heads: KVHeadsOption = None,
-    head_dim: HeadDimOption = 64, documents: DocumentsOption = None, dtype: DTypeOption = "float32", mode: ModeOption = DEFAULT_MODE,
-    segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
-    semantics: SemanticsOption = "longnet", causal: CausalOption = False,
-    target: TargetOption = "attention", embed_dim: EmbedDimOption = None, layers: LayersOption = 12,
-    vocab_size: VocabSizeOption = 50304, checkpointing: CheckpointingOption = False, amp: AmpOption = None,
-    devices: DevicesOption = 1, sequence_parallel: SequenceParallelOption = 1, zero: ZeroOption = 0,
+    seq_len: SeqLenOption = "64k",
+    batch: BatchOption = 1,
+    heads: HeadsOption = 8,
+    kv_heads: KVHeadsOption = None,
+    head_dim: HeadDimOption = 64,
+    documents: DocumentsOption = None,
+    dtype: DTypeOption = "float32",
+    mode: ModeOption = DEFAULT_MODE,
+    segments: SegmentsOption = "2048,4096,8192",
+    dilations: DilationsOption = "1,2,4",
+    semantics: SemanticsOption = "longnet",
+    causal: CausalOption = False,
+    target: TargetOption = "attention",
+    embed_dim: EmbedDimOption = None,
+    layers: LayersOption = 12,
+    vocab_size: VocabSizeOption = 50304,
+    checkpointing: CheckpointingOption = False,
+    amp: AmpOption = None,
+    devices: DevicesOption = 1,
+    sequence_parallel: SequenceParallelOption = 1,
+    zero: ZeroOption = 0,
     optimizer: OptimizerOption = "adamw",
-    profile: ProfileOption = "cpu-host", memory: MemoryOption = None, kernel: KernelOption = "auto",
-    max_seq: MaxSeqOption = False, min_devices: MinDevicesOption = False, check: CheckOption = None,
-    calibrate: CalibrateOption = None, fail_if_infeasible: FailIfInfeasibleOption = False,
-    save: SaveOption = None, json_out: JsonOption = None, csv_out: CsvOption = None,
+    profile: ProfileOption = "cpu-host",
+    memory: MemoryOption = None,
+    kernel: KernelOption = "auto",
+    max_seq: MaxSeqOption = False,
+    min_devices: MinDevicesOption = False,
+    check: CheckOption = None,
+    calibrate: CalibrateOption = None,
+    fail_if_infeasible: FailIfInfeasibleOption = False,
+    save: SaveOption = None,
+    json_out: JsonOption = None,
+    csv_out: CsvOption = None,
 ) -> None:
     """Predict memory per device and time per call from a stated model (docs/plan.md), or check it against bench rows.
 
@@ -178,7 +249,7 @@ def plan(
     machine_output(json_out, csv_out)
     _check_files(check, calibrate, save, json_out, csv_out)
     from ..plan import solve
-    from ..workload import Problem, parse_int_list, parse_seq_len
+    from ..workload import Problem, parse_int_list
 
     hw = _hardware(profile, memory)
     if devices < 1:
@@ -196,19 +267,37 @@ def plan(
         devices = 1  # the Problem is one replica's sequence; training.devices carries the layout
         impl = impl or ("RingMultiheadDilatedAttention" if sequence_parallel > 1 else None)
     problem = Problem(
-        impl=impl or DEFAULT_IMPL[target], **_lengths(seq_len, documents, devices, max_seq, min_devices), batch=batch, heads=heads,
-        kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, mode=mode, segment_lengths=parse_int_list(segments, "--segments"),
-        dilation_rates=parse_int_list(dilations, "--dilations"), semantics=semantics, causal=causal,
-        world_size=devices, target=target, embed_dim=embed_dim, layers=layers, vocab_size=vocab_size,
-        checkpointing=checkpointing, amp=amp, backend=kernel,
+        impl=impl or DEFAULT_IMPL[target],
+        **_lengths(seq_len, documents, devices, max_seq, min_devices),
+        batch=batch,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        mode=mode,
+        segment_lengths=parse_int_list(segments, "--segments"),
+        dilation_rates=parse_int_list(dilations, "--dilations"),
+        semantics=semantics,
+        causal=causal,
+        world_size=devices,
+        target=target,
+        embed_dim=embed_dim,
+        layers=layers,
+        vocab_size=vocab_size,
+        checkpointing=checkpointing,
+        amp=amp,
+        backend=kernel,
     )
     if training is not None:
         from ..plan.parallel import check_impl
 
         check_impl(problem, training)
     result, solved = _solve(problem, hw, max_seq, min_devices, training)
-    advice = (solve.chunk_advice(result.problem, hw, result.devices) if training is None
-              else _model_advice(solve, result.problem, hw, training))
+    advice = (
+        solve.chunk_advice(result.problem, hw, result.devices)
+        if training is None
+        else _model_advice(solve, result.problem, hw, training)
+    )
     _emit(result, solved, advice, solve.headroom(result, hw, training), json_out, csv_out)
     if fail_if_infeasible and not result.feasible:
         raise typer.Exit(code=1)

@@ -4,11 +4,39 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .options import (DEFAULT_MODE, BatchOption, BlockSizeOption, CausalOption, DensityOption, DeviceOption, DilationsOption,
-                      DTypeOption, ExecutorOption, GlobalBlocksOption, HeadDimOption, HeadsOption, KVHeadsOption, ImplOption,
-                      IterationsOption, JsonOption, CsvOption, LevelsOption, ModeOption, PatternOption, QuietOption, SeedOption,
-                      SegmentsOption, SemanticsOption, SeqLenOption, ShowPatternOption, TraceOption, WarmupOption,
-                      WindowOption, WindowLeftOption, WindowRightOption)
+from .options import (
+    DEFAULT_MODE,
+    BatchOption,
+    BlockSizeOption,
+    CausalOption,
+    CsvOption,
+    DensityOption,
+    DeviceOption,
+    DilationsOption,
+    DTypeOption,
+    ExecutorOption,
+    GlobalBlocksOption,
+    HeadDimOption,
+    HeadsOption,
+    ImplOption,
+    IterationsOption,
+    JsonOption,
+    KVHeadsOption,
+    LevelsOption,
+    ModeOption,
+    PatternOption,
+    QuietOption,
+    SeedOption,
+    SegmentsOption,
+    SemanticsOption,
+    SeqLenOption,
+    ShowPatternOption,
+    TraceOption,
+    WarmupOption,
+    WindowLeftOption,
+    WindowOption,
+    WindowRightOption,
+)
 from .render.common import emit, emit_csv, machine_output, note, progress, set_quiet, stdout
 from .render.profile import pattern_title, profile_table, setting_line
 
@@ -20,8 +48,10 @@ def _refuse_block_options(impl: str, given: dict[str, object]) -> None:
     spec = REGISTRY.get(impl)
     used = [option for option, value in given.items() if value is not None]
     if spec is not None and not spec.block_sparse and used:
-        raise ValueError(f"{', '.join(used)}: block-sparse implementations only; use --impl "
-                         f"{' or '.join(names(lambda s: s.block_sparse))}")
+        raise ValueError(
+            f"{', '.join(used)}: block-sparse implementations only; use --impl "
+            f"{' or '.join(names(lambda s: s.block_sparse))}"
+        )
 
 
 def _show_pattern(report, path: Path) -> None:
@@ -35,17 +65,36 @@ def _show_pattern(report, path: Path) -> None:
 
 
 def profile(
-    impl: ImplOption = "ImprovedDilatedAttention", device: DeviceOption = "cpu",
-    seq_len: SeqLenOption = "8k", batch: BatchOption = 1, heads: HeadsOption = 8, kv_heads: KVHeadsOption = None,
-    head_dim: HeadDimOption = 64, dtype: DTypeOption = "float32", mode: ModeOption = DEFAULT_MODE,
-    segments: SegmentsOption = "2048,4096,8192", dilations: DilationsOption = "1,2,4",
-    semantics: SemanticsOption = "longnet", causal: CausalOption = False,
-    pattern: PatternOption = None, block_size: BlockSizeOption = 128, window: WindowOption = None,
-    window_left: WindowLeftOption = None, window_right: WindowRightOption = None,
-    density: DensityOption = None, global_blocks: GlobalBlocksOption = 1, levels: LevelsOption = 2,
-    executor: ExecutorOption = "auto", show_pattern: ShowPatternOption = None,
-    iterations: IterationsOption = 20, warmup: WarmupOption = 2, seed: SeedOption = 0,
-    trace: TraceOption = None, json_out: JsonOption = None, csv_out: CsvOption = None, quiet: QuietOption = False,
+    impl: ImplOption = "ImprovedDilatedAttention",
+    device: DeviceOption = "cpu",
+    seq_len: SeqLenOption = "8k",
+    batch: BatchOption = 1,
+    heads: HeadsOption = 8,
+    kv_heads: KVHeadsOption = None,
+    head_dim: HeadDimOption = 64,
+    dtype: DTypeOption = "float32",
+    mode: ModeOption = DEFAULT_MODE,
+    segments: SegmentsOption = "2048,4096,8192",
+    dilations: DilationsOption = "1,2,4",
+    semantics: SemanticsOption = "longnet",
+    causal: CausalOption = False,
+    pattern: PatternOption = None,
+    block_size: BlockSizeOption = 128,
+    window: WindowOption = None,
+    window_left: WindowLeftOption = None,
+    window_right: WindowRightOption = None,
+    density: DensityOption = None,
+    global_blocks: GlobalBlocksOption = 1,
+    levels: LevelsOption = 2,
+    executor: ExecutorOption = "auto",
+    show_pattern: ShowPatternOption = None,
+    iterations: IterationsOption = 20,
+    warmup: WarmupOption = 2,
+    seed: SeedOption = 0,
+    trace: TraceOption = None,
+    json_out: JsonOption = None,
+    csv_out: CsvOption = None,
+    quiet: QuietOption = False,
 ) -> None:
     """Pattern-cache and memory-pool hit rates, allocator stats, time and peak memory with caches on vs off."""
     machine_output(json_out, csv_out)
@@ -53,16 +102,32 @@ def profile(
     from ..profile import run_profile
     from ..workload import Problem, parse_int_list, parse_seq_len
 
-    _refuse_block_options(impl, {"--pattern": pattern, "--window": window, "--density": density,
-                                 "--show-pattern": show_pattern})
+    _refuse_block_options(
+        impl, {"--pattern": pattern, "--window": window, "--density": density, "--show-pattern": show_pattern}
+    )
     problem = Problem(
-        impl=impl, seq_len=parse_seq_len(seq_len), batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        impl=impl,
+        seq_len=parse_seq_len(seq_len),
+        batch=batch,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
         dtype=dtype,
-        mode=mode, segment_lengths=parse_int_list(segments, "--segments"),
-        dilation_rates=parse_int_list(dilations, "--dilations"), semantics=semantics, causal=causal, device=device,
-        pattern=pattern or "dilated", block_size=block_size, window=window, density=density,
-        window_left=window_left, window_right=window_right,
-        global_blocks=global_blocks, levels=levels, executor=executor,
+        mode=mode,
+        segment_lengths=parse_int_list(segments, "--segments"),
+        dilation_rates=parse_int_list(dilations, "--dilations"),
+        semantics=semantics,
+        causal=causal,
+        device=device,
+        pattern=pattern or "dilated",
+        block_size=block_size,
+        window=window,
+        density=density,
+        window_left=window_left,
+        window_right=window_right,
+        global_blocks=global_blocks,
+        levels=levels,
+        executor=executor,
     )
     with progress() as bar:
         task = bar.add_task(f"profile {impl}", total=2)

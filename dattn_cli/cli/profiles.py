@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from .render.common import stdout
 from .render.env import profiles_table
 
-profiles_app = typer.Typer(help="Hardware profiles: list, show, validate (shipped ones or your own YAML).",
-                           invoke_without_command=True)
+profiles_app = typer.Typer(
+    help="Hardware profiles: list, show, validate (shipped ones or your own YAML).", invoke_without_command=True
+)
 
 
 @profiles_app.callback()
@@ -41,7 +42,9 @@ def profiles_show(
 
 @profiles_app.command("validate")
 def profiles_validate(
-    paths: Annotated[Optional[list[str]], typer.Argument(help="Profile names or YAML paths (default: every shipped one).")] = None,
+    paths: Annotated[
+        list[str] | None, typer.Argument(help="Profile names or YAML paths (default: every shipped one).")
+    ] = None,
 ) -> None:
     """Check profiles against the schema; the first problem is reported as one line, exit 2."""
     from ..plan.profiles import load_profile, shipped_profiles

@@ -32,8 +32,9 @@ from .stats import band
 DEFAULT_THRESHOLD_PCT = 10.0  # identical runs here differ by ~5% per point (benchmarks/RESULTS.md, noise)
 
 
-def compare_reports(base: Path | str, new: Path | str, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
-                    alpha: float = 0.05) -> CompareReport:
+def compare_reports(
+    base: Path | str, new: Path | str, threshold_pct: float = DEFAULT_THRESHOLD_PCT, alpha: float = 0.05
+) -> CompareReport:
     """NEW's points against BASE's, matched by configuration; ratio = NEW / BASE."""
     band(threshold_pct)  # a bad threshold is refused before the files are read
     old, now = load_report(base, "BASE"), load_report(new, "NEW")
@@ -43,8 +44,9 @@ def compare_reports(base: Path | str, new: Path | str, threshold_pct: float = DE
     return build_report(pairs, notes, environment, threshold_pct, alpha)
 
 
-def compare_impls(run: Path | str, impl_a: str, impl_b: str, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
-                  alpha: float = 0.05) -> CompareReport:
+def compare_impls(
+    run: Path | str, impl_a: str, impl_b: str, threshold_pct: float = DEFAULT_THRESHOLD_PCT, alpha: float = 0.05
+) -> CompareReport:
     """Implementation A against B in one report, point by point; ratio = A / B. One run shares one
     environment, so none is compared."""
     band(threshold_pct)
@@ -53,8 +55,13 @@ def compare_impls(run: Path | str, impl_a: str, impl_b: str, threshold_pct: floa
     return build_report(pairs, warnings, [], threshold_pct, alpha)
 
 
-def compare_rows(baseline: Loaded | Path | str, rows: list[BenchRow], threshold_pct: float, alpha: float = 0.05,
-                 environment: dict | None = None) -> CompareReport:
+def compare_rows(
+    baseline: Loaded | Path | str,
+    rows: list[BenchRow],
+    threshold_pct: float,
+    alpha: float = 0.05,
+    environment: dict | None = None,
+) -> CompareReport:
     """This run's `rows` (NEW) against the report `baseline` (BASE, a path or the report load_report read):
     bench --baseline. `environment` is this run's environment record (None: not checked)."""
     band(threshold_pct)
@@ -62,11 +69,21 @@ def compare_rows(baseline: Loaded | Path | str, rows: list[BenchRow], threshold_
     try:
         pairs, warnings = match_reports(old.points, [side_of(r, f"this run ({r.impl} N={r.seq_len:,})") for r in rows])
     except ValueError:
-        raise ValueError(f"--baseline {old.path}: baseline has no point matching this sweep (same implementation, "
-                         "shape and options): compare against a report of the same sweep") from None
+        raise ValueError(
+            f"--baseline {old.path}: baseline has no point matching this sweep (same implementation, "
+            "shape and options): compare against a report of the same sweep"
+        ) from None
     differences = environment_warnings(old.environments, [environment] if environment else [], pairs)
     return build_report(pairs, warnings, differences, threshold_pct, alpha)
 
 
-__all__ = ["ComparePoint", "CompareReport", "DEFAULT_THRESHOLD_PCT", "Loaded", "compare_impls", "compare_reports",
-           "compare_rows", "load_report"]
+__all__ = [
+    "ComparePoint",
+    "CompareReport",
+    "DEFAULT_THRESHOLD_PCT",
+    "Loaded",
+    "compare_impls",
+    "compare_reports",
+    "compare_rows",
+    "load_report",
+]

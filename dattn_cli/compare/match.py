@@ -21,8 +21,8 @@ warning naming it, and makes the comparison inconclusive:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -130,8 +130,11 @@ def match_reports(base: list[Side], new: list[Side]) -> tuple[list[tuple[Side, S
     now = _index(new, BenchRow.key, "NEW", warnings)
     pairs = [(old[k], now[k]) for k in now if k in old]
     if not pairs:
-        raise ValueError("no point of NEW matches a point of BASE by configuration (" + ", ".join(KEY_FIELDS[:8])
-                         + ", ...): compare two reports of the same sweep")
+        raise ValueError(
+            "no point of NEW matches a point of BASE by configuration ("
+            + ", ".join(KEY_FIELDS[:8])
+            + ", ...): compare two reports of the same sweep"
+        )
     for sides, name, other in ((old, "BASE", "NEW"), (now, "NEW", "BASE")):
         rest = [s for k, s in sides.items() if k not in (now if name == "BASE" else old)]
         if rest:
@@ -163,8 +166,10 @@ def match_impls(points: list[Side], impl_a: str, impl_b: str) -> tuple[list[tupl
             if _config(side_a.row) == _config(side_b.row) and (None in patterns or patterns[0] == patterns[1]):
                 pairs.append((side_b, side_a))
     if not pairs:
-        raise ValueError(f"no point of {impl_a} has the configuration of a point of {impl_b} (N, mode, shape, "
-                         f"dtype, ...): measure both in one sweep (--impl {impl_a} --impl {impl_b})")
+        raise ValueError(
+            f"no point of {impl_a} has the configuration of a point of {impl_b} (N, mode, shape, "
+            f"dtype, ...): measure both in one sweep (--impl {impl_a} --impl {impl_b})"
+        )
     return pairs, warnings
 
 
@@ -193,10 +198,17 @@ def _affinity(env: dict) -> str | None:
 
 
 # What decides comparability: (name in a warning, how to read it from an environment record).
-FACTS = (("host", _host), ("CPU", lambda e: e.get("cpu")), ("CPU count", lambda e: e.get("cpu_count")),
-         ("torch", lambda e: e.get("torch_version")), ("CUDA", lambda e: e.get("cuda_version")),
-         ("GPU", _gpus), ("torch threads", _threads), ("CPU affinity", _affinity),
-         ("frequency governor", lambda e: e.get("governor", e.get("cpu_governor"))))
+FACTS = (
+    ("host", _host),
+    ("CPU", lambda e: e.get("cpu")),
+    ("CPU count", lambda e: e.get("cpu_count")),
+    ("torch", lambda e: e.get("torch_version")),
+    ("CUDA", lambda e: e.get("cuda_version")),
+    ("GPU", _gpus),
+    ("torch threads", _threads),
+    ("CPU affinity", _affinity),
+    ("frequency governor", lambda e: e.get("governor", e.get("cpu_governor"))),
+)
 
 
 def _loads(value: object, depth: int = 0) -> list[float]:
@@ -241,8 +253,10 @@ def _load_warning(base: list[dict], new: list[dict]) -> str | None:
     if abs(high_new - high_base) < max(1.0, LOAD_SCALE * cpus):
         return None
     busier = "NEW" if high_new > high_base else "BASE"
-    return (f"load average differs: BASE up to {high_base:.2f}, NEW up to {high_new:.2f} on {cpus} CPU(s); "
-            f"{busier} ran on a busier machine")
+    return (
+        f"load average differs: BASE up to {high_base:.2f}, NEW up to {high_new:.2f} on {cpus} CPU(s); "
+        f"{busier} ran on a busier machine"
+    )
 
 
 def _every_cpu_warning(label: str, envs: list[dict]) -> str | None:
@@ -255,9 +269,11 @@ def _every_cpu_warning(label: str, envs: list[dict]) -> str | None:
         cpus = len(env["cpu_affinity"]) if isinstance(env.get("cpu_affinity"), list) else env.get("cpu_count")
         ranks = config.get("world_size") if isinstance(config.get("world_size"), int) else 1
         if isinstance(threads, int) and isinstance(cpus, int) and threads > 1 and threads * ranks >= cpus > 1:
-            return (f"{label} ran {threads} torch threads{f' x {ranks} ranks' if ranks > 1 else ''} on all {cpus} "
-                    f"CPUs: identical runs of that setup differ by up to 1.8x on small VMs, more than a regression; "
-                    f"rerun with dattn bench's default --threads (it leaves a CPU free)")
+            return (
+                f"{label} ran {threads} torch threads{f' x {ranks} ranks' if ranks > 1 else ''} on all {cpus} "
+                f"CPUs: identical runs of that setup differ by up to 1.8x on small VMs, more than a regression; "
+                f"rerun with dattn bench's default --threads (it leaves a CPU free)"
+            )
     return None
 
 
@@ -275,8 +291,11 @@ def environment_warnings(base: list[dict], new: list[dict], pairs: list[tuple[Si
     if load := _load_warning(base, new):
         warnings.append(load)
     warnings += [w for label, envs in (("BASE", base), ("NEW", new)) if (w := _every_cpu_warning(label, envs))]
-    threads = {(p[0].row.threads, p[1].row.threads) for p in pairs
-               if None not in (p[0].row.threads, p[1].row.threads) and p[0].row.threads != p[1].row.threads}
+    threads = {
+        (p[0].row.threads, p[1].row.threads)
+        for p in pairs
+        if None not in (p[0].row.threads, p[1].row.threads) and p[0].row.threads != p[1].row.threads
+    }
     if threads and not any(w.startswith("torch threads") for w in warnings):
         warnings.append("torch threads differ: " + ", ".join(f"BASE {b}, NEW {n}" for b, n in sorted(threads)))
     return warnings
@@ -284,5 +303,8 @@ def environment_warnings(base: list[dict], new: list[dict], pairs: list[tuple[Si
 
 def missing_environment(base: list[dict], new: list[dict]) -> list[str]:
     """Notes for a run that recorded no environment (comparability not checked for it)."""
-    return [f"{name} has no environment record: its machine, torch and load are not checked"
-            for name, envs in (("BASE", base), ("NEW", new)) if not envs]
+    return [
+        f"{name} has no environment record: its machine, torch and load are not checked"
+        for name, envs in (("BASE", base), ("NEW", new))
+        if not envs
+    ]

@@ -114,9 +114,19 @@ def _sampled(base: Side, new: Side) -> dict:
     b, n = summarize(base.samples), summarize(new.samples)
     ci = ratio_ci(base.samples, new.samples)
     notes = [] if ci else [f"too few samples for a 95% CI ({b.n} and {n.n})"]
-    return dict(base_ms=b.median, new_ms=n.median, ratio=n.median / b.median, ci_low=ci[0] if ci else None,
-                ci_high=ci[1] if ci else None, p_value=mann_whitney_p(base.samples, new.samples), n_base=b.n,
-                n_new=n.n, noise_base=b.noise, noise_new=n.noise, note="; ".join(notes) or None)
+    return dict(
+        base_ms=b.median,
+        new_ms=n.median,
+        ratio=n.median / b.median,
+        ci_low=ci[0] if ci else None,
+        ci_high=ci[1] if ci else None,
+        p_value=mann_whitney_p(base.samples, new.samples),
+        n_base=b.n,
+        n_new=n.n,
+        noise_base=b.noise,
+        noise_new=n.noise,
+        note="; ".join(notes) or None,
+    )
 
 
 def _summary_only(base: BenchRow, new: BenchRow, threshold_pct: float) -> dict:
@@ -131,26 +141,44 @@ def _summary_only(base: BenchRow, new: BenchRow, threshold_pct: float) -> dict:
             result = "slower"
         elif ratio <= 1 / huge and new.time_ms_p90 < base.time_ms_p10 * lower:
             result = "faster"
-    return dict(base_ms=base.time_ms, new_ms=new.time_ms, ratio=ratio, n_base=base.repeats, n_new=new.repeats,
-                verdict=result, note=f"no samples_ms (older report): medians and p10/p90 only; a change counts "
-                                     f"only when at least {huge:g}x with the spreads apart")
+    return dict(
+        base_ms=base.time_ms,
+        new_ms=new.time_ms,
+        ratio=ratio,
+        n_base=base.repeats,
+        n_new=new.repeats,
+        verdict=result,
+        note=f"no samples_ms (older report): medians and p10/p90 only; a change counts "
+        f"only when at least {huge:g}x with the spreads apart",
+    )
 
 
 def _failed(base: Side, new: Side) -> dict:
-    statuses = [f"{name} {s.row.status}" + (f" ({s.row.reason or s.row.error})" if s.row.reason or s.row.error else "")
-                for name, s in (("BASE", base), ("NEW", new)) if not _ok(s)]
+    statuses = [
+        f"{name} {s.row.status}" + (f" ({s.row.reason or s.row.error})" if s.row.reason or s.row.error else "")
+        for name, s in (("BASE", base), ("NEW", new))
+        if not _ok(s)
+    ]
     return dict(verdict="inconclusive", note="; ".join(statuses) + ": not compared")
 
 
 def _decide(point: dict, base: Side, new: Side, p_adjusted: float | None, threshold_pct: float, alpha: float) -> dict:
     """The verdict of a sampled pair, and the reasons that make it inconclusive."""
     result = verdict(point["ci_low"], point["ci_high"], p_adjusted, threshold_pct, alpha)
-    if result in ("slower", "faster") and not _beyond_load(point, threshold_pct) and \
-            (spread := spread_differs(base.samples, new.samples)):
+    if (
+        result in ("slower", "faster")
+        and not _beyond_load(point, threshold_pct)
+        and (spread := spread_differs(base.samples, new.samples))
+    ):
         return {**point, "verdict": "inconclusive", "note": "; ".join(filter(None, [point["note"], spread]))}
     if result == "inconclusive" and point["ci_high"] is not None and point["ci_high"] <= band(threshold_pct)[1]:
         note = f"a regression beyond the threshold is excluded (CI up to {point['ci_high']:.3f})"
-        return {**point, "verdict": result, "no_regression": True, "note": "; ".join(filter(None, [point["note"], note]))}
+        return {
+            **point,
+            "verdict": result,
+            "no_regression": True,
+            "note": "; ".join(filter(None, [point["note"], note])),
+        }
     return {**point, "verdict": result}
 
 
@@ -167,12 +195,18 @@ def _flagged(point: dict, base: Side, new: Side) -> dict:
     flags = [f"{name} flagged noisy: {s.flag}" for name, s in (("BASE", base), ("NEW", new)) if s.flag]
     others = (base.row.other_cpus, new.row.other_cpus)
     if None not in others and abs(others[0] - others[1]) > OTHER_CPUS_DIFFER:
-        flags.append(f"other processes kept {others[0]:.1f} CPUs busy during BASE's point, {others[1]:.1f} during "
-                     "NEW's: load on one side shifts every call")
+        flags.append(
+            f"other processes kept {others[0]:.1f} CPUs busy during BASE's point, {others[1]:.1f} during "
+            "NEW's: load on one side shifts every call"
+        )
     if not flags:
         return point
-    return {**point, "verdict": "inconclusive", "no_regression": False,
-            "note": "; ".join(filter(None, [point.get("note"), *flags]))}
+    return {
+        **point,
+        "verdict": "inconclusive",
+        "no_regression": False,
+        "note": "; ".join(filter(None, [point.get("note"), *flags])),
+    }
 
 
 def compare_pairs(pairs: list[tuple[Side, Side]], threshold_pct: float, alpha: float = 0.05) -> list[ComparePoint]:
@@ -208,8 +242,13 @@ def overall(points: list[ComparePoint], comparable: bool) -> Verdict:
     return next((v for v in ("slower", "inconclusive", "faster") if v in verdicts), "same")
 
 
-def build_report(pairs: list[tuple[Side, Side]], warnings: list[str], environment: list[str], threshold_pct: float,
-                 alpha: float = 0.05) -> CompareReport:
+def build_report(
+    pairs: list[tuple[Side, Side]],
+    warnings: list[str],
+    environment: list[str],
+    threshold_pct: float,
+    alpha: float = 0.05,
+) -> CompareReport:
     """The report of matched pairs; `environment` holds the differences that make the runs incomparable."""
     points = compare_pairs(pairs, threshold_pct, alpha)
     if not points:
@@ -217,11 +256,21 @@ def build_report(pairs: list[tuple[Side, Side]], warnings: list[str], environmen
     notes = list(warnings) + list(environment)
     slower = [p for p in points if p.verdict == "slower"]
     if environment and slower:
-        notes.append(f"{len(slower)} point(s) look slower (e.g. {slower[0].impl} N={slower[0].seq_len:,} "
-                     f"{slower[0].mode}) but the environments differ: not counted as a regression")
+        notes.append(
+            f"{len(slower)} point(s) look slower (e.g. {slower[0].impl} N={slower[0].seq_len:,} "
+            f"{slower[0].mode}) but the environments differ: not counted as a regression"
+        )
     failed = [p for p in points if p.note and p.note.endswith("not compared")]
     if failed:
-        notes.append(f"{len(failed)} point(s) ran on one side only: " + ", ".join(
-            f"{p.impl} N={p.seq_len:,} {p.mode} ({p.note})" for p in failed[:3]))
-    return CompareReport(points=points, verdict=overall(points, not environment), warnings=notes,
-                         comparable=not environment, threshold_pct=threshold_pct, alpha=alpha)
+        notes.append(
+            f"{len(failed)} point(s) ran on one side only: "
+            + ", ".join(f"{p.impl} N={p.seq_len:,} {p.mode} ({p.note})" for p in failed[:3])
+        )
+    return CompareReport(
+        points=points,
+        verdict=overall(points, not environment),
+        warnings=notes,
+        comparable=not environment,
+        threshold_pct=threshold_pct,
+        alpha=alpha,
+    )

@@ -37,8 +37,9 @@ that is much noisier than the other makes a slower/faster verdict inconclusive (
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel
@@ -66,8 +67,13 @@ class SampleStats(BaseModel):
 def summarize(samples: Sequence[float]) -> SampleStats:
     values = checked(samples)
     ci = median_ci(values)
-    return SampleStats(n=values.size, median=float(np.median(values)), noise=relative_iqr(values),
-                       ci_low=ci[0] if ci else None, ci_high=ci[1] if ci else None)
+    return SampleStats(
+        n=values.size,
+        median=float(np.median(values)),
+        noise=relative_iqr(values),
+        ci_low=ci[0] if ci else None,
+        ci_high=ci[1] if ci else None,
+    )
 
 
 @lru_cache(maxsize=256)
@@ -77,7 +83,7 @@ def _u_counts(n: int, m: int) -> np.ndarray:
     counts = np.zeros(n * m + 1, dtype=np.int64)
     counts[0] = 1
     for i in range(1, n + 1):
-        counts[m + i:] -= counts[: n * m + 1 - (m + i)].copy()
+        counts[m + i :] -= counts[: n * m + 1 - (m + i)].copy()
         for r in range(i):  # divide by (1 - q^i): a running sum along each residue class mod i
             counts[r::i] = np.cumsum(counts[r::i])
     return counts
@@ -181,8 +187,9 @@ def band(threshold_pct: float) -> tuple[float, float]:
     return 1.0 / upper, upper
 
 
-def verdict(ci_low: float | None, ci_high: float | None, p_value: float | None, threshold_pct: float,
-            alpha: float = 0.05) -> Verdict:
+def verdict(
+    ci_low: float | None, ci_high: float | None, p_value: float | None, threshold_pct: float, alpha: float = 0.05
+) -> Verdict:
     """faster | slower | same | inconclusive from the 95% CI of the ratio NEW/BASE and the (adjusted)
     p-value, by the rule in the module docstring."""
     lower, upper = band(threshold_pct)

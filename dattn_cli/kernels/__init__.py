@@ -4,12 +4,14 @@ Layout: single-device kernels here (pattern, engine, backends, merge, dilated, m
 sequence/head-parallel forms in kernels/distributed/, block-sparse patterns and executors in
 kernels/block_sparse/; every one of them is described by one ImplSpec in registry.py."""
 
-from .distributed.allgather import DistributedImprovedDilatedAttention
-from .block_sparse.patterns import PATTERNS, BlockPattern
 from .block_sparse.attention import BlockSparseRingDilatedAttention
+from .block_sparse.patterns import PATTERNS, BlockPattern
 from .cache import PatternCache, get_global_pattern_cache, reset_global_pattern_cache
 from .dilated import DilatedAttention, ImprovedDilatedAttention
+from .distributed.allgather import DistributedImprovedDilatedAttention
 from .distributed.head_parallel import HeadParallelDilatedAttention
+from .distributed.ring import RingDilatedAttention
+from .distributed.sharding import gather_sequence, padded_length, shard_sequence
 from .merge import merge_partial_, merge_partials
 from .multihead import (
     BlockSparseRingMultiheadDilatedAttention,
@@ -21,8 +23,6 @@ from .multihead import (
 )
 from .pool import MemoryPool, get_global_memory_pool, reset_global_memory_pool
 from .reference import block_sparse_reference, dilated_attention_reference
-from .distributed.ring import RingDilatedAttention
-from .distributed.sharding import gather_sequence, padded_length, shard_sequence
 from .registry import (
     REGISTRY,
     ImplSpec,

@@ -12,8 +12,8 @@ result (the technique ring attention uses); see engine.py.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -159,8 +159,12 @@ class SdpaBackend:
     def forward(self, q, k, v, key_pad, call: BlockCall):
         bias = _key_bias(key_pad, q.dtype)
         if _flash_op_applies(q, key_pad):
+
             def flash(q, k, v):
-                return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, call.causal, False, scale=call.scale)[:2]
+                return torch.ops.aten._scaled_dot_product_flash_attention(
+                    q, k, v, 0.0, call.causal, False, scale=call.scale
+                )[:2]
+
             return batch_sliced(flash, (q, k, v))
         if q.is_cuda:
             if bias is not None:
@@ -187,9 +191,23 @@ class SdpaBackend:
 
             def flash_backward(dout, q, k, v, out, lse):
                 return torch.ops.aten._scaled_dot_product_flash_attention_backward(
-                    dout, q, k, v, out, lse, None, None, q.shape[2], k.shape[2], 0.0, call.causal, unused, unused,
+                    dout,
+                    q,
+                    k,
+                    v,
+                    out,
+                    lse,
+                    None,
+                    None,
+                    q.shape[2],
+                    k.shape[2],
+                    0.0,
+                    call.causal,
+                    unused,
+                    unused,
                     scale=call.scale,
                 )
+
             return batch_sliced(flash_backward, (dout, q, k, v, out, lse))
         if q.is_cuda:
             # The memory-efficient backward reads `out` as if laid out (b, m, h, D) contiguously (its delta
@@ -201,7 +219,18 @@ class SdpaBackend:
                 bias = bias.expand(q.shape[0], q.shape[1], m, k.shape[2])
             zero = torch.zeros((), dtype=torch.int64, device=q.device)
             dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-                dout, q, k, v, bias, out, padded, zero, zero, 0.0, [True, True, True, False], call.causal,
+                dout,
+                q,
+                k,
+                v,
+                bias,
+                out,
+                padded,
+                zero,
+                zero,
+                0.0,
+                [True, True, True, False],
+                call.causal,
                 scale=call.scale,
             )
             return dq, dk, dv
@@ -219,8 +248,15 @@ class FlashBackend:
     """
 
     name = "flash"
-    _OPTIONAL = {"window_size": (-1, -1), "window_size_left": -1, "window_size_right": -1, "softcap": 0.0,
-                 "alibi_slopes": None, "deterministic": False, "rng_state": None}
+    _OPTIONAL = {
+        "window_size": (-1, -1),
+        "window_size_left": -1,
+        "window_size_right": -1,
+        "softcap": 0.0,
+        "alibi_slopes": None,
+        "deterministic": False,
+        "rng_state": None,
+    }
 
     def forward(self, q, k, v, key_pad, call: BlockCall):
         if key_pad is not None:  # refused before the import, so the message is the same with or without flash-attn
@@ -228,8 +264,13 @@ class FlashBackend:
         from flash_attn import flash_attn_func
 
         out, lse, _ = flash_attn_func(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=0.0, softmax_scale=call.scale,
-            causal=call.causal, return_attn_probs=True,
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            dropout_p=0.0,
+            softmax_scale=call.scale,
+            causal=call.causal,
+            return_attn_probs=True,
         )
         return out.transpose(1, 2), lse
 
@@ -243,8 +284,19 @@ class FlashBackend:
         names = inspect.signature(_flash_attn_backward).parameters
         optional = {name: value for name, value in self._OPTIONAL.items() if name in names}
         _flash_attn_backward(
-            t(dout), t(q), t(k), t(v), t(out), lse.contiguous(), dq, dk, dv,
-            dropout_p=0.0, softmax_scale=call.scale, causal=call.causal, **optional,
+            t(dout),
+            t(q),
+            t(k),
+            t(v),
+            t(out),
+            lse.contiguous(),
+            dq,
+            dk,
+            dv,
+            dropout_p=0.0,
+            softmax_scale=call.scale,
+            causal=call.causal,
+            **optional,
         )
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
@@ -281,7 +333,9 @@ def resolve_backend(
     check_backend(requested, dropout_active)
     if requested != "auto":
         if requested == "flash" and not (device.type == "cuda" and flash_available()):
-            raise ValueError("backend='flash' needs CUDA and the flash-attn package: install dattn[flash] or use 'auto'")
+            raise ValueError(
+                "backend='flash' needs CUDA and the flash-attn package: install dattn[flash] or use 'auto'"
+            )
         if requested == "flash" and key_padding:
             raise ValueError("backend='flash' takes no key_padding_mask: use backend='sdpa' or 'auto'")
         return requested, "requested"

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +23,13 @@ from .reference import dilated_attention_reference
 class DenseBaseline(nn.Module):
     """Full softmax attention; takes (and ignores) the dilated pattern so it is built like the others."""
 
-    def __init__(self, segment_lengths: Sequence[int] | None = None, dilation_rates: Sequence[int] | None = None,
-                 semantics: str = "longnet", **_: object):
+    def __init__(
+        self,
+        segment_lengths: Sequence[int] | None = None,
+        dilation_rates: Sequence[int] | None = None,
+        semantics: str = "longnet",
+        **_: object,
+    ):
         super().__init__()
 
     def describe(self) -> str:
@@ -60,14 +65,20 @@ class FlashAttention(DenseBaseline):
 class ReferenceAttention(nn.Module):
     """The float64 reference of the configured dilated pattern (the slowest correct answer)."""
 
-    def __init__(self, segment_lengths: Sequence[int], dilation_rates: Sequence[int], semantics: str = "longnet",
-                 **_: object):
+    def __init__(
+        self, segment_lengths: Sequence[int], dilation_rates: Sequence[int], semantics: str = "longnet", **_: object
+    ):
         super().__init__()
-        self.segment_lengths, self.dilation_rates, self.semantics = list(segment_lengths), list(dilation_rates), semantics
+        self.segment_lengths, self.dilation_rates, self.semantics = (
+            list(segment_lengths),
+            list(dilation_rates),
+            semantics,
+        )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
-        return dilated_attention_reference(q, k, v, self.segment_lengths, self.dilation_rates, is_causal,
-                                           self.semantics)[0]
+        return dilated_attention_reference(
+            q, k, v, self.segment_lengths, self.dilation_rates, is_causal, self.semantics
+        )[0]
 
     def describe(self) -> str:
         return "ReferenceAttention: dense float64 reference of the dilated pattern"

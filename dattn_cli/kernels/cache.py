@@ -11,7 +11,8 @@ import dataclasses
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 
@@ -37,7 +38,9 @@ class PatternCache:
         env = os.environ.get("DATTN_PATTERN_CACHE_SIZE")
         self.max_entries = max_entries if max_entries is not None else int(env) if env else DEFAULT_ENTRIES
         if self.max_entries < 1:
-            raise ValueError(f"pattern cache size must be >= 1, got {self.max_entries}: set DATTN_PATTERN_CACHE_SIZE >= 1")
+            raise ValueError(
+                f"pattern cache size must be >= 1, got {self.max_entries}: set DATTN_PATTERN_CACHE_SIZE >= 1"
+            )
         self._lock = threading.Lock()
         self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._bytes = 0

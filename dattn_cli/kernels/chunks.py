@@ -12,8 +12,8 @@ exists for one chunk instead of the whole sequence; only q, k, v, out, lse and t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import torch
 
@@ -24,8 +24,14 @@ from .engine import BlockAttention
 SEQUENCE_CHUNK_ELEMENTS = 1 << 27
 
 
-def chunk_length(batch: int, seq_len: int, heads: int, head_dim: int, segment_lengths: Sequence[int],
-                 max_elements: int | None = SEQUENCE_CHUNK_ELEMENTS) -> int | None:
+def chunk_length(
+    batch: int,
+    seq_len: int,
+    heads: int,
+    head_dim: int,
+    segment_lengths: Sequence[int],
+    max_elements: int | None = SEQUENCE_CHUNK_ELEMENTS,
+) -> int | None:
     """Positions per chunk, or None when one call covers N (short N, no limit, or alignment >= N)."""
     if not max_elements:
         return None
@@ -54,12 +60,12 @@ class ChunkedAttention:
         lse = None
         for start, end, attention in self.chunks:
             part = [x[:, start:end] for x in (q, k, v)]
-            o, l = attention.forward(*part, None if key_pad is None else key_pad[:, start:end])
+            o, part_lse = attention.forward(*part, None if key_pad is None else key_pad[:, start:end])
             if lse is None:
-                lse = torch.empty(q.shape[:3], dtype=l.dtype, device=q.device)
+                lse = torch.empty(q.shape[:3], dtype=part_lse.dtype, device=q.device)
             out[:, start:end].copy_(o)
-            lse[:, start:end].copy_(l)
-            del o, l
+            lse[:, start:end].copy_(part_lse)
+            del o, part_lse
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, key_pad=None) -> tuple[torch.Tensor, ...]:

@@ -11,7 +11,6 @@ training stays eager (its seeds are drawn per call).
 from __future__ import annotations
 
 import importlib
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -39,8 +38,16 @@ def _module(segments, rates, semantics, cls_name, backend, scale, cache, pool, c
     key = (tuple(segments), tuple(rates), semantics, cls_name, backend, scale, cache, pool, chunk)
     module = _MODULES.get(key)
     if module is None:
-        module = _class(cls_name)(list(segments), list(rates), semantics=semantics, scale=scale or None, backend=backend,
-                     use_pattern_cache=cache, enable_memory_pool=pool, sequence_chunk_elements=chunk or None).eval()
+        module = _class(cls_name)(
+            list(segments),
+            list(rates),
+            semantics=semantics,
+            scale=scale or None,
+            backend=backend,
+            use_pattern_cache=cache,
+            enable_memory_pool=pool,
+            sequence_chunk_elements=chunk or None,
+        ).eval()
         _MODULES[key] = module
     return module
 
@@ -52,9 +59,22 @@ def _attention(q, key_pad, config, causal, head_first, head_total):
 
 @torch.library.custom_op("dattn::dilated_attention", mutates_args=())
 def dilated_attention_op(
-    q: Tensor, k: Tensor, v: Tensor, key_pad: Optional[Tensor], segments: list[int], rates: list[int],
-    semantics: str, cls_name: str, backend: str, scale: float, cache: bool, pool: bool, chunk: int, causal: bool,
-    head_first: int, head_total: int,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_pad: Tensor | None,
+    segments: list[int],
+    rates: list[int],
+    semantics: str,
+    cls_name: str,
+    backend: str,
+    scale: float,
+    cache: bool,
+    pool: bool,
+    chunk: int,
+    causal: bool,
+    head_first: int,
+    head_total: int,
 ) -> tuple[Tensor, Tensor]:
     config = (segments, rates, semantics, cls_name, backend, scale, cache, pool, chunk)
     out, lse = _attention(q, key_pad, config, causal, head_first, head_total).forward(q, k, v, key_pad)
@@ -68,9 +88,25 @@ def _(q, k, v, key_pad, *rest):
 
 @torch.library.custom_op("dattn::dilated_attention_backward", mutates_args=())
 def dilated_attention_backward_op(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, key_pad: Optional[Tensor],
-    segments: list[int], rates: list[int], semantics: str, cls_name: str, backend: str, scale: float, cache: bool,
-    pool: bool, chunk: int, causal: bool, head_first: int, head_total: int,
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    key_pad: Tensor | None,
+    segments: list[int],
+    rates: list[int],
+    semantics: str,
+    cls_name: str,
+    backend: str,
+    scale: float,
+    cache: bool,
+    pool: bool,
+    chunk: int,
+    causal: bool,
+    head_first: int,
+    head_total: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     config = (segments, rates, semantics, cls_name, backend, scale, cache, pool, chunk)
     attention = _attention(q, key_pad, config, causal, head_first, head_total)
@@ -101,7 +137,20 @@ def compiled_attention(module, q, k, v, is_causal, key_padding_mask, head_range)
     """`module`'s call as the custom op (its configuration passed as the op's arguments)."""
     first, total = head_range if head_range is not None else (0, -1)
     return dilated_attention_op(
-        q, k, v, key_padding_mask, list(module.segment_lengths), list(module.dilation_rates), module.semantics,
-        _name(type(module)), module.backend, float(module.scale or 0.0), module.use_pattern_cache,
-        module.enable_memory_pool, module.sequence_chunk_elements or 0, bool(is_causal), first, total,
+        q,
+        k,
+        v,
+        key_padding_mask,
+        list(module.segment_lengths),
+        list(module.dilation_rates),
+        module.semantics,
+        _name(type(module)),
+        module.backend,
+        float(module.scale or 0.0),
+        module.use_pattern_cache,
+        module.enable_memory_pool,
+        module.sequence_chunk_elements or 0,
+        bool(is_causal),
+        first,
+        total,
     )

@@ -11,7 +11,7 @@ they differ only in how they reach a block's rows and what they keep between cal
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -20,8 +20,8 @@ from .backends import BlockCall, check_backend, resolve_backend
 from .cache import PatternCache, get_global_pattern_cache
 from .chunks import SEQUENCE_CHUNK_ELEMENTS, ChunkedAttention, chunk_bounds, chunk_length
 from .documents import attend_documents
-from .heads import expand_kv
 from .engine import BlockAttention, IndexAccess, RowAccess, ViewAccess, block_attention
+from .heads import expand_kv
 from .pattern import Block, pair_blocks, validate_pattern
 from .pool import MemoryPool, get_global_memory_pool
 from .reference import dilated_attention_reference
@@ -99,15 +99,24 @@ class _DilatedAttentionBase(AttentionCore):
         enable_memory_pool: bool | None = None,
         sequence_chunk_elements: int | None = SEQUENCE_CHUNK_ELEMENTS,
     ):
-        super().__init__(scale=scale, dropout=dropout, backend=backend, use_pattern_cache=use_pattern_cache,
-                         enable_memory_pool=enable_memory_pool)
+        super().__init__(
+            scale=scale,
+            dropout=dropout,
+            backend=backend,
+            use_pattern_cache=use_pattern_cache,
+            enable_memory_pool=enable_memory_pool,
+        )
         self.segment_lengths, self.dilation_rates = validate_pattern(segment_lengths, dilation_rates, semantics)
         self.semantics = semantics
         if sequence_chunk_elements is not None and (
-                isinstance(sequence_chunk_elements, bool) or not isinstance(sequence_chunk_elements, int)
-                or sequence_chunk_elements < 1):
-            raise ValueError(f"sequence_chunk_elements must be a positive int or None (one call over N), "
-                             f"got {sequence_chunk_elements!r}")
+            isinstance(sequence_chunk_elements, bool)
+            or not isinstance(sequence_chunk_elements, int)
+            or sequence_chunk_elements < 1
+        ):
+            raise ValueError(
+                f"sequence_chunk_elements must be a positive int or None (one call over N), "
+                f"got {sequence_chunk_elements!r}"
+            )
         # long calls run chunk by chunk of the sequence (kernels/chunks.py): same result, the engine's working set
         # sized by the chunk; None: one call over N
         self.sequence_chunk_elements = sequence_chunk_elements
@@ -115,8 +124,14 @@ class _DilatedAttentionBase(AttentionCore):
     # planning ---------------------------------------------------------------------------------
     def _plan_pair(self, pair: int, seq_len: int, num_heads: int, device: torch.device, heads: tuple[int, int]):
         blocks = pair_blocks(
-            pair, seq_len, num_heads, self.segment_lengths[pair], self.dilation_rates[pair],
-            len(self.segment_lengths), self.semantics, *heads,
+            pair,
+            seq_len,
+            num_heads,
+            self.segment_lengths[pair],
+            self.dilation_rates[pair],
+            len(self.segment_lengths),
+            self.semantics,
+            *heads,
         )
         index = {b: b.flat_index(num_heads, device).flatten() for b in blocks} if self.gathers_by_index else {}
         return blocks, index
@@ -134,8 +149,15 @@ class _DilatedAttentionBase(AttentionCore):
         blocks: list[Block] = []
         index: dict[Block, torch.Tensor] = {}
         for pair, (w, r) in enumerate(zip(self.segment_lengths, self.dilation_rates)):
-            key = ((pair, len(self.segment_lengths), w, r), seq_len, num_heads, heads, self.semantics, str(device),
-                   self.gathers_by_index)
+            key = (
+                (pair, len(self.segment_lengths), w, r),
+                seq_len,
+                num_heads,
+                heads,
+                self.semantics,
+                str(device),
+                self.gathers_by_index,
+            )
             build = lambda pair=pair: self._plan_pair(pair, seq_len, num_heads, device, heads)  # noqa: E731
             pair_plan, pair_index = self.cached(key, build)
             blocks.extend(pair_plan)
@@ -146,8 +168,14 @@ class _DilatedAttentionBase(AttentionCore):
 
     # forward ----------------------------------------------------------------------------------
     def forward_with_lse(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None, head_range: tuple[int, int] | None = None,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        head_range: tuple[int, int] | None = None,
         cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(out (B, N, H, D), lse (B, N, H)); lse is −inf where no pair keeps a row. k and v may have fewer
@@ -158,9 +186,14 @@ class _DilatedAttentionBase(AttentionCore):
         cu_seqlens: packed documents in q, k, v (1, T, H, D), each attended on its own (kernels/documents.py).
         """
         if cu_seqlens is not None:
-            return attend_documents(lambda *x: self.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3],
-                                                                     head_range=head_range), q, k, v, key_padding_mask,
-                                    cu_seqlens)
+            return attend_documents(
+                lambda *x: self.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3], head_range=head_range),
+                q,
+                k,
+                v,
+                key_padding_mask,
+                cu_seqlens,
+            )
         check_qkv(q, k, v)
         check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[1], q.device)
         if torch.compiler.is_compiling() and not (self.training and self.dropout > 0):
@@ -184,30 +217,57 @@ class _DilatedAttentionBase(AttentionCore):
         chunks = []
         for i, (start, end) in enumerate(chunk_bounds(seq_len, length)):
             blocks, access = self.plan(end - start, num_heads, q.device, head_range)
-            chunks.append((start, end, ChunkedAttention.reseeded(BlockAttention(blocks, access, backend, call, pool), i)))
+            chunks.append(
+                (start, end, ChunkedAttention.reseeded(BlockAttention(blocks, access, backend, call, pool), i))
+            )
         return ChunkedAttention(chunks)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q, k, v: (batch, seq_len, heads, head_dim) -> out of the same shape and dtype (k, v: H_kv heads)."""
         return self.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens)[0]
 
     def reference(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None, compute_dtype: torch.dtype = torch.float64,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        compute_dtype: torch.dtype = torch.float64,
         cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The dense reference of what this module computes (docs/semantics.md), differentiable; with
         cu_seqlens, one reference per document."""
         if cu_seqlens is not None:
-            return attend_documents(lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3],
-                                                              compute_dtype=compute_dtype), q, k, v, key_padding_mask,
-                                    cu_seqlens)
+            return attend_documents(
+                lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3], compute_dtype=compute_dtype),
+                q,
+                k,
+                v,
+                key_padding_mask,
+                cu_seqlens,
+            )
         return dilated_attention_reference(
-            q, k, v, self.segment_lengths, self.dilation_rates, is_causal, self.semantics, self.scale,
-            key_padding_mask=key_padding_mask, compute_dtype=compute_dtype,
+            q,
+            k,
+            v,
+            self.segment_lengths,
+            self.dilation_rates,
+            is_causal,
+            self.semantics,
+            self.scale,
+            key_padding_mask=key_padding_mask,
+            compute_dtype=compute_dtype,
         )
 
     # reporting --------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ rows of documents that cross shard boundaries (distributed/documents.py).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -18,17 +18,27 @@ Call = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"
 
 def document_spans(cu_seqlens: torch.Tensor, total: int, batch: int = 1) -> list[tuple[int, int]]:
     """[(start, end)] of the non-empty documents; a ValueError naming the fix for a bad cu_seqlens."""
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() \
-            or cu_seqlens.dtype == torch.bool or cu_seqlens.numel() < 2:
-        raise ValueError("cu_seqlens must be a 1-D integer tensor of documents + 1 cumulative lengths, e.g. "
-                         "torch.tensor([0, 7, 107], dtype=torch.int32) for documents of 7 and 100 tokens")
+    if (
+        not isinstance(cu_seqlens, torch.Tensor)
+        or cu_seqlens.dim() != 1
+        or cu_seqlens.is_floating_point()
+        or cu_seqlens.dtype == torch.bool
+        or cu_seqlens.numel() < 2
+    ):
+        raise ValueError(
+            "cu_seqlens must be a 1-D integer tensor of documents + 1 cumulative lengths, e.g. "
+            "torch.tensor([0, 7, 107], dtype=torch.int32) for documents of 7 and 100 tokens"
+        )
     if batch != 1:
-        raise ValueError(f"cu_seqlens packs documents along one sequence: pass q, k, v of shape (1, T, H, D), "
-                         f"got batch {batch} (concatenate the batch's documents into one row)")
+        raise ValueError(
+            f"cu_seqlens packs documents along one sequence: pass q, k, v of shape (1, T, H, D), "
+            f"got batch {batch} (concatenate the batch's documents into one row)"
+        )
     bounds = [int(x) for x in cu_seqlens.tolist()]
     if bounds[0] != 0 or bounds[-1] != total:
-        raise ValueError(f"cu_seqlens must start at 0 and end at the sequence length {total}, got "
-                         f"{bounds[0]} ... {bounds[-1]}")
+        raise ValueError(
+            f"cu_seqlens must start at 0 and end at the sequence length {total}, got {bounds[0]} ... {bounds[-1]}"
+        )
     if any(b < a for a, b in zip(bounds, bounds[1:])):
         raise ValueError("cu_seqlens must be non-decreasing (cumulative document lengths)")
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
@@ -47,8 +57,14 @@ def offsets(lengths: Sequence[int], device: torch.device | str | None = None) ->
     return torch.tensor(cum, dtype=torch.int32, device=device)
 
 
-def attend_documents(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     key_padding_mask: torch.Tensor | None, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def attend_documents(
+    call: Call,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    cu_seqlens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of `call(q, k, v, key_padding_mask)` on each document's rows, concatenated in order."""
     spans = document_spans(cu_seqlens, q.shape[1], q.shape[0])
     if spans == [(0, q.shape[1])]:

@@ -14,8 +14,9 @@ Two ways to reach a block's rows (`RowAccess`):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -51,9 +52,17 @@ class RemoteBlocks(Protocol):
     keys computed elsewhere included. Both see the merged out and lse, as every local block does.
     """
 
-    def forward(self, attention: "BlockAttention", q, k, v, key_pad, out, lse) -> None: ...
+    def forward(self, attention: BlockAttention, q, k, v, key_pad, out, lse) -> None: ...
 
-    def backward(self, attention: "BlockAttention", dout, q, k, v, out, lse, key_pad, grads: list) -> None: ...
+    def backward(self, attention: BlockAttention, dout, q, k, v, out, lse, key_pad, grads: list) -> None: ...
+
+
+class AttentionCall(Protocol):
+    """What the autograd boundary calls: BlockAttention, chunks.ChunkedAttention and window.BandAttention."""
+
+    def forward(self, q, k, v, key_pad=None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def backward(self, dout, q, k, v, out, lse, key_pad=None) -> tuple[torch.Tensor, ...]: ...
 
 
 def _batch_segments(x: torch.Tensor, block: Block) -> torch.Tensor:
@@ -92,7 +101,9 @@ class ViewAccess:
                 self.pool.release(base)
 
     def merge(self, out, lse, block, block_out, block_lse):
-        merge_partial_(block.view(out), block.view(lse), _batch_segments(block_out, block), _batch_segments(block_lse, block))
+        merge_partial_(
+            block.view(out), block.view(lse), _batch_segments(block_out, block), _batch_segments(block_lse, block)
+        )
 
     def add(self, acc, block, value):
         block.view(acc).add_(_batch_segments(value, block))
@@ -101,8 +112,12 @@ class ViewAccess:
         # A block holding every row of every head (a pair with r = 1, N divisible by w) can hand its
         # result over as the accumulator: the fused kernels lay (b, h, m, D) out as (b, m, h, D).
         covers = (
-            block.start == 0 and block.num_segments * block.seg_len == shape[1] and block.rate == 1
-            and block.head_start == 0 and block.head_step == 1 and block.num_heads == shape[2]
+            block.start == 0
+            and block.num_segments * block.seg_len == shape[1]
+            and block.rate == 1
+            and block.head_start == 0
+            and block.head_step == 1
+            and block.num_heads == shape[2]
         )
         if not covers:
             return None
@@ -175,7 +190,11 @@ class BlockAttention:
         """fp32 (or fp64) filled accumulator; from the pool when it is scratch (half inputs)."""
         dtype = self._acc_dtype(like)
         scratch = dtype != like.dtype and self.pool is not None
-        acc = self.pool.acquire(shape, dtype, like.device) if scratch else torch.empty(shape, dtype=dtype, device=like.device)
+        acc = (
+            self.pool.acquire(shape, dtype, like.device)
+            if scratch
+            else torch.empty(shape, dtype=dtype, device=like.device)
+        )
         return acc.fill_(fill), scratch
 
     def _adopt(self, block, value, shape, like) -> torch.Tensor | None:
@@ -243,7 +262,7 @@ class DilatedAttentionFunction(torch.autograd.Function):
     heads (GQA): repeated to q's heads for the call and again in backward, saved at their own heads (heads.py)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_pad, attention: BlockAttention):
+    def forward(ctx, q, k, v, key_pad, attention: AttentionCall):
         out, lse = attention.forward(q, *expand_kv(k, v, q.shape[2]), key_pad)
         ctx.save_for_backward(q, k, v, out, lse, key_pad)
         ctx.attention = attention
@@ -258,8 +277,11 @@ class DilatedAttentionFunction(torch.autograd.Function):
 
 
 def block_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_pad: torch.Tensor | None,
-    attention: "BlockAttention | ChunkedAttention",
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_pad: torch.Tensor | None,
+    attention: AttentionCall,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of `attention` on q, k, v (k, v at H or fewer kv heads), through the autograd boundary when a
     gradient is wanted."""

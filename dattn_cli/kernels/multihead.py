@@ -9,14 +9,14 @@ projections (Wang et al., "Foundation Transformers", 2022).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .block_sparse.attention import BlockSparseRingDilatedAttention
+from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .distributed.allgather import DistributedImprovedDilatedAttention
 from .distributed.head_parallel import HeadParallelDilatedAttention
 from .distributed.ring import RingDilatedAttention
@@ -62,15 +62,23 @@ class MultiheadDilatedAttention(nn.Module):
                 f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}: choose embed_dim = num_heads * head_dim"
             )
         if not batch_first:
-            raise ValueError("batch_first=False is not supported: pass (batch, seq_len, embed_dim) with batch_first=True")
+            raise ValueError(
+                "batch_first=False is not supported: pass (batch, seq_len, embed_dim) with batch_first=True"
+            )
         if gamma_init <= 0:
             raise ValueError(f"gamma_init must be positive, got {gamma_init!r}")
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if isinstance(self.num_kv_heads, bool) or not isinstance(self.num_kv_heads, int) or self.num_kv_heads <= 0 \
-                or num_heads % self.num_kv_heads:
-            raise ValueError(f"num_kv_heads must divide num_heads={num_heads}, got {num_kv_heads!r}: use one of "
-                             f"{divisors(num_heads)}")
+        if (
+            isinstance(self.num_kv_heads, bool)
+            or not isinstance(self.num_kv_heads, int)
+            or self.num_kv_heads <= 0
+            or num_heads % self.num_kv_heads
+        ):
+            raise ValueError(
+                f"num_kv_heads must divide num_heads={num_heads}, got {num_kv_heads!r}: use one of "
+                f"{divisors(num_heads)}"
+            )
         self.head_dim = embed_dim // num_heads
         self.kv_dim = self.num_kv_heads * self.head_dim
         self.batch_first = True
@@ -81,8 +89,15 @@ class MultiheadDilatedAttention(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.in_proj = nn.Linear(embed_dim, embed_dim + 2 * self.kv_dim, bias=bias, **factory)
         self.attention = self.attention_class(
-            segment_lengths, dilation_rates, semantics=semantics, scale=scale, dropout=dropout, backend=backend,
-            use_pattern_cache=use_pattern_cache, enable_memory_pool=enable_memory_pool, **attention_options,
+            segment_lengths,
+            dilation_rates,
+            semantics=semantics,
+            scale=scale,
+            dropout=dropout,
+            backend=backend,
+            use_pattern_cache=use_pattern_cache,
+            enable_memory_pool=enable_memory_pool,
+            **attention_options,
         )
         self.norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps, **factory) if layer_norm else None
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
@@ -133,14 +148,18 @@ class MultiheadDilatedAttention(nn.Module):
                 "and key_padding_mask for padded keys"
             )
         if need_weights:
-            raise NotImplementedError("need_weights=True is not supported: dilated attention never forms the weight matrix")
+            raise NotImplementedError(
+                "need_weights=True is not supported: dilated attention never forms the weight matrix"
+            )
         for name, x in (("query", query), ("key", key), ("value", value)):
             if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.embed_dim:
                 shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                 raise ValueError(f"{name} has shape {shape}: pass (batch, seq_len, {self.embed_dim})")
         q, k, v = (x.unflatten(-1, (-1, self.head_dim)) for x in self._project(query, key, value))
         if self.rotary:
-            positions = None if cu_seqlens is None else document_positions(cu_seqlens, position_offset, q.shape[1], q.device)
+            positions = (
+                None if cu_seqlens is None else document_positions(cu_seqlens, position_offset, q.shape[1], q.device)
+            )
             q, k = (apply_rotary(x, position_offset, positions=positions) for x in (q, k))
         real = {} if seq_len is None else {"seq_len": seq_len}  # only block-sparse cores take it
         if cu_seqlens is not None:
@@ -154,8 +173,7 @@ class MultiheadDilatedAttention(nn.Module):
         ln = "MAGNETO sub-LayerNorm" if self.norm is not None else "no sub-LayerNorm"
         return (
             f"{type(self).__name__}(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-            f"num_kv_heads={self.num_kv_heads}, {ln}) over "
-            + self.attention.describe()
+            f"num_kv_heads={self.num_kv_heads}, {ln}) over " + self.attention.describe()
         )
 
 

@@ -9,8 +9,8 @@ contribution exactly; merging the blocks' (out, lse) gives the full result.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -87,7 +87,12 @@ def validate_pattern(
 
 
 def head_sets(
-    pair: int, rate: int, num_heads: int, num_pairs: int, semantics: str, first_head: int = 0,
+    pair: int,
+    rate: int,
+    num_heads: int,
+    num_pairs: int,
+    semantics: str,
+    first_head: int = 0,
     total_heads: int | None = None,
 ) -> list[tuple[int, int, int, int]]:
     """(offset, head_start, head_step, count) for each set of local heads that share an offset in this pair.
@@ -96,7 +101,9 @@ def head_sets(
     shard, as in head-parallel attention); offsets and groups follow the global head index.
     """
     total = num_heads if total_heads is None else total_heads
-    if semantics == "longnet":  # offset o: the local heads start, start + rate, ... with (first_head + start) % rate == o
+    if (
+        semantics == "longnet"
+    ):  # offset o: the local heads start, start + rate, ... with (first_head + start) % rate == o
         starts = range(min(rate, num_heads))  # not range(rate): a rate of 2**30 would loop that long
         return sorted(((first_head + start) % rate, start, rate, -(-(num_heads - start) // rate)) for start in starts)
     base, extra = divmod(total, num_pairs)
@@ -107,8 +114,15 @@ def head_sets(
 
 
 def pair_blocks(
-    pair: int, seq_len: int, num_heads: int, segment_length: int, rate: int, num_pairs: int, semantics: str,
-    first_head: int = 0, total_heads: int | None = None,
+    pair: int,
+    seq_len: int,
+    num_heads: int,
+    segment_length: int,
+    rate: int,
+    num_pairs: int,
+    semantics: str,
+    first_head: int = 0,
+    total_heads: int | None = None,
 ) -> list[Block]:
     """Blocks of one (segment length, dilation) pair: the full segments, then the ragged tail."""
     w = min(segment_length, seq_len)

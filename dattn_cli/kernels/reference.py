@@ -9,12 +9,12 @@ decomposition of `pattern.py`, so it is an independent check of the implementati
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from .pattern import validate_pattern
 from .heads import expand_kv
+from .pattern import validate_pattern
 from .validation import check_qkv
 
 DEFAULT_MAX_BLOCK_ELEMENTS = 1 << 22
@@ -87,8 +87,16 @@ def dilated_attention_reference(
     if semantics == "head_groups" and num_heads < len(segs):
         raise ValueError(f"head_groups semantics needs num_heads >= {len(segs)} pairs, got {num_heads}")
     return _masked_softmax_attention(
-        q, k, v, scale, key_padding_mask, compute_dtype, max_block_elements,
-        lambda rows: torch.log(pair_counts(rows, seq_len, num_heads, segs, rates, semantics, is_causal).to(compute_dtype)),
+        q,
+        k,
+        v,
+        scale,
+        key_padding_mask,
+        compute_dtype,
+        max_block_elements,
+        lambda rows: torch.log(
+            pair_counts(rows, seq_len, num_heads, segs, rates, semantics, is_causal).to(compute_dtype)
+        ),
     )
 
 
@@ -130,9 +138,17 @@ def block_sparse_reference(
 
 
 def sliding_window_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, left: int, right: int, is_causal: bool = False,
-    scale: float | None = None, *, key_padding_mask: torch.Tensor | None = None,
-    compute_dtype: torch.dtype = torch.float64, max_block_elements: int = DEFAULT_MAX_BLOCK_ELEMENTS,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    left: int,
+    right: int,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    key_padding_mask: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+    max_block_elements: int = DEFAULT_MAX_BLOCK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense attention where query t sees keys t - left .. t + right (causal: .. t); (out, lse) like the others."""
     check_qkv(q, k, v)

@@ -17,8 +17,9 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -100,8 +101,10 @@ MAX_PADDING = 4
 def _padding(w: Any, world: int, what: str) -> str | None:
     padded = shard_length(w, world) * world
     if padded > MAX_PADDING * w.seq_len:
-        return (f"N={w.seq_len} over {world} ranks pads to {padded} positions to align shards with {what}, "
-                f"over {MAX_PADDING}x N: choose N, p or {what} so that N/p is near a multiple or divisor of each")
+        return (
+            f"N={w.seq_len} over {world} ranks pads to {padded} positions to align shards with {what}, "
+            f"over {MAX_PADDING}x N: choose N, p or {what} so that N/p is near a multiple or divisor of each"
+        )
     return None
 
 
@@ -147,8 +150,11 @@ class ImplSpec:
     install_hint: str = ""
 
     def where(self) -> str:
-        ranks = "1 process or p ranks" if self.distributed and self.single_device else (
-            "p ranks" if self.distributed else "1 process")
+        ranks = (
+            "1 process or p ranks"
+            if self.distributed and self.single_device
+            else ("p ranks" if self.distributed else "1 process")
+        )
         return f"{', '.join(self.devices)}; {ranks}"
 
     def unavailable(self, device: str = "cpu") -> str | None:
@@ -178,48 +184,184 @@ def unregister(name: str) -> None:
 
 _SEQUENCE_PARALLEL = dict(distributed=True, single_device=False, shard_rule=segment_aligned_shards)
 _HEAD_PARALLEL = dict(distributed=True, single_device=False, shard_rule=head_shards)
-_BLOCK_SPARSE = dict(strategy="block_sparse", pairs=block_sparse_pairs, memory_model=None, distributed=True,
-                     block_sparse=True, shard_rule=block_aligned_shards)
+_BLOCK_SPARSE = dict(
+    strategy="block_sparse",
+    pairs=block_sparse_pairs,
+    memory_model=None,
+    distributed=True,
+    block_sparse=True,
+    shard_rule=block_aligned_shards,
+)
 _BASELINE = dict(kind="core", baseline=True, backends=())
 
-register(ImplSpec("DilatedAttention", DilatedAttention, "core", "single", "gather by index, backend per block, exact LSE merge",
-                  memory_model="index_gather"))
-register(ImplSpec("ImprovedDilatedAttention", ImprovedDilatedAttention, "core", "single",
-                  "strided views, pattern cache, memory pool", preferred=True))
-register(ImplSpec("MultiheadDilatedAttention", MultiheadDilatedAttention, "multihead", "single",
-                  "projections around DilatedAttention", memory_model="index_gather"))
-register(ImplSpec("ImprovedMultiheadDilatedAttention", ImprovedMultiheadDilatedAttention, "multihead", "single",
-                  "projections around ImprovedDilatedAttention", preferred=True))
-register(ImplSpec("RingDilatedAttention", RingDilatedAttention, "core", "ring",
-                  "contiguous shards; sparsified K/V rotated around each segment's ranks", preferred=True, **_SEQUENCE_PARALLEL))
-register(ImplSpec("RingMultiheadDilatedAttention", RingMultiheadDilatedAttention, "multihead", "ring",
-                  "projections around RingDilatedAttention", preferred=True, **_SEQUENCE_PARALLEL))
-register(ImplSpec("DistributedImprovedDilatedAttention", DistributedImprovedDilatedAttention, "core", "allgather",
-                  "contiguous shards; sparsified K/V all-gathered within each segment's ranks (LongNet)",
-                  **_SEQUENCE_PARALLEL))
-register(ImplSpec("DistributedImprovedMultiheadDilatedAttention", DistributedImprovedMultiheadDilatedAttention,
-                  "multihead", "allgather", "projections around DistributedImprovedDilatedAttention",
-                  **_SEQUENCE_PARALLEL))
-register(ImplSpec("HeadParallelDilatedAttention", HeadParallelDilatedAttention, "core", "head_parallel",
-                  "all-to-all sequence shards -> head shards, dilated attention on H/p heads, all-to-all back",
-                  **_HEAD_PARALLEL))
-register(ImplSpec("HeadParallelMultiheadDilatedAttention", HeadParallelMultiheadDilatedAttention, "multihead",
-                  "head_parallel", "projections around HeadParallelDilatedAttention", **_HEAD_PARALLEL))
-register(ImplSpec("BlockSparseRingDilatedAttention", BlockSparseRingDilatedAttention, "core",
-                  summary="block patterns (local, dilated, global_local, hierarchical, longnet) on FlexAttention or "
-                  "gathered key blocks; ring form sends only used key blocks", **_BLOCK_SPARSE))
-register(ImplSpec("BlockSparseRingMultiheadDilatedAttention", BlockSparseRingMultiheadDilatedAttention, "multihead",
-                  summary="projections around BlockSparseRingDilatedAttention", **_BLOCK_SPARSE))
-register(ImplSpec("sdpa", SDPAAttention, strategy="dense", summary="torch scaled_dot_product_attention, all pairs",
-                  pairs=dense_pairs, memory_model="dense", **_BASELINE))
-register(ImplSpec("math", MathAttention, strategy="dense", summary="N x N scores, softmax, weighted sum",
-                  pairs=dense_pairs, memory_model="dense_scores", **_BASELINE))
-register(ImplSpec("flash", FlashAttention, strategy="dense", summary="flash-attn flash_attn_func, all pairs",
-                  pairs=dense_pairs, memory_model="dense", devices=("cuda",), requires=("flash_attn",),
-                  install_hint="pip install 'dattn[flash]'", **_BASELINE))
-register(ImplSpec("reference", ReferenceAttention, strategy="reference",
-                  summary="the dense float64 reference of the dilated pattern", pairs=dense_pairs,
-                  memory_model="reference", **_BASELINE))
+register(
+    ImplSpec(
+        "DilatedAttention",
+        DilatedAttention,
+        "core",
+        "single",
+        "gather by index, backend per block, exact LSE merge",
+        memory_model="index_gather",
+    )
+)
+register(
+    ImplSpec(
+        "ImprovedDilatedAttention",
+        ImprovedDilatedAttention,
+        "core",
+        "single",
+        "strided views, pattern cache, memory pool",
+        preferred=True,
+    )
+)
+register(
+    ImplSpec(
+        "MultiheadDilatedAttention",
+        MultiheadDilatedAttention,
+        "multihead",
+        "single",
+        "projections around DilatedAttention",
+        memory_model="index_gather",
+    )
+)
+register(
+    ImplSpec(
+        "ImprovedMultiheadDilatedAttention",
+        ImprovedMultiheadDilatedAttention,
+        "multihead",
+        "single",
+        "projections around ImprovedDilatedAttention",
+        preferred=True,
+    )
+)
+register(
+    ImplSpec(
+        "RingDilatedAttention",
+        RingDilatedAttention,
+        "core",
+        "ring",
+        "contiguous shards; sparsified K/V rotated around each segment's ranks",
+        preferred=True,
+        **_SEQUENCE_PARALLEL,
+    )
+)
+register(
+    ImplSpec(
+        "RingMultiheadDilatedAttention",
+        RingMultiheadDilatedAttention,
+        "multihead",
+        "ring",
+        "projections around RingDilatedAttention",
+        preferred=True,
+        **_SEQUENCE_PARALLEL,
+    )
+)
+register(
+    ImplSpec(
+        "DistributedImprovedDilatedAttention",
+        DistributedImprovedDilatedAttention,
+        "core",
+        "allgather",
+        "contiguous shards; sparsified K/V all-gathered within each segment's ranks (LongNet)",
+        **_SEQUENCE_PARALLEL,
+    )
+)
+register(
+    ImplSpec(
+        "DistributedImprovedMultiheadDilatedAttention",
+        DistributedImprovedMultiheadDilatedAttention,
+        "multihead",
+        "allgather",
+        "projections around DistributedImprovedDilatedAttention",
+        **_SEQUENCE_PARALLEL,
+    )
+)
+register(
+    ImplSpec(
+        "HeadParallelDilatedAttention",
+        HeadParallelDilatedAttention,
+        "core",
+        "head_parallel",
+        "all-to-all sequence shards -> head shards, dilated attention on H/p heads, all-to-all back",
+        **_HEAD_PARALLEL,
+    )
+)
+register(
+    ImplSpec(
+        "HeadParallelMultiheadDilatedAttention",
+        HeadParallelMultiheadDilatedAttention,
+        "multihead",
+        "head_parallel",
+        "projections around HeadParallelDilatedAttention",
+        **_HEAD_PARALLEL,
+    )
+)
+register(
+    ImplSpec(
+        "BlockSparseRingDilatedAttention",
+        BlockSparseRingDilatedAttention,
+        "core",
+        summary="block patterns (local, dilated, global_local, hierarchical, longnet) on FlexAttention or "
+        "gathered key blocks; ring form sends only used key blocks",
+        **_BLOCK_SPARSE,
+    )
+)
+register(
+    ImplSpec(
+        "BlockSparseRingMultiheadDilatedAttention",
+        BlockSparseRingMultiheadDilatedAttention,
+        "multihead",
+        summary="projections around BlockSparseRingDilatedAttention",
+        **_BLOCK_SPARSE,
+    )
+)
+register(
+    ImplSpec(
+        "sdpa",
+        SDPAAttention,
+        strategy="dense",
+        summary="torch scaled_dot_product_attention, all pairs",
+        pairs=dense_pairs,
+        memory_model="dense",
+        **_BASELINE,
+    )
+)
+register(
+    ImplSpec(
+        "math",
+        MathAttention,
+        strategy="dense",
+        summary="N x N scores, softmax, weighted sum",
+        pairs=dense_pairs,
+        memory_model="dense_scores",
+        **_BASELINE,
+    )
+)
+register(
+    ImplSpec(
+        "flash",
+        FlashAttention,
+        strategy="dense",
+        summary="flash-attn flash_attn_func, all pairs",
+        pairs=dense_pairs,
+        memory_model="dense",
+        devices=("cuda",),
+        requires=("flash_attn",),
+        install_hint="pip install 'dattn[flash]'",
+        **_BASELINE,
+    )
+)
+register(
+    ImplSpec(
+        "reference",
+        ReferenceAttention,
+        strategy="reference",
+        summary="the dense float64 reference of the dilated pattern",
+        pairs=dense_pairs,
+        memory_model="reference",
+        **_BASELINE,
+    )
+)
 
 
 def get_implementation(name: str) -> ImplSpec:
@@ -232,31 +374,42 @@ def names(predicate: Callable[[ImplSpec], bool] = lambda spec: True) -> list[str
     return [name for name, spec in REGISTRY.items() if predicate(spec)]
 
 
-def _choose(kind: str, wanted: Literal["core", "multihead"], cfg: dict[str, Any]) -> tuple[ImplSpec, str, dict[str, Any]]:
+def _choose(
+    kind: str, wanted: Literal["core", "multihead"], cfg: dict[str, Any]
+) -> tuple[ImplSpec, str, dict[str, Any]]:
     """The implementation, why, and its constructor options. `auto` shards one sequence over ranks only
     when a sequence-parallel group is given (process_group=..., e.g. torch.distributed.group.WORLD):
     without one, each rank of a multi-process job has its own batch (data parallel), so single-device."""
     if kind != "auto":
         impl = get_implementation(kind)
         if impl.kind != wanted or impl.baseline:
-            raise ValueError(f"kind={kind!r} is a {'baseline' if impl.baseline else impl.kind} implementation; pick a "
-                             f"{wanted} one: " + ", ".join(names(lambda s: s.kind == wanted and not s.baseline)))
+            raise ValueError(
+                f"kind={kind!r} is a {'baseline' if impl.baseline else impl.kind} implementation; pick a "
+                f"{wanted} one: " + ", ".join(names(lambda s: s.kind == wanted and not s.baseline))
+            )
         return impl, f"chosen: {impl.name} (requested)", cfg
     own_kind = [i for i in REGISTRY.values() if i.kind == wanted and not i.baseline]
     group = cfg.get("process_group")
     if group is not None:
         candidates = [i for i in own_kind if i.distributed]
         if not candidates:
-            raise ValueError(f"process_group is given but no distributed {wanted} implementation is registered: "
-                             "leave process_group out for a single-device module")
+            raise ValueError(
+                f"process_group is given but no distributed {wanted} implementation is registered: "
+                "leave process_group out for a single-device module"
+            )
         why = f"process_group of {_group_size(group)} rank(s) given: sequence parallel"
     else:
         cfg = {key: value for key, value in cfg.items() if key != "process_group"}  # an explicit None
         candidates = [i for i in own_kind if i.single_device]
         world = _group_size(None)
-        why = f"world size {world}" if world == 1 else (
-            f"world size {world} but no process_group given: data parallel, single-device (pass "
-            "process_group= to shard one sequence over its ranks)")
+        why = (
+            f"world size {world}"
+            if world == 1
+            else (
+                f"world size {world} but no process_group given: data parallel, single-device (pass "
+                "process_group= to shard one sequence over its ranks)"
+            )
+        )
     impl = next((i for i in candidates if i.preferred), candidates[0])
     return impl, f"auto chose {impl.name} ({why}; {impl.summary})", cfg
 
@@ -266,8 +419,10 @@ def _group_size(group: Any) -> int:
     initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
     if not initialised:
         if group is not None:
-            raise ValueError("process_group is given but torch.distributed is not initialised: call "
-                             "torch.distributed.init_process_group first, or leave process_group out")
+            raise ValueError(
+                "process_group is given but torch.distributed is not initialised: call "
+                "torch.distributed.init_process_group first, or leave process_group out"
+            )
         return 1
     return torch.distributed.get_world_size(group)
 
@@ -304,14 +459,19 @@ def load_plugins() -> None:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise PluginError(f"{PLUGIN_VARIABLE}: cannot import {name[:200]!r} ({exc}); fix the module name or "
-                              "its PYTHONPATH") from None
+            raise PluginError(
+                f"{PLUGIN_VARIABLE}: cannot import {name[:200]!r} ({exc}); fix the module name or its PYTHONPATH"
+            ) from None
         except Exception as exc:  # the plugin's own code failed: --debug shows where
-            raise PluginError(f"{PLUGIN_VARIABLE}: importing {name[:200]!r} failed: {type(exc).__name__}: {exc} "
-                              "(--debug shows the traceback)") from exc
+            raise PluginError(
+                f"{PLUGIN_VARIABLE}: importing {name[:200]!r} failed: {type(exc).__name__}: {exc} "
+                "(--debug shows the traceback)"
+            ) from exc
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             entry_point.load()
         except Exception as exc:
-            raise PluginError(f"entry point {entry_point.name!r} ({ENTRY_POINT_GROUP}) failed to load: "
-                              f"{type(exc).__name__}: {exc}; fix or uninstall the package that provides it") from exc
+            raise PluginError(
+                f"entry point {entry_point.name!r} ({ENTRY_POINT_GROUP}) failed to load: "
+                f"{type(exc).__name__}: {exc}; fix or uninstall the package that provides it"
+            ) from exc

@@ -11,15 +11,18 @@ def document_positions(cu_seqlens: torch.Tensor, offset: int, n: int, device: to
     (each document as a separate sequence), float64."""
     bounds = cu_seqlens.to(device=device, dtype=torch.int64)
     if offset + n > int(bounds[-1]):
-        raise ValueError(f"cu_seqlens ends at {int(bounds[-1])} but the rows run to {offset + n}: pass the whole "
-                         "sequence's cu_seqlens (on every rank) and the shard's position_offset")
+        raise ValueError(
+            f"cu_seqlens ends at {int(bounds[-1])} but the rows run to {offset + n}: pass the whole "
+            "sequence's cu_seqlens (on every rank) and the shard's position_offset"
+        )
     rows = torch.arange(offset, offset + n, device=device, dtype=torch.int64)
     starts = bounds[torch.searchsorted(bounds, rows, right=True) - 1]
     return (rows - starts).to(torch.float64)
 
 
-def apply_rotary(x: torch.Tensor, offset: int = 0, base: float = 10000.0,
-                 positions: torch.Tensor | None = None) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor, offset: int = 0, base: float = 10000.0, positions: torch.Tensor | None = None
+) -> torch.Tensor:
     """x (B, N, H, D) with even D -> x rotated pairwise (first half, second half) by angle
     (offset + position) · base^(-2i/D); the rotation in fp32 (fp64 for fp64 x, so a float64 model stays a float64
     reference), returned in x's dtype. The angles and their cos/sin are taken in fp64: in fp32 the angles at

@@ -21,7 +21,7 @@ gives it explicitly for any other layout.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +67,9 @@ class DilatedTransformerBlock(nn.Module):
             raise ValueError(f"norm={norm!r} is unknown: use 'pre' (pre-LayerNorm) or 'subln' (MAGNETO sub-LayerNorm)")
         if attention not in REGISTRY or REGISTRY[attention].kind != "multihead":
             names = ", ".join(n for n, i in REGISTRY.items() if i.kind == "multihead")
-            raise ValueError(f"attention={attention!r} is not a registered multihead implementation: use one of {names}")
+            raise ValueError(
+                f"attention={attention!r} is not a registered multihead implementation: use one of {names}"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         factory = {"device": device, "dtype": dtype}
@@ -77,9 +79,17 @@ class DilatedTransformerBlock(nn.Module):
         hidden = int(embed_dim * mlp_ratio)
         self.attn_norm = nn.LayerNorm(embed_dim, **factory)
         self.attn = create_multihead_dilated_attention(
-            attention, embed_dim=embed_dim, num_heads=num_heads, segment_lengths=segment_lengths,
-            dilation_rates=dilation_rates, dropout=dropout, layer_norm=norm == "subln", gamma_init=gamma,
-            rotary=True, **factory, **attention_options,
+            attention,
+            embed_dim=embed_dim,
+            num_heads=num_heads,
+            segment_lengths=segment_lengths,
+            dilation_rates=dilation_rates,
+            dropout=dropout,
+            layer_norm=norm == "subln",
+            gamma_init=gamma,
+            rotary=True,
+            **factory,
+            **attention_options,
         )
         self.mlp_norm = nn.LayerNorm(embed_dim, **factory)
         self.fc1 = nn.Linear(embed_dim, hidden, **factory)
@@ -91,8 +101,13 @@ class DilatedTransformerBlock(nn.Module):
         nn.init.zeros_(self.fc1.bias)
         nn.init.zeros_(self.fc2.bias)
 
-    def forward(self, x: torch.Tensor, is_causal: bool = True, position_offset: int | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        is_causal: bool = True,
+        position_offset: int | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x (batch, seq_len, embed_dim) -> same shape. position_offset: the position of x[:, 0] in the whole
         sequence, for the rotary embeddings; None: this rank's shard start (`shard_start`). cu_seqlens: packed
         documents of the whole sequence (batch 1), each attended on its own (kernels/documents.py)."""
@@ -134,9 +149,18 @@ class LongNetLM(nn.Module):
         nn.init.normal_(self.embed.weight, std=embed_dim**-0.5)
         self.blocks = nn.ModuleList(
             DilatedTransformerBlock(
-                embed_dim, num_heads, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
-                attention=attention, mlp_ratio=mlp_ratio, dropout=dropout, norm=norm, num_layers=num_layers,
-                device=device, dtype=dtype, **attention_options,
+                embed_dim,
+                num_heads,
+                segment_lengths=segment_lengths,
+                dilation_rates=dilation_rates,
+                attention=attention,
+                mlp_ratio=mlp_ratio,
+                dropout=dropout,
+                norm=norm,
+                num_layers=num_layers,
+                device=device,
+                dtype=dtype,
+                **attention_options,
             )
             for _ in range(num_layers)
         )
@@ -144,8 +168,9 @@ class LongNetLM(nn.Module):
         self.checkpointing = bool(checkpointing)
         self.scale = embed_dim**0.5
 
-    def forward(self, tokens: torch.Tensor, position_offset: int | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, position_offset: int | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """tokens (batch, seq_len) int64 -> logits (batch, seq_len, vocab_size); causal.
 
         Under sequence parallelism `tokens` is this rank's shard; position_offset is the position of
@@ -156,8 +181,10 @@ class LongNetLM(nn.Module):
         if position_offset is None:
             position_offset = self.shard_start(tokens.shape[1])
         elif isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
-            raise ValueError(f"position_offset must be a non-negative integer, got {position_offset!r}: pass the "
-                             "position of tokens[:, 0] in the whole sequence, or None for this rank's shard start")
+            raise ValueError(
+                f"position_offset must be a non-negative integer, got {position_offset!r}: pass the "
+                "position of tokens[:, 0] in the whole sequence, or None for this rank's shard start"
+            )
         x = self.embed(tokens) * self.scale
         for block in self.blocks:
             if self.checkpointing and torch.is_grad_enabled():
@@ -171,7 +198,11 @@ class LongNetLM(nn.Module):
         return shard_start(self.blocks[0].attn, shard_len)
 
     def loss(
-        self, tokens: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, position_offset: int | None = None,
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor,
+        ignore_index: int = -100,
+        position_offset: int | None = None,
         cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Mean cross-entropy of the logits of `tokens` (position_offset, cu_seqlens as in forward) against `targets`."""

@@ -35,14 +35,21 @@ def check_rows(rows: list[BenchRow], profile: HardwareProfile) -> pd.DataFrame:
         predicted_time = p.time.total_s * 1e3 if p.time else None
         measured_mem = row.peak_mem_bytes
         predicted_mem = p.memory.total - (p.memory.items.get("framework", 0) if row.device == "cuda" else 0)
-        records.append({
-            "impl": row.impl, "target": _target_label(row), "seq_len": row.seq_len, "mode": row.mode,
-            "world_size": row.world_size,
-            "measured_mem_bytes": measured_mem, "predicted_mem_bytes": predicted_mem,
-            "mem_error_pct": _pct(predicted_mem, measured_mem),
-            "measured_ms": row.time_ms, "predicted_ms": predicted_time,
-            "time_error_pct": _pct(predicted_time, row.time_ms),
-        })
+        records.append(
+            {
+                "impl": row.impl,
+                "target": _target_label(row),
+                "seq_len": row.seq_len,
+                "mode": row.mode,
+                "world_size": row.world_size,
+                "measured_mem_bytes": measured_mem,
+                "predicted_mem_bytes": predicted_mem,
+                "mem_error_pct": _pct(predicted_mem, measured_mem),
+                "measured_ms": row.time_ms,
+                "predicted_ms": predicted_time,
+                "time_error_pct": _pct(predicted_time, row.time_ms),
+            }
+        )
     return pd.DataFrame(records)
 
 
@@ -89,7 +96,9 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
             continue
         seconds = row.time_ms / 1e3
         kernel = kernel_for(shape, profile)
-        if shape.device.startswith("cuda") and has_curve(profile.efficiency, kernel, shape.dtype, shape.causal, shape.mode):
+        if shape.device.startswith("cuda") and has_curve(
+            profile.efficiency, kernel, shape.dtype, shape.causal, shape.mode
+        ):
             scale = _curve_scale(shape, profile, kernel, seconds)
             if scale is not None:
                 scales.setdefault(f"{kernel}/{shape.mode}", []).append(scale)

@@ -34,9 +34,11 @@ KERNELS = ("flash", "flash3", "cudnn", "sdpa", "flex", "math")
 # sdp_utils.cpp, check_prefer_cudnn_attention), so cuDNN's curves where the profile has them (Hopper); else its
 # flash backend, FlashAttention-2 (PyTorch 2.2 release notes).
 FALLBACK_KERNEL = {"sdpa": ("cudnn", "flash")}
-FALLBACK_WHY = {("sdpa", "cudnn"): "torch >= 2.11 SDPA prefers cuDNN attention on sm90/sm100 (sdp_utils.cpp "
-                "check_prefer_cudnn_attention)",
-                ("sdpa", "flash"): "SDPA's flash backend is FlashAttention-2 (PyTorch 2.2 release notes)"}
+FALLBACK_WHY = {
+    ("sdpa", "cudnn"): "torch >= 2.11 SDPA prefers cuDNN attention on sm90/sm100 (sdp_utils.cpp "
+    "check_prefer_cudnn_attention)",
+    ("sdpa", "flash"): "SDPA's flash backend is FlashAttention-2 (PyTorch 2.2 release notes)",
+}
 TILE = 128  # query rows per thread block of FlashAttention-2/3 forward kernels (kBlockM = 128 for d <= 128)
 BWD_SHARE = 2.5  # backward FLOPs per forward FLOP (fwd+bwd = 3.5 x fwd, workload/counts.py)
 
@@ -63,8 +65,14 @@ def wave_factor(n: int, in_flight: int, units: int | None, tile: int = TILE) -> 
 
 
 def _matching(eff: Efficiency, kernel: str, dtype: str, causal: bool, direction: str) -> list[AttentionCurve]:
-    return sorted((c for c in eff.attention_curves if c.kernel == kernel and c.causal == causal
-                   and c.direction == direction and dtype in c.dtypes), key=lambda c: c.head_dim)
+    return sorted(
+        (
+            c
+            for c in eff.attention_curves
+            if c.kernel == kernel and c.causal == causal and c.direction == direction and dtype in c.dtypes
+        ),
+        key=lambda c: c.head_dim,
+    )
 
 
 def curve_at(eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bool, direction: str) -> Curve | None:
@@ -81,8 +89,11 @@ def curve_at(eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bo
     if lo.head_dim == hi.head_dim:
         return Curve(lo.e_inf, lo.n_half, lo.source)
     t = (math.log2(head_dim) - math.log2(lo.head_dim)) / (math.log2(hi.head_dim) - math.log2(lo.head_dim))
-    return Curve(lo.e_inf + t * (hi.e_inf - lo.e_inf), lo.n_half + t * (hi.n_half - lo.n_half),
-                 f"{lo.source}; interpolated between d={lo.head_dim} and d={hi.head_dim}")
+    return Curve(
+        lo.e_inf + t * (hi.e_inf - lo.e_inf),
+        lo.n_half + t * (hi.n_half - lo.n_half),
+        f"{lo.source}; interpolated between d={lo.head_dim} and d={hi.head_dim}",
+    )
 
 
 def _route(eff: Efficiency, kernel: str, dtype: str, causal: bool, direction: str) -> tuple[str, str, str] | None:
@@ -110,16 +121,26 @@ def scale_for(eff: Efficiency, kernel: str, direction: str) -> float:
     return eff.kernel_scale.get(f"{kernel}/{direction}", eff.kernel_scale.get(kernel, 1.0))
 
 
-def _unscaled(eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bool, direction: str, n: int,
-              in_flight: int) -> float | None:
+def _unscaled(
+    eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bool, direction: str, n: int, in_flight: int
+) -> float | None:
     curve = curve_at(eff, kernel, dtype, head_dim, causal, direction)
     if curve is None:
         return None
     return saturation(n, curve.e_inf, curve.n_half) * wave_factor(n, in_flight, eff.compute_units)
 
 
-def curve_efficiency(eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bool, direction: str,
-                     n: int, in_flight: int, scaled: bool = True) -> float | None:
+def curve_efficiency(
+    eff: Efficiency,
+    kernel: str,
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    direction: str,
+    n: int,
+    in_flight: int,
+    scaled: bool = True,
+) -> float | None:
     """Achieved / peak FLOP/s of `kernel` on a dense (n x n) problem with `in_flight` independent (batch x head)
     problems; None without a curve for it. `scaled`: times the calibrated scale of `kernel`/`direction`."""
     route = _route(eff, kernel, dtype, causal, direction)

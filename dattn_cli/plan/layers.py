@@ -86,9 +86,11 @@ def bench_states(s: Problem) -> ModelStates:
     # torch's AdamW: the for-loop step on CPU holds one temporary of the largest parameter (measured); the foreach
     # step, its default on CUDA, a tensor list of all ("~ sizeof(params) more peak memory", torch/optim/optimizer.py)
     largest = params if s.device.startswith("cuda") else max(s.vocab_size * s.width, s.width * s.hidden)
-    return ModelStates({**resident, "AdamW moments": 2 * params * p},
-                       step={"parameter gradients": params * p, "optimizer temporary": largest * p},
-                       backward={"embedding/head gradient": s.vocab_size * s.width * p})
+    return ModelStates(
+        {**resident, "AdamW moments": 2 * params * p},
+        step={"parameter gradients": params * p, "optimizer temporary": largest * p},
+        backward={"embedding/head gradient": s.vocab_size * s.width * p},
+    )
 
 
 def attention_call(s: Problem, sequence_parallel: int = 1) -> Problem:
@@ -110,12 +112,12 @@ class _Phase:
         self.name = name
         self.items = dict(common)
 
-    def add(self, name: str, nbytes: float) -> "_Phase":
+    def add(self, name: str, nbytes: float) -> _Phase:
         if nbytes:
             self.items[name] = self.items.get(name, 0) + int(nbytes)
         return self
 
-    def update(self, items: dict[str, int]) -> "_Phase":
+    def update(self, items: dict[str, int]) -> _Phase:
         for name, nbytes in items.items():
             self.add(name, nbytes)
         return self
@@ -161,8 +163,13 @@ def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
     return items
 
 
-def layer_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cpu", states: ModelStates | None = None,
-                 sequence_parallel: int = 1) -> LayerMemory:
+def layer_memory(
+    s: Problem,
+    framework_bytes: int = 0,
+    device_type: str = "cpu",
+    states: ModelStates | None = None,
+    sequence_parallel: int = 1,
+) -> LayerMemory:
     """Peak bytes of one bench point of --target layer|model, itemised for the phase that peaks; `states`: the
     weights, gradients and optimizer per device (default: a bench point's), `sequence_parallel`: devices
     sharing each sequence (each holds L positions, the attention's own items from plan/memory.py)."""
@@ -186,11 +193,12 @@ def layer_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cpu",
     if pool:
         common["attention kept-row buffers (memory pool)"] = pool
 
-    phases = (_training_phases(s, common, attention, states) if train
-              else _forward_phases(s, common, attention, states))
+    phases = _training_phases(s, common, attention, states) if train else _forward_phases(s, common, attention, states)
     peak = max(phases, key=lambda ph: ph.total)
     if device_type == "cpu":
-        options = ["block"] + ["autocast"] * bool(s.amp) + ["checkpointing"] * (s.checkpointing and train) + ["model"] * model
+        options = (
+            ["block"] + ["autocast"] * bool(s.amp) + ["checkpointing"] * (s.checkpointing and train) + ["model"] * model
+        )
         peak.add("CPU runtime (" + ", ".join(options) + ")", sum(CPU_RUNTIME_MIB[o] for o in options) * 2**20)
     if framework_bytes:
         peak.add("framework", framework_bytes)
@@ -214,13 +222,20 @@ def _kept_for_backward(call: Problem, device_type: str) -> int:
 def _forward_phases(s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates) -> list[_Phase]:
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
-    core = sum(v for k, v in attention.items() if k not in ("inputs q, k, v", "output", "gather buffers (memory pool)",
-                                                              "kernel workspace"))
+    core = sum(
+        v
+        for k, v in attention.items()
+        if k not in ("inputs q, k, v", "output", "gather buffers (memory pool)", "kernel workspace")
+    )
     # one block at a time: the residual, then the larger of the attention half (LN output, packed q/k/v,
     # rotated q/k, the core's scratch and output) and the MLP half (fc1 and GELU outputs)
     attention_half = 6 * tokens * width * c + core + tokens * width * c
     mlp_half = tokens * width * c + 2 * tokens * hidden * c
-    phases = [_Phase("forward (no grad): a block", common).add("one block's transients", tokens * width * p + max(attention_half, mlp_half))]
+    phases = [
+        _Phase("forward (no grad): a block", common).add(
+            "one block's transients", tokens * width * p + max(attention_half, mlp_half)
+        )
+    ]
     if s.target == "model":
         half_copy = 4 if c != 4 else 0  # the fp32 copy cross_entropy takes of half logits
         loss = _Phase("forward (no grad): loss", common).add("final LayerNorm output", tokens * width * c)
@@ -230,7 +245,9 @@ def _forward_phases(s: Problem, common: dict[str, int], attention: dict[str, int
     return phases
 
 
-def _training_phases(s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates) -> list[_Phase]:
+def _training_phases(
+    s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates
+) -> list[_Phase]:
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
     residual = tokens * width * p
@@ -270,10 +287,24 @@ def _training_phases(s: Problem, common: dict[str, int], attention: dict[str, in
     # the attention's backward: the MLP half of the block's saved set is gone; the core's gradients and
     # scratch (and a sequence-parallel form's buffers) and the packed q/k/v gradient appear
     attention_half = saved - 2 * tokens * hidden * c - tokens * width * (c + p)
-    core_backward = sum(v for k, v in attention.items() if k in (
-        "gradients (upstream, dq, dk, dv)", "block result", "merge copies", "index tensors", "gather buffers",
-        "comm buffers", "all-to-all copies", "head-shard q, k, v, out"))
-    att = kept(_Phase("last block's backward (attention)" if model else "block backward (attention)", common), attention_half)
+    core_backward = sum(
+        v
+        for k, v in attention.items()
+        if k
+        in (
+            "gradients (upstream, dq, dk, dv)",
+            "block result",
+            "merge copies",
+            "index tensors",
+            "gather buffers",
+            "comm buffers",
+            "all-to-all copies",
+            "head-shard q, k, v, out",
+        )
+    )
+    att = kept(
+        _Phase("last block's backward (attention)" if model else "block backward (attention)", common), attention_half
+    )
     att.update(states.forward).update(states.backward)
     packed_qkv = (width + 2 * s.kv_head_count * s.head_dim) * tokens * c  # the in-projection's output gradient
     transients = 2 * residual + packed_qkv + core_backward
@@ -281,8 +312,10 @@ def _training_phases(s: Problem, common: dict[str, int], attention: dict[str, in
     phases.append(att)
     if model:  # the backward's end: every gradient made, only the first block's saved set left
         first = _Phase("first block's backward (attention), every gradient made", common).update(states.forward)
-        first.add("recomputed block: saved for backward" if s.checkpointing else "saved for backward (this block)",
-                  attention_half + (residual if s.checkpointing else 0))
+        first.add(
+            "recomputed block: saved for backward" if s.checkpointing else "saved for backward (this block)",
+            attention_half + (residual if s.checkpointing else 0),
+        )
         first.update({k: v for k, v in states.step.items() if "gradients" in k})
         first.update({k: v for k, v in states.backward.items() if not k.startswith("embedding/head gradient")})
         phases.append(first.add("residual gradients, packed dq/dk/dv, attention gradients and scratch", transients))
@@ -314,9 +347,21 @@ def estimate_layer_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
     at the matmul efficiency (no communication: layer and model targets run on one device)."""
     attention_flops, attention_s = attention_part(s, profile)
     useful_linear = linear_flops(s)
-    linear_s = useful_linear * recompute_factors(s)[1] / (profile.peak_flops(s.compute_dtype)
-                                                          * profile.efficiency.compute_for(matmul_key(s), s.mode))
+    linear_s = (
+        useful_linear
+        * recompute_factors(s)[1]
+        / (profile.peak_flops(s.compute_dtype) * profile.efficiency.compute_for(matmul_key(s), s.mode))
+    )
     compute = attention_s + linear_s
-    return TimeBreakdown(flops=attention_flops + useful_linear, compute_s=compute, comm_bytes=0, messages=0,
-                         comm_s=0.0, overlappable_s=0.0, comm_hidden=True, total_s=compute, link="none",
-                         note=f"attention {attention_s * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms")
+    return TimeBreakdown(
+        flops=attention_flops + useful_linear,
+        compute_s=compute,
+        comm_bytes=0,
+        messages=0,
+        comm_s=0.0,
+        overlappable_s=0.0,
+        comm_hidden=True,
+        total_s=compute,
+        link="none",
+        note=f"attention {attention_s * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms",
+    )

@@ -26,6 +26,7 @@ Items (bytes, per device):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from pydantic import BaseModel
 
 from ..kernels import chunks
@@ -42,10 +43,14 @@ from .profiles import HardwareProfile
 # engine ("dilated") holds about half a block more in forward, the dense kernel nothing. On CUDA the
 # caching allocator's view is exact up to rounding, and the fused kernels' scratch is O(b·h·m).
 WORKSPACE = {
-    ("dilated", "cpu", "fwd"): 0.5, ("dilated", "cpu", "fwdbwd"): 1.4,
-    ("dense", "cpu", "fwd"): 0.0, ("dense", "cpu", "fwdbwd"): 0.0,
-    ("dilated", "cuda", "fwd"): 0.0, ("dilated", "cuda", "fwdbwd"): 0.0,
-    ("dense", "cuda", "fwd"): 0.0, ("dense", "cuda", "fwdbwd"): 0.0,
+    ("dilated", "cpu", "fwd"): 0.5,
+    ("dilated", "cpu", "fwdbwd"): 1.4,
+    ("dense", "cpu", "fwd"): 0.0,
+    ("dense", "cpu", "fwdbwd"): 0.0,
+    ("dilated", "cuda", "fwd"): 0.0,
+    ("dilated", "cuda", "fwdbwd"): 0.0,
+    ("dense", "cuda", "fwd"): 0.0,
+    ("dense", "cuda", "fwdbwd"): 0.0,
 }
 
 
@@ -90,16 +95,22 @@ def _block_elems(batch: int, block: Block, head_dim: int) -> int:
 
 
 def _covers_all(block: Block, length: int, heads: int) -> bool:
-    return (block.rate == 1 and block.start == 0 and block.num_segments * block.seg_len == length
-            and block.head_step == 1 and block.num_heads == heads)
+    return (
+        block.rate == 1
+        and block.start == 0
+        and block.num_segments * block.seg_len == length
+        and block.head_step == 1
+        and block.num_heads == heads
+    )
 
 
-def estimate_memory(s: Problem, framework_bytes: int = 0, device_type: str = "cpu", chunked: bool = True) -> MemoryBreakdown:
+def estimate_memory(
+    s: Problem, framework_bytes: int = 0, device_type: str = "cpu", chunked: bool = True
+) -> MemoryBreakdown:
     """Peak bytes on one device for one call of `s` (fwd, or fwd+bwd), itemised. A single-device dilated call
     long enough to run in sequence chunks (kernels/chunks.py) is its full-size tensors plus one chunk's working
     set (chunked=False: as one call)."""
     e = ELEMENT_BYTES[s.dtype]
-    p = max(1, s.world_size)
     length = shard_of(s) if s.strategy in ("ring", "allgather", "head_parallel") else s.seq_len
     t = _Tally()
     x_shard = s.batch * length * s.heads * s.head_dim * e  # one (B, L, H, D) tensor

@@ -32,8 +32,17 @@ from pydantic import BaseModel, field_validator, model_validator
 from ..kernels.registry import names
 from ..workload.counts import linear_flops
 from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
-from .layers import (LayerMemory, ModelStates, attention_call, block_parameters, layer_memory, local_part,
-                     matmul_key, model_parameters, recompute_factors)
+from .layers import (
+    LayerMemory,
+    ModelStates,
+    attention_call,
+    block_parameters,
+    layer_memory,
+    local_part,
+    matmul_key,
+    model_parameters,
+    recompute_factors,
+)
 from .memory import framework_bytes
 from .profiles import HardwareProfile
 from .time import TimeBreakdown, estimate_time
@@ -49,8 +58,12 @@ OPTIMIZERS: dict[str, tuple[float | None, str]] = {
     "torch-adamw": (None, "torch AdamW on the weights as they are: two states in the weight dtype, no master copy"),
 }
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default
-ZERO_NAMES = {0: "DDP (replicated)", 1: "ZeRO-1 (optimizer states sharded)", 2: "ZeRO-2 (+ gradients sharded)",
-              3: "ZeRO-3 / FSDP full shard (+ parameters sharded)"}
+ZERO_NAMES = {
+    0: "DDP (replicated)",
+    1: "ZeRO-1 (optimizer states sharded)",
+    2: "ZeRO-2 (+ gradients sharded)",
+    3: "ZeRO-3 / FSDP full shard (+ parameters sharded)",
+}
 
 
 class Training(BaseModel):
@@ -70,10 +83,12 @@ class Training(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _layout(self) -> "Training":
+    def _layout(self) -> Training:
         if self.devices % self.sequence_parallel:
-            raise ValueError(f"--sequence-parallel {self.sequence_parallel} does not divide --devices {self.devices}: "
-                             "devices = data parallel x sequence parallel")
+            raise ValueError(
+                f"--sequence-parallel {self.sequence_parallel} does not divide --devices {self.devices}: "
+                "devices = data parallel x sequence parallel"
+            )
         return self
 
     @property
@@ -81,15 +96,19 @@ class Training(BaseModel):
         return self.devices // self.sequence_parallel
 
     def describe(self) -> str:
-        return (f"{self.devices} devices = dp {self.data_parallel} x sp {self.sequence_parallel}; "
-                f"{ZERO_NAMES[self.zero] if self.devices > 1 else 'one device'}; {OPTIMIZERS[self.optimizer][1]}")
+        return (
+            f"{self.devices} devices = dp {self.data_parallel} x sp {self.sequence_parallel}; "
+            f"{ZERO_NAMES[self.zero] if self.devices > 1 else 'one device'}; {OPTIMIZERS[self.optimizer][1]}"
+        )
 
 
 def check_impl(s: Problem, t: Training) -> None:
     """A sequence-parallel layout needs a distributed multihead attention (bad input: the CLI exits 2)."""
     if t.sequence_parallel > 1 and not s.spec.distributed:
-        raise ValueError(f"--sequence-parallel {t.sequence_parallel} needs a distributed multihead --impl, not "
-                         f"{s.impl}: use " + ", ".join(names(lambda x: x.distributed and x.kind == "multihead")))
+        raise ValueError(
+            f"--sequence-parallel {t.sequence_parallel} needs a distributed multihead --impl, not "
+            f"{s.impl}: use " + ", ".join(names(lambda x: x.distributed and x.kind == "multihead"))
+        )
 
 
 def check_layout(s: Problem, t: Training) -> None:
@@ -157,8 +176,10 @@ def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelSta
         backward["embedding/head gradient"] = head * p
     gradients = params * p / (n if z >= 2 else 1)
     temporary = step_temporary(t.optimizer, states, params, max(block, head), device_type)
-    step = {"gradients" + (f" (1/{n} shard)" if z >= 2 and sharded else ""): gradients,
-            "optimizer temporary": temporary / split}
+    step = {
+        "gradients" + (f" (1/{n} shard)" if z >= 2 and sharded else ""): gradients,
+        "optimizer temporary": temporary / split,
+    }
     return ModelStates(resident, step=step, backward=backward, forward=forward, step_name="optimizer step")
 
 
@@ -185,12 +206,15 @@ class StepTime(TimeBreakdown):
 
 def _collective(name: str, nbytes: float, messages: int, profile: HardwareProfile, n: int) -> tuple[str, int, float]:
     link = profile.intra_node if n <= profile.devices_per_node else profile.inter_node
-    seconds = messages * link.latency_us * 1e-6 + nbytes / (link.bandwidth_gb_s * 1e9 * profile.efficiency.communication)
+    seconds = messages * link.latency_us * 1e-6 + nbytes / (
+        link.bandwidth_gb_s * 1e9 * profile.efficiency.communication
+    )
     return name, int(nbytes), seconds
 
 
-def data_parallel_collectives(s: Problem, profile: HardwareProfile, t: Training, forward_s: float,
-                              backward_s: float) -> list[Collective]:
+def data_parallel_collectives(
+    s: Problem, profile: HardwareProfile, t: Training, forward_s: float, backward_s: float
+) -> list[Collective]:
     """The gradient and parameter collectives of one step and what of each is exposed (module docstring)."""
     n, z, p = t.devices, t.zero, ELEMENT_BYTES[s.dtype]
     if n == 1:
@@ -205,37 +229,90 @@ def data_parallel_collectives(s: Problem, profile: HardwareProfile, t: Training,
         if z == 3:
             name, nbytes, sec = _collective("FSDP all-gather (forward)", share * total, units * (n - 1), profile, n)
             first = _collective("", share * unit, n - 1, profile, n)[2]
-            out.append(Collective(name=name, bytes=nbytes, seconds=sec, exposed_s=max(0.0, sec - forward_s) + first,
-                                  overlap="prefetched one unit ahead under the forward; the first unit's gather exposed"))
+            out.append(
+                Collective(
+                    name=name,
+                    bytes=nbytes,
+                    seconds=sec,
+                    exposed_s=max(0.0, sec - forward_s) + first,
+                    overlap="prefetched one unit ahead under the forward; the first unit's gather exposed",
+                )
+            )
         return out
     if z == 0:
         buckets = max(1, -(-total // DDP_BUCKET_BYTES))
-        name, nbytes, sec = _collective("DDP all-reduce of gradients", 2 * share * total, buckets * 2 * (n - 1), profile, n)
+        name, nbytes, sec = _collective(
+            "DDP all-reduce of gradients", 2 * share * total, buckets * 2 * (n - 1), profile, n
+        )
         last = _collective("", 2 * share * min(total, DDP_BUCKET_BYTES), 2 * (n - 1), profile, n)[2]
-        out.append(Collective(name=name, bytes=nbytes, seconds=sec, exposed_s=max(0.0, sec - backward_s) + last,
-                              overlap="25 MiB buckets all-reduced during the backward; what exceeds the backward "
-                                      "compute and the last bucket are exposed"))
+        out.append(
+            Collective(
+                name=name,
+                bytes=nbytes,
+                seconds=sec,
+                exposed_s=max(0.0, sec - backward_s) + last,
+                overlap="25 MiB buckets all-reduced during the backward; what exceeds the backward "
+                "compute and the last bucket are exposed",
+            )
+        )
         return out
     rs_name = "ZeRO reduce-scatter of gradients" if z < 3 else "FSDP reduce-scatter of gradients"
     name, nbytes, rs = _collective(rs_name, share * total, units * (n - 1), profile, n)
     last = _collective("", share * unit, n - 1, profile, n)[2]
     if z < 3:
-        out.append(Collective(name=name, bytes=nbytes, seconds=rs, exposed_s=max(0.0, rs - backward_s) + last,
-                              overlap="per unit during the backward; what exceeds the backward and the last unit exposed"))
-        name, nbytes, ag = _collective("ZeRO all-gather of updated parameters", share * total, units * (n - 1), profile, n)
-        out.append(Collective(name=name, bytes=nbytes, seconds=ag, exposed_s=ag,
-                              overlap="after the optimizer step, nothing to hide under: exposed"))
+        out.append(
+            Collective(
+                name=name,
+                bytes=nbytes,
+                seconds=rs,
+                exposed_s=max(0.0, rs - backward_s) + last,
+                overlap="per unit during the backward; what exceeds the backward and the last unit exposed",
+            )
+        )
+        name, nbytes, ag = _collective(
+            "ZeRO all-gather of updated parameters", share * total, units * (n - 1), profile, n
+        )
+        out.append(
+            Collective(
+                name=name,
+                bytes=nbytes,
+                seconds=ag,
+                exposed_s=ag,
+                overlap="after the optimizer step, nothing to hide under: exposed",
+            )
+        )
         return out
     fname, fbytes, fag = _collective("FSDP all-gather (forward)", share * total, units * (n - 1), profile, n)
     first = _collective("", share * unit, n - 1, profile, n)[2]
-    out.append(Collective(name=fname, bytes=fbytes, seconds=fag, exposed_s=max(0.0, fag - forward_s) + first,
-                          overlap="prefetched one unit ahead under the forward; the first unit's gather exposed"))
+    out.append(
+        Collective(
+            name=fname,
+            bytes=fbytes,
+            seconds=fag,
+            exposed_s=max(0.0, fag - forward_s) + first,
+            overlap="prefetched one unit ahead under the forward; the first unit's gather exposed",
+        )
+    )
     bname, bbytes, bag = _collective("FSDP all-gather (backward)", share * total, units * (n - 1), profile, n)
     hidden_room = max(0.0, backward_s - bag)
-    out.append(Collective(name=bname, bytes=bbytes, seconds=bag, exposed_s=max(0.0, bag - backward_s),
-                          overlap="prefetched one unit ahead under the backward"))
-    out.append(Collective(name=name, bytes=nbytes, seconds=rs, exposed_s=max(0.0, rs - hidden_room) + last,
-                          overlap="per unit under the backward compute left after the all-gathers; the last unit exposed"))
+    out.append(
+        Collective(
+            name=bname,
+            bytes=bbytes,
+            seconds=bag,
+            exposed_s=max(0.0, bag - backward_s),
+            overlap="prefetched one unit ahead under the backward",
+        )
+    )
+    out.append(
+        Collective(
+            name=name,
+            bytes=nbytes,
+            seconds=rs,
+            exposed_s=max(0.0, rs - hidden_room) + last,
+            overlap="per unit under the backward compute left after the all-gathers; the last unit exposed",
+        )
+    )
     return out
 
 
@@ -248,33 +325,60 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
     attention = estimate_time(call, profile)
     recompute_attention, recompute_linear = recompute_factors(s)
     attention_compute = (attention.compute_s + getattr(attention, "memory_s", 0.0)) * s.layers * recompute_attention
-    sp_exposed = max(0.0, attention.total_s - attention.compute_s - getattr(attention, "memory_s", 0.0)) * s.layers * recompute_attention
+    sp_exposed = (
+        max(0.0, attention.total_s - attention.compute_s - getattr(attention, "memory_s", 0.0))
+        * s.layers
+        * recompute_attention
+    )
     peak = profile.peak_flops(s.compute_dtype)
     if peak is None:
-        raise ValueError(f"profile {profile.name!r} has no {s.compute_dtype} rate (null in its peak_tflops): pick another --dtype or --amp")
+        raise ValueError(
+            f"profile {profile.name!r} has no {s.compute_dtype} rate (null in its peak_tflops): pick another --dtype or --amp"
+        )
     linear_s = linear_flops(local) * recompute_linear / (peak * profile.efficiency.compute_for(matmul_key(s), s.mode))
     compute = attention_compute + linear_s
     train = s.mode == "fwdbwd"
     forward_s = compute / 3 if train else compute  # linear fwd is 1/3 of fwd+bwd, attention 1/3.5: about a third
     link = "intra-node" if t.devices <= profile.devices_per_node else "inter-node"
-    collectives = [c.model_copy(update={"link": link})
-                   for c in data_parallel_collectives(s, profile, t, forward_s, compute - forward_s)]
+    collectives = [
+        c.model_copy(update={"link": link})
+        for c in data_parallel_collectives(s, profile, t, forward_s, compute - forward_s)
+    ]
     optimizer_s = _optimizer_seconds(s, profile, t) if train else 0.0
     dp_exposed = sum(c.exposed_s for c in collectives)
     comm_bytes = sum(c.bytes for c in collectives) + attention.comm_bytes * s.layers
     comm_s = sum(c.seconds for c in collectives) + attention.comm_s * s.layers * recompute_attention
     exposed = dp_exposed + sp_exposed
     if sp > 1:
-        collectives.append(Collective(name=f"attention {call.strategy} (sequence parallel, {s.layers} blocks)",
-                                      bytes=attention.comm_bytes * s.layers, seconds=attention.comm_s * s.layers * recompute_attention,
-                                      exposed_s=sp_exposed, overlap=attention.note, link=attention.link))
-    note = (f"attention {attention_compute * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms; optimizer step "
-            f"{optimizer_s * 1e3:.1f} ms at memory bandwidth; communication exposed {exposed * 1e3:.1f} ms")
+        collectives.append(
+            Collective(
+                name=f"attention {call.strategy} (sequence parallel, {s.layers} blocks)",
+                bytes=attention.comm_bytes * s.layers,
+                seconds=attention.comm_s * s.layers * recompute_attention,
+                exposed_s=sp_exposed,
+                overlap=attention.note,
+                link=attention.link,
+            )
+        )
+    note = (
+        f"attention {attention_compute * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms; optimizer step "
+        f"{optimizer_s * 1e3:.1f} ms at memory bandwidth; communication exposed {exposed * 1e3:.1f} ms"
+    )
     flops = attention.flops * s.layers + linear_flops(local)
-    return StepTime(flops=flops, compute_s=compute, comm_bytes=int(comm_bytes), messages=attention.messages * s.layers,
-                    comm_s=comm_s, overlappable_s=max(0.0, comm_s - exposed), comm_hidden=exposed <= 0.01 * compute,
-                    total_s=compute + exposed + optimizer_s, link=link, note=note, collectives=collectives,
-                    optimizer_s=optimizer_s)
+    return StepTime(
+        flops=flops,
+        compute_s=compute,
+        comm_bytes=int(comm_bytes),
+        messages=attention.messages * s.layers,
+        comm_s=comm_s,
+        overlappable_s=max(0.0, comm_s - exposed),
+        comm_hidden=exposed <= 0.01 * compute,
+        total_s=compute + exposed + optimizer_s,
+        link=link,
+        note=note,
+        collectives=collectives,
+        optimizer_s=optimizer_s,
+    )
 
 
 def _optimizer_seconds(s: Problem, profile: HardwareProfile, t: Training) -> float:

@@ -21,8 +21,17 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ..workload.parse import clip
 from ..workload.yaml_input import load_yaml, read_yaml
@@ -40,8 +49,9 @@ def _figure(value: object, low: float, high: float, low_open: bool, integer: boo
     interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
     kind = "a whole number" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise ValueError(f"must be {kind} in {interval}, got {clip(repr(value))} (plain numbers; the unit is in "
-                         "the field name)")
+        raise ValueError(
+            f"must be {kind} in {interval}, got {clip(repr(value))} (plain numbers; the unit is in the field name)"
+        )
     if not math.isfinite(value) or value < low or (low_open and value == low) or value > high:
         raise ValueError(f"must be in {interval}, got {clip(repr(value))}")
     return value
@@ -100,14 +110,19 @@ class Efficiency(_Strict):
     memory_bandwidth: Fraction
     communication: Fraction
     per_impl: dict[StrictStr, Fraction] = Field(
-        default_factory=dict, description="attention_compute fitted per implementation, or per 'implementation/mode'")
+        default_factory=dict, description="attention_compute fitted per implementation, or per 'implementation/mode'"
+    )
     attention_curves: list[AttentionCurve] = Field(
-        default_factory=list, description="dense kernels' efficiency vs N (plan/efficiency.py); attention_compute "
-        "is the fallback for kernels without one")
+        default_factory=list,
+        description="dense kernels' efficiency vs N (plan/efficiency.py); attention_compute "
+        "is the fallback for kernels without one",
+    )
     compute_units: _bounded(1, 2**20, low_open=False, integer=True) | None = Field(
-        None, description="SMs (CUs) the attention kernels spread thread blocks over: wave quantization")
+        None, description="SMs (CUs) the attention kernels spread thread blocks over: wave quantization"
+    )
     kernel_scale: dict[StrictStr, _bounded(0, 10)] = Field(
-        default_factory=dict, description="plan --calibrate's factor on a kernel's curve, per 'kernel/mode' or 'kernel'")
+        default_factory=dict, description="plan --calibrate's factor on a kernel's curve, per 'kernel/mode' or 'kernel'"
+    )
 
     def compute_for(self, impl: str, mode: str | None = None) -> float:
         if mode is not None and f"{impl}/{mode}" in self.per_impl:
@@ -126,19 +141,25 @@ class HardwareProfile(_Strict):
     inter_node: Link
     devices_per_node: _bounded(1, 4096, low_open=False, integer=True)
     efficiency: Efficiency
-    framework_overhead_gib: Overhead = Field(description="CUDA context and allocator reserve, or a CPU process's runtime")
-    backward_overhead_gib: Overhead = Field(0.0, description="the first backward's fixed cost (autograd engine threads)")
+    framework_overhead_gib: Overhead = Field(
+        description="CUDA context and allocator reserve, or a CPU process's runtime"
+    )
+    backward_overhead_gib: Overhead = Field(
+        0.0, description="the first backward's fixed cost (autograd engine threads)"
+    )
     allocator_rounding_bytes: _bounded(1, 2**30, low_open=False, integer=True)
     sources: dict[StrictStr, StrictStr]
     notes: StrictStr | None = None
     calibrated_from: StrictStr | None = None
 
     @model_validator(mode="after")
-    def _room_left(self) -> "HardwareProfile":
+    def _room_left(self) -> HardwareProfile:
         overhead = self.framework_overhead_gib + self.backward_overhead_gib
         if overhead >= self.memory_gib:
-            raise ValueError(f"framework_overhead_gib + backward_overhead_gib = {overhead:g} GiB leaves nothing of "
-                             f"memory_gib {self.memory_gib:g}: the overheads must be smaller than the memory")
+            raise ValueError(
+                f"framework_overhead_gib + backward_overhead_gib = {overhead:g} GiB leaves nothing of "
+                f"memory_gib {self.memory_gib:g}: the overheads must be smaller than the memory"
+            )
         return self
 
     @field_validator("sources")
@@ -214,8 +235,10 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
     except (OSError, ValueError):  # a name too long for the file system, or with a NUL
         found = False
     if not found:
-        raise ProfileError(f"--profile {clip(repr(key))}: no such shipped profile or file; use one of "
-                           f"{', '.join(shipped)} or a path to a YAML file")
+        raise ProfileError(
+            f"--profile {clip(repr(key))}: no such shipped profile or file; use one of "
+            f"{', '.join(shipped)} or a path to a YAML file"
+        )
     try:
         data = read_yaml(path, clip(str(path)))
     except ValueError as exc:

@@ -18,7 +18,6 @@ from .parallel import Training, model_memory, model_time
 from .profiles import HardwareProfile, load_profile
 from .time import TimeBreakdown, compute_efficiency, estimate_time
 
-
 SEQ_SEARCH_CAP = MAX_SEQ_LEN  # max_seq searches no further: a Problem takes no longer sequence
 DEVICE_SEARCH_CAP = SIZE_LIMITS["world_size"]  # min_devices likewise
 
@@ -60,19 +59,31 @@ class Headroom(BaseModel):
 def headroom(result: Plan, profile: HardwareProfile, training: Training | None = None) -> Headroom:
     s = result.problem
     if s.documents is not None:  # fixed documents: neither N nor the batch (1) can grow
-        return Headroom(free_bytes=result.capacity_bytes - result.memory.total, largest_seq_len=None,
-                        seq_len_capped=False, largest_batch=None, batch_capped=False)
+        return Headroom(
+            free_bytes=result.capacity_bytes - result.memory.total,
+            largest_seq_len=None,
+            seq_len_capped=False,
+            largest_batch=None,
+            batch_capped=False,
+        )
     devices = s.world_size if training is not None else result.devices
     found = max_seq_search(s, profile, devices, training)
     batch, batch_capped = max_batch(s, profile, devices, training)
-    return Headroom(free_bytes=result.capacity_bytes - result.memory.total, largest_seq_len=found.seq_len or None,
-                    seq_len_capped=found.capped, largest_batch=batch or None, batch_capped=batch_capped)
+    return Headroom(
+        free_bytes=result.capacity_bytes - result.memory.total,
+        largest_seq_len=found.seq_len or None,
+        seq_len_capped=found.capped,
+        largest_batch=batch or None,
+        batch_capped=batch_capped,
+    )
 
 
-def max_batch(s: Problem, profile: HardwareProfile, devices: int = 1,
-              training: Training | None = None) -> tuple[int, bool]:
+def max_batch(
+    s: Problem, profile: HardwareProfile, devices: int = 1, training: Training | None = None
+) -> tuple[int, bool]:
     """Largest batch (at most the Problem's limit) whose plan fits at s.seq_len: doubling, then bisection (memory
     grows with the batch); (0, False) if not even one fits, (cap, True) if the cap does."""
+
     def fits(b: int) -> Plan | None:
         p = plan(s.model_copy(update={"batch": b}), profile, devices, training)
         return p if p.fits else None
@@ -103,16 +114,28 @@ def _largest_fitting(fits, step: int, cap: int) -> tuple[int, Plan | None, bool]
     return lo, best, False
 
 
-def _infeasible(s: Problem, profile: HardwareProfile, devices: int, reason: str,
-                memory: MemoryBreakdown | None = None) -> Plan:
-    return Plan(problem=s, profile=profile.name, devices=devices, memory=memory or MemoryBreakdown(items={}, total=0),
-                capacity_bytes=profile.memory_bytes, fits=False, time=None, feasible=False, reason=reason)
+def _infeasible(
+    s: Problem, profile: HardwareProfile, devices: int, reason: str, memory: MemoryBreakdown | None = None
+) -> Plan:
+    return Plan(
+        problem=s,
+        profile=profile.name,
+        devices=devices,
+        memory=memory or MemoryBreakdown(items={}, total=0),
+        capacity_bytes=profile.memory_bytes,
+        fits=False,
+        time=None,
+        feasible=False,
+        reason=reason,
+    )
 
 
 def _memory(s: Problem, profile: HardwareProfile, device_type: str) -> MemoryBreakdown:
     if s.target != "attention":
         if s.world_size > 1:
-            raise ValueError(f"--target {s.target} is planned on one device; --world-size {s.world_size} applies to attention")
+            raise ValueError(
+                f"--target {s.target} is planned on one device; --world-size {s.world_size} applies to attention"
+            )
         return layer_memory(s, framework_bytes(profile, s.mode), device_type)
     if s.world_size > 1 and not s.spec.distributed:
         raise ValueError(f"{s.impl} runs on one process, not on {s.world_size} devices: plan a distributed --impl")
@@ -130,7 +153,9 @@ def plan(s: Problem, profile: HardwareProfile, devices: int | None = None, train
     s = s.model_copy(update={"world_size": devices})
     device_type = "cpu" if profile.kind == "cpu" else "cuda"
     if devices > s.seq_len:
-        return _infeasible(s, profile, devices, f"{devices:,} devices for N={s.seq_len:,}: each needs at least one position")
+        return _infeasible(
+            s, profile, devices, f"{devices:,} devices for N={s.seq_len:,}: each needs at least one position"
+        )
     try:
         memory = _memory(s, profile, device_type)
     except ValueError as exc:
@@ -146,8 +171,18 @@ def plan(s: Problem, profile: HardwareProfile, devices: int | None = None, train
     else:
         reason = f"does not fit: needs {memory.total / 2**30:.2f} GiB per device, has {capacity / 2**30:.2f} GiB"
     shard = shard_of(s) if devices > 1 and s.target == "attention" else None
-    return Plan(problem=s, profile=profile.name, devices=devices, memory=memory, capacity_bytes=capacity, fits=fits,
-                time=time, feasible=fits, reason=reason, shard_len=shard)
+    return Plan(
+        problem=s,
+        profile=profile.name,
+        devices=devices,
+        memory=memory,
+        capacity_bytes=capacity,
+        fits=fits,
+        time=time,
+        feasible=fits,
+        reason=reason,
+        shard_len=shard,
+    )
 
 
 def _verdict(total: int, capacity: int) -> str:
@@ -166,9 +201,19 @@ def _model_plan(s: Problem, profile: HardwareProfile, training: Training) -> Pla
     fits = memory.total <= profile.memory_bytes
     sp = training.sequence_parallel
     shard = shard_of(s.attention_problem().model_copy(update={"world_size": sp})) if sp > 1 else None
-    return Plan(problem=s, profile=profile.name, devices=training.devices, memory=memory,
-                capacity_bytes=profile.memory_bytes, fits=fits, time=time, feasible=fits,
-                reason=_verdict(memory.total, profile.memory_bytes), shard_len=shard, training=training)
+    return Plan(
+        problem=s,
+        profile=profile.name,
+        devices=training.devices,
+        memory=memory,
+        capacity_bytes=profile.memory_bytes,
+        fits=fits,
+        time=time,
+        feasible=fits,
+        reason=_verdict(memory.total, profile.memory_bytes),
+        shard_len=shard,
+        training=training,
+    )
 
 
 def predicted_peak_bytes(s: Problem) -> int | None:
@@ -198,15 +243,18 @@ def _granule(s: Problem, devices: int) -> int:
     return step
 
 
-def max_seq(s: Problem, profile: HardwareProfile, devices: int = 1,
-            training: Training | None = None) -> tuple[int, Plan | None]:
+def max_seq(
+    s: Problem, profile: HardwareProfile, devices: int = 1, training: Training | None = None
+) -> tuple[int, Plan | None]:
     """Largest N (a multiple of the alignment granule) whose plan fits on `devices` devices (a model: laid out
     by `training`); (0, None) if none does. At the search cap (see max_seq_search) N is the cap itself."""
     found = max_seq_search(s, profile, devices, training)
     return found.seq_len, found.plan
 
 
-def max_seq_search(s: Problem, profile: HardwareProfile, devices: int = 1, training: Training | None = None) -> SeqSearch:
+def max_seq_search(
+    s: Problem, profile: HardwareProfile, devices: int = 1, training: Training | None = None
+) -> SeqSearch:
     """Largest N (a multiple of the alignment granule, at most SEQ_SEARCH_CAP) whose plan fits on `devices`
     devices. Memory grows monotonically with N, so doubling then bisection finds it; when even the cap
     fits, the answer says so (capped) instead of passing the cap off as the largest N."""
@@ -242,8 +290,9 @@ def min_devices(s: Problem, profile: HardwareProfile, limit: int = DEVICE_SEARCH
     return None, None
 
 
-def min_model_devices(s: Problem, profile: HardwareProfile, training: Training,
-                      limit: int = DEVICE_SEARCH_CAP) -> tuple[int | None, Plan | None]:
+def min_model_devices(
+    s: Problem, profile: HardwareProfile, training: Training, limit: int = DEVICE_SEARCH_CAP
+) -> tuple[int | None, Plan | None]:
     """Fewest devices (multiples of the sequence-parallel degree: doubling, then refined) on which a model's step
     fits with `training`'s ZeRO stage and optimizer; (None, None) if none up to `limit`. Memory per device never
     grows with more devices under ZeRO (DDP keeps every state on every device: only one device or none)."""
@@ -288,7 +337,9 @@ def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
         # one step: (L/r)² pairs per head (4·D flops each, x3.5 with backward) vs 2·(L/r)·H·D·e bytes:
         # compute grows with L², the transfer with L, so a step hides its transfer once L is large enough
         per_l2 = 4 * s.head_dim * s.batch * s.heads / r**2 * (FWD_BWD_FACTOR if s.mode == "fwdbwd" else 1) / peak
-        per_l = 2 * s.batch * s.heads * s.head_dim * e / r / (link.bandwidth_gb_s * 1e9 * profile.efficiency.communication)
+        per_l = (
+            2 * s.batch * s.heads * s.head_dim * e / r / (link.bandwidth_gb_s * 1e9 * profile.efficiency.communication)
+        )
         threshold = per_l / per_l2 + (link.latency_us * 1e-6 / per_l2) ** 0.5
         if worst is None or threshold > worst[0]:
             worst = (threshold, w, r)
@@ -296,5 +347,7 @@ def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
         return f"every segment fits in a shard of L = {shard:,}: no ring traffic"
     threshold, w, r = worst
     verdict = "hidden" if shard >= threshold else "exposed"
-    return (f"the sparsest spanning pair (w={w}, r={r}) hides its ring transfer once the shard L >= {int(threshold):,}; "
-            f"here L = {shard:,}: {verdict}")
+    return (
+        f"the sparsest spanning pair (w={w}, r={r}) hides its ring transfer once the shard L >= {int(threshold):,}; "
+        f"here L = {shard:,}: {verdict}"
+    )

@@ -18,7 +18,13 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from ..kernels.pattern import build_blocks
-from ..workload.counts import FWD_BWD_FACTOR, flops_per_device, head_parallel_traffic, sequence_parallel_traffic, shard_of
+from ..workload.counts import (
+    FWD_BWD_FACTOR,
+    flops_per_device,
+    head_parallel_traffic,
+    sequence_parallel_traffic,
+    shard_of,
+)
 from ..workload.problem import ELEMENT_BYTES, Problem
 from .efficiency import KERNELS, curve_efficiency, curve_source, has_curve
 from .profiles import HardwareProfile
@@ -52,7 +58,9 @@ class TimeBreakdown(BaseModel):
 def estimate_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
     peak = profile.peak_flops(s.dtype)
     if peak is None:
-        raise ValueError(f"profile {profile.name!r} has no {s.dtype} rate (null in its peak_tflops): pick another --dtype")
+        raise ValueError(
+            f"profile {profile.name!r} has no {s.dtype} rate (null in its peak_tflops): pick another --dtype"
+        )
     flops = flops_per_device(s)
     kernel, efficiency, source, traffic = compute_efficiency(s, profile)
     compute = flops / (peak * efficiency)
@@ -65,18 +73,36 @@ def estimate_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
         comm_bytes, messages, steps_share = sequence_parallel_traffic(s)
         # the remote blocks' compute is what a ring transfer can hide under
         overlappable = compute * steps_share if s.strategy == "ring" else 0.0
-        note = ("ring: per step, transfer vs compute of the previous block" if s.strategy == "ring"
-                else "all-gather: a collective before the remote blocks, not overlapped")
+        note = (
+            "ring: per step, transfer vs compute of the previous block"
+            if s.strategy == "ring"
+            else "all-gather: a collective before the remote blocks, not overlapped"
+        )
     elif p > 1 and s.strategy == "head_parallel":
         comm_bytes, messages = head_parallel_traffic(s)
         note = "head-parallel: all-to-alls before and after attention, not overlapped"
-    comm = messages * link.latency_us * 1e-6 + comm_bytes / (link.bandwidth_gb_s * 1e9 * profile.efficiency.communication)
+    comm = messages * link.latency_us * 1e-6 + comm_bytes / (
+        link.bandwidth_gb_s * 1e9 * profile.efficiency.communication
+    )
     hidden = comm <= overlappable if messages else True
     total = compute + memory_s + max(0.0, comm - overlappable)
-    return TimeBreakdown(flops=flops, compute_s=compute, comm_bytes=comm_bytes, messages=messages, comm_s=comm,
-                         overlappable_s=overlappable, comm_hidden=hidden, total_s=total, link=link_name, note=note,
-                         kernel=kernel, efficiency=efficiency, efficiency_source=source, memory_bytes=traffic,
-                         memory_s=memory_s)
+    return TimeBreakdown(
+        flops=flops,
+        compute_s=compute,
+        comm_bytes=comm_bytes,
+        messages=messages,
+        comm_s=comm,
+        overlappable_s=overlappable,
+        comm_hidden=hidden,
+        total_s=total,
+        link=link_name,
+        note=note,
+        kernel=kernel,
+        efficiency=efficiency,
+        efficiency_source=source,
+        memory_bytes=traffic,
+        memory_s=memory_s,
+    )
 
 
 def kernel_for(s: Problem, profile: HardwareProfile) -> str:
@@ -104,7 +130,9 @@ def kernel_blocks(s: Problem) -> list[tuple[int, int, int, int, int]]:
         return [(s.seq_len, s.batch * s.heads, 1, 1, s.batch * s.heads * s.seq_len)]
     if s.spec.block_sparse:
         rows = s.batch * s.heads * shard_of(s)
-        keys = max(1, round(flops_per_device(s) / (4 * s.head_dim * (FWD_BWD_FACTOR if s.mode == "fwdbwd" else 1)) / rows))
+        keys = max(
+            1, round(flops_per_device(s) / (4 * s.head_dim * (FWD_BWD_FACTOR if s.mode == "fwdbwd" else 1)) / rows)
+        )
         return [(keys, s.batch * s.heads * max(1, shard_of(s) // keys), 1, 1, rows)]
     heads, length = s.heads, s.seq_len
     if s.world_size > 1 and s.strategy == "head_parallel":
@@ -129,8 +157,9 @@ def compute_efficiency(s: Problem, profile: HardwareProfile) -> tuple[str | None
         return None, prior, ("per_impl (plan --calibrate)" if fitted else "attention_compute prior"), 0
     blocks = kernel_blocks(s)
     weights = sum(w for _, _, w, _, _ in blocks) or 1
-    inverse = sum(w / curve_efficiency(eff, kernel, s.dtype, s.head_dim, s.causal, s.mode, n, k)
-                  for n, k, w, _, _ in blocks if w)
+    inverse = sum(
+        w / curve_efficiency(eff, kernel, s.dtype, s.head_dim, s.causal, s.mode, n, k) for n, k, w, _, _ in blocks if w
+    )
     efficiency = weights / inverse if inverse else 1.0
     element = ELEMENT_BYTES[s.dtype] * s.head_dim
     traffic = sum(GATHER_PASSES[s.mode] * q * element for _, _, _, r, q in blocks if r > 1)

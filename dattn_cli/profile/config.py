@@ -50,8 +50,10 @@ def check_problem(problem: Problem) -> torch.device:
         raise ValueError(f"--target {problem.target}: profile runs the attention call alone; use --target attention")
     if problem.spec.baseline:
         profilable = names(lambda s: not s.baseline and s.single_device)
-        raise ValueError(f"--impl {problem.impl} is a baseline, with no pattern cache or memory pool to profile: use "
-                         f"one of {', '.join(profilable)}")
+        raise ValueError(
+            f"--impl {problem.impl} is a baseline, with no pattern cache or memory pool to profile: use "
+            f"one of {', '.join(profilable)}"
+        )
     if problem.world_size > 1:
         raise ValueError(f"--world-size {problem.world_size}: profile runs in one process; use --world-size 1")
     try:
@@ -77,9 +79,11 @@ def check_memory(problem: Problem, device: torch.device) -> None:
     p = problem
     need = 12 * p.batch * p.seq_len * p.heads * p.head_dim * p.element_bytes
     if device.type == "cpu" and available is not None and need > available:
-        raise ValueError(f"--seq-len/--batch/--heads/--head-dim: B={p.batch} N={p.seq_len:,} H={p.heads} D={p.head_dim} "
-                         f"needs about {need / 2**30:,.1f} GiB, more than the {available / 2**30:,.1f} GiB available "
-                         "here: profile a smaller problem ('dattn plan' predicts what fits)")
+        raise ValueError(
+            f"--seq-len/--batch/--heads/--head-dim: B={p.batch} N={p.seq_len:,} H={p.heads} D={p.head_dim} "
+            f"needs about {need / 2**30:,.1f} GiB, more than the {available / 2**30:,.1f} GiB available "
+            "here: profile a smaller problem ('dattn plan' predicts what fits)"
+        )
 
 
 def check_trace(trace: str | Path | None) -> Path | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -83,8 +83,12 @@ def _measure_cuda(run: Callable[[], TimeStats], device: torch.device) -> tuple[T
         num_ooms=stats.get("num_ooms", 0),
     )
     memory = MemoryStats(
-        memory_method=CUDA_MEMORY_METHOD, baseline_bytes=baseline, peak_bytes=peak,
-        peak_above_baseline_bytes=peak - baseline, rss_samples=0, cuda_allocator=allocator,
+        memory_method=CUDA_MEMORY_METHOD,
+        baseline_bytes=baseline,
+        peak_bytes=peak,
+        peak_above_baseline_bytes=peak - baseline,
+        rss_samples=0,
+        cuda_allocator=allocator,
     )
     return times, memory
 
@@ -93,12 +97,20 @@ def _measure_cpu(run: Callable[[], TimeStats]) -> tuple[TimeStats, MemoryStats]:
     try:
         sampler = RssSampler()
     except (OSError, ValueError, IndexError):
-        return run(), MemoryStats(memory_method=CPU_UNMEASURED, baseline_bytes=None, peak_bytes=None,
-                                  peak_above_baseline_bytes=None, rss_samples=0)
+        return run(), MemoryStats(
+            memory_method=CPU_UNMEASURED,
+            baseline_bytes=None,
+            peak_bytes=None,
+            peak_above_baseline_bytes=None,
+            rss_samples=0,
+        )
     with sampler:
         times = run()
     memory = MemoryStats(
-        memory_method=CPU_MEMORY_METHOD, baseline_bytes=sampler.baseline, peak_bytes=sampler.peak,
-        peak_above_baseline_bytes=sampler.peak - sampler.baseline, rss_samples=sampler.samples,
+        memory_method=CPU_MEMORY_METHOD,
+        baseline_bytes=sampler.baseline,
+        peak_bytes=sampler.peak,
+        peak_above_baseline_bytes=sampler.peak - sampler.baseline,
+        rss_samples=sampler.samples,
     )
     return times, memory

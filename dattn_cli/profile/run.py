@@ -15,8 +15,8 @@ from __future__ import annotations
 import gc
 import platform
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from pydantic import BaseModel
@@ -38,8 +38,9 @@ from .work import Workload, time_iterations
 TRACE_ITERATIONS = 3
 
 
-def run_profile(problem: Problem, *, iterations: int = 20, warmup: int = 2, seed: int = 0,
-                trace: str | Path | None = None) -> ProfileReport:
+def run_profile(
+    problem: Problem, *, iterations: int = 20, warmup: int = 2, seed: int = 0, trace: str | Path | None = None
+) -> ProfileReport:
     """Run `problem` with caches on, then off, and report cache/pool statistics, time and peak memory.
 
     Mode fwd runs under `torch.no_grad()`; fwdbwd back-propagates a random output gradient each
@@ -56,8 +57,10 @@ def run_profile(problem: Problem, *, iterations: int = 20, warmup: int = 2, seed
     except (RuntimeError, MemoryError) as exc:
         if not is_oom(exc):
             raise
-        raise ValueError(f"out of memory profiling B={problem.batch} N={problem.seq_len:,} H={problem.heads} "
-                         f"D={problem.head_dim}: profile a smaller problem ('dattn plan' predicts what fits)") from None
+        raise ValueError(
+            f"out of memory profiling B={problem.batch} N={problem.seq_len:,} H={problem.heads} "
+            f"D={problem.head_dim}: profile a smaller problem ('dattn plan' predicts what fits)"
+        ) from None
     return ProfileReport(
         config=settings,
         environment=_environment(device),
@@ -74,8 +77,10 @@ def run_profile(problem: Problem, *, iterations: int = 20, warmup: int = 2, seed
 def block_table_for(problem: Problem) -> torch.Tensor:
     """The block table (query block x key block, True = attend) of a block-sparse problem."""
     if not problem.spec.block_sparse:
-        raise ValueError(f"--show-pattern applies to block-sparse implementations only, not {problem.impl}: use "
-                         f"--impl {' or '.join(names(lambda s: s.block_sparse))}")
+        raise ValueError(
+            f"--show-pattern applies to block-sparse implementations only, not {problem.impl}: use "
+            f"--impl {' or '.join(names(lambda s: s.block_sparse))}"
+        )
     module = build_module(problem, device="cpu", use_pattern_cache=False, enable_memory_pool=False)
     return _core(module, problem).block_table(problem.seq_len, problem.heads)
 
@@ -135,7 +140,9 @@ def _block_pattern_stats(core: nn.Module, problem: Problem) -> BlockPatternStats
     n, h = problem.seq_len, problem.heads
     executor = core.last_executor
     return BlockPatternStats(
-        label=core.pattern.label(), description=core.pattern.describe(n), block_density=core.density(n, h),
+        label=core.pattern.label(),
+        description=core.pattern.describe(n),
+        block_density=core.density(n, h),
         element_density=core.element_density(n, h, problem.causal),
         block_table_bytes=core.block_table(n, h).numel(),
         executor=f"{executor[0]} ({executor[1]})" if executor else None,

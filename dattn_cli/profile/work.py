@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -22,8 +22,9 @@ class Workload:
         cuda_devices = [device.index or 0] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda_devices):  # seed locally; the caller's RNG state is kept
             torch.manual_seed(seed)
-            self.module: nn.Module = build_module(problem, device=device, dtype=dtype,
-                                                  use_pattern_cache=caches, enable_memory_pool=caches)
+            self.module: nn.Module = build_module(
+                problem, device=device, dtype=dtype, use_pattern_cache=caches, enable_memory_pool=caches
+            )
             # multihead: x three times (self-attention, the fused projection path); core: q, k, v
             self.inputs: tuple[torch.Tensor, ...] = make_inputs(problem, dtype=dtype)
             fwdbwd = problem.mode == "fwdbwd"
@@ -65,6 +66,8 @@ def time_iterations(step: Callable[[], None], iterations: int, device: torch.dev
         samples.append((time.perf_counter() - start) * 1e3)
     ordered = sorted(samples)
     return TimeStats(
-        median_ms=quantile(ordered, 0.5), p10_ms=quantile(ordered, 0.1), p90_ms=quantile(ordered, 0.9),
+        median_ms=quantile(ordered, 0.5),
+        p10_ms=quantile(ordered, 0.1),
+        p90_ms=quantile(ordered, 0.9),
         samples_ms=samples,
     )

@@ -36,9 +36,22 @@ def backend() -> str:
     import torch.distributed as dist
 
     return BACKEND if dist.is_nccl_available() else "gloo"
+
+
 FAILURE_KEY = "dattn/failed/"
-LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+LAUNCHER_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 LAUNCHER_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
 
 
@@ -77,26 +90,39 @@ def detect(env: dict | None = None, master_addr: str | None = None, master_port:
         launcher = "torchrun" if any(k.startswith(LAUNCHER_PREFIXES) for k in env) else "env"
         addr = master_addr or env.get("MASTER_ADDR")
         if not addr:
-            raise ValueError("attach: RANK and WORLD_SIZE are set but MASTER_ADDR is not: export MASTER_ADDR (and "
-                             "MASTER_PORT), or pass --master-addr")
+            raise ValueError(
+                "attach: RANK and WORLD_SIZE are set but MASTER_ADDR is not: export MASTER_ADDR (and "
+                "MASTER_PORT), or pass --master-addr"
+            )
         port = master_port or (_int(env, "MASTER_PORT") if env.get("MASTER_PORT") else DEFAULT_PORT)
-        return _checked(World(_int(env, "RANK"), _int(env, "WORLD_SIZE"),
-                              _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0, addr, port, launcher))
+        return _checked(
+            World(
+                _int(env, "RANK"),
+                _int(env, "WORLD_SIZE"),
+                _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+                addr,
+                port,
+                launcher,
+            )
+        )
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
         nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         addr = master_addr or env.get("MASTER_ADDR") or (first_host(nodes) if nodes else None)
         if not addr:
             raise ValueError("attach: srun gave no node list to find the master in: pass --master-addr")
         port = master_port or (_int(env, "MASTER_PORT") if env.get("MASTER_PORT") else DEFAULT_PORT)
-        return _checked(World(_int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS"), _int(env, "SLURM_LOCALID"),
-                              addr, port, "slurm"))
+        return _checked(
+            World(_int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS"), _int(env, "SLURM_LOCALID"), addr, port, "slurm")
+        )
     return None
 
 
 def _checked(world: World) -> World:
     if world.world_size < 1 or not 0 <= world.rank < world.world_size:
-        raise ValueError(f"attach: rank {world.rank} of world size {world.world_size} is not a rank of that world: "
-                         "fix the launcher's RANK/WORLD_SIZE (or SLURM_PROCID/SLURM_NTASKS)")
+        raise ValueError(
+            f"attach: rank {world.rank} of world size {world.world_size} is not a rank of that world: "
+            "fix the launcher's RANK/WORLD_SIZE (or SLURM_PROCID/SLURM_NTASKS)"
+        )
     if not 0 < world.master_port < 65536:
         raise ValueError(f"attach: master port {world.master_port} is not a TCP port: use 1-65535")
     return world
@@ -118,23 +144,34 @@ def join(world: World, cuda: bool, timeout_s: float) -> None:
 
     if dist.is_initialized():
         if dist.get_world_size() != world.world_size or dist.get_rank() != world.rank:
-            raise ValueError(f"attach: this process is already rank {dist.get_rank()} of {dist.get_world_size()}, "
-                             f"not the launcher's rank {world.rank} of {world.world_size}")
+            raise ValueError(
+                f"attach: this process is already rank {dist.get_rank()} of {dist.get_world_size()}, "
+                f"not the launcher's rank {world.rank} of {world.world_size}"
+            )
         return
     if cuda:
         if world.local_rank >= torch.cuda.device_count():
-            raise ValueError(f"attach: LOCAL_RANK {world.local_rank} but this node has {torch.cuda.device_count()} "
-                             "visible GPU(s): launch one process per GPU (--nproc-per-node)")
+            raise ValueError(
+                f"attach: LOCAL_RANK {world.local_rank} but this node has {torch.cuda.device_count()} "
+                "visible GPU(s): launch one process per GPU (--nproc-per-node)"
+            )
         torch.cuda.set_device(world.local_rank)
     address = f"tcp://{_host(world.master_addr)}:{world.master_port}"
     try:
-        dist.init_process_group(backend(), init_method=address, rank=world.rank, world_size=world.world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend(),
+            init_method=address,
+            rank=world.rank,
+            world_size=world.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
     except Exception as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"attach: rank {world.rank} of {world.world_size} could not join {address} ({world.launcher}): "
-                         f"{text}; check MASTER_ADDR/MASTER_PORT (--master-addr/--master-port) and that every rank "
-                         "started") from None
+        raise ValueError(
+            f"attach: rank {world.rank} of {world.world_size} could not join {address} ({world.launcher}): "
+            f"{text}; check MASTER_ADDR/MASTER_PORT (--master-addr/--master-port) and that every rank "
+            "started"
+        ) from None
 
 
 def _host(addr: str) -> str:

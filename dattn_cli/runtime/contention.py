@@ -70,9 +70,11 @@ def contention_reason(others_cpus: float | None, threads: int, cpus: int) -> str
     needed = min(max(threads, 1), cpus)
     if others_cpus <= cpus - needed + TOLERANCE:
         return None
-    return (f"other processes kept {others_cpus:.1f} of {_count(cpus, 'CPU')} busy while this point ran its "
-            f"{_count(threads, 'torch thread')}, so its timings and ratios are not trustworthy: rerun on a quiet "
-            f"machine or with fewer --threads")
+    return (
+        f"other processes kept {others_cpus:.1f} of {_count(cpus, 'CPU')} busy while this point ran its "
+        f"{_count(threads, 'torch thread')}, so its timings and ratios are not trustworthy: rerun on a quiet "
+        f"machine or with fewer --threads"
+    )
 
 
 def measurement_threads(requested: int | None, world_size: int = 1) -> int:

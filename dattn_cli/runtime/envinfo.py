@@ -66,6 +66,7 @@ def cpu_name() -> str:
 def comparability_facts() -> dict:
     """Host, load average, torch threads, CPU affinity and frequency governor: None where this system does not
     say."""
+
     def read(fn):
         try:
             return fn()
@@ -73,9 +74,13 @@ def comparability_facts() -> dict:
             return None
 
     governor = read(lambda: Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip())
-    return {"hostname": platform.node() or None, "load_average": load_average(),
-            "torch_threads": torch.get_num_threads(), "cpu_affinity": read(lambda: sorted(os.sched_getaffinity(0))),
-            "governor": governor}
+    return {
+        "hostname": platform.node() or None,
+        "load_average": load_average(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_affinity": read(lambda: sorted(os.sched_getaffinity(0))),
+        "governor": governor,
+    }
 
 
 def _git_commit() -> str | None:
@@ -106,11 +111,19 @@ def _nvml() -> tuple[str | None, list[Device], str]:
             uuid = _text(nvml_ask(pynvml, "nvmlDeviceGetUUID", handle))
             state = nvml_state(pynvml, handle)
             cuda_index, cuda_match = cuda.get(uuid, (None, None))
-            devices.append(Device(index=i, name=_text(pynvml.nvmlDeviceGetName(handle)), memory_total_bytes=mem.total,
-                                  memory_used_bytes=mem.used, uuid=uuid,
-                                  pci_bus_id=_text(getattr(nvml_ask(pynvml, "nvmlDeviceGetPciInfo", handle), "busId", None)),
-                                  cuda_index=cuda_index, cuda_match=cuda_match,
-                                  **{k: state[k] for k in ("sm_clock_mhz", "max_sm_clock_mhz", "power_limit_w")}))
+            devices.append(
+                Device(
+                    index=i,
+                    name=_text(pynvml.nvmlDeviceGetName(handle)),
+                    memory_total_bytes=mem.total,
+                    memory_used_bytes=mem.used,
+                    uuid=uuid,
+                    pci_bus_id=_text(getattr(nvml_ask(pynvml, "nvmlDeviceGetPciInfo", handle), "busId", None)),
+                    cuda_index=cuda_index,
+                    cuda_match=cuda_match,
+                    **{k: state[k] for k in ("sm_clock_mhz", "max_sm_clock_mhz", "power_limit_w")},
+                )
+            )
         return _text(driver), devices, f"{len(devices)} NVIDIA device(s)"
     finally:
         pynvml.nvmlShutdown()

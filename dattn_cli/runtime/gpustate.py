@@ -14,9 +14,19 @@ from pathlib import Path
 from typing import Any
 
 # NVML's clocks event (throttle) reason bits (nvml.h nvmlClocksEventReason* / nvmlClocksThrottleReason*)
-REASONS = {0x1: "idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
-           0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks",
-           0x200: "board_limit", 0x400: "reliability"}
+REASONS = {
+    0x1: "idle",
+    0x2: "applications_clocks",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clocks",
+    0x200: "board_limit",
+    0x400: "reliability",
+}
 # what holds a busy GPU's clocks below what it would run at (idle, application clocks, display, sync boost: not)
 LIMITING = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake", "board_limit", "reliability")
 NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0  # nvml.h enum values
@@ -41,6 +51,7 @@ def nvml_ask(nvml: Any, fn: str, handle: Any, *args: Any) -> Any:
 def nvml_state(nvml: Any, handle: Any) -> dict:
     """gpu_state's fields for an NVML device handle (NVML initialized by the caller); a field None where its
     query fails or is not supported."""
+
     def ask(fn: str, *args: Any) -> Any:
         return nvml_ask(nvml, fn, handle, *args)
 
@@ -50,13 +61,15 @@ def nvml_state(nvml: Any, handle: Any) -> dict:
     mask = ask("nvmlDeviceGetCurrentClocksEventReasons")  # the newer name; older drivers know only the other
     if not isinstance(mask, int):
         mask = ask("nvmlDeviceGetCurrentClocksThrottleReasons")
-    return {"sm_clock_mhz": ask("nvmlDeviceGetClockInfo", NVML_CLOCK_SM),
-            "mem_clock_mhz": ask("nvmlDeviceGetClockInfo", NVML_CLOCK_MEM),
-            "max_sm_clock_mhz": ask("nvmlDeviceGetMaxClockInfo", NVML_CLOCK_SM),
-            "temperature_c": ask("nvmlDeviceGetTemperature", NVML_TEMPERATURE_GPU),
-            "power_w": watts(ask("nvmlDeviceGetPowerUsage")),
-            "power_limit_w": watts(ask("nvmlDeviceGetEnforcedPowerLimit")),
-            "throttle_reasons": decode_reasons(mask) if isinstance(mask, int) else None}
+    return {
+        "sm_clock_mhz": ask("nvmlDeviceGetClockInfo", NVML_CLOCK_SM),
+        "mem_clock_mhz": ask("nvmlDeviceGetClockInfo", NVML_CLOCK_MEM),
+        "max_sm_clock_mhz": ask("nvmlDeviceGetMaxClockInfo", NVML_CLOCK_SM),
+        "temperature_c": ask("nvmlDeviceGetTemperature", NVML_TEMPERATURE_GPU),
+        "power_w": watts(ask("nvmlDeviceGetPowerUsage")),
+        "power_limit_w": watts(ask("nvmlDeviceGetEnforcedPowerLimit")),
+        "throttle_reasons": decode_reasons(mask) if isinstance(mask, int) else None,
+    }
 
 
 def gpu_state(index: int) -> dict | None:
@@ -109,8 +122,11 @@ def nvml_device(nvml: Any, index: int) -> tuple[Any, str]:
     nvml_index = int(entry) if entry is not None else index
     source = f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}" if entry is not None else "torch's number"
     why = "CUDA not started in this process" if props is None else "NVML knows neither torch's UUID nor its PCI bus id"
-    order = "" if os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" else (
-        "; right only if CUDA numbers the GPUs in PCI bus order as NVML does (CUDA_DEVICE_ORDER=PCI_BUS_ID)")
+    order = (
+        ""
+        if os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
+        else ("; right only if CUDA numbers the GPUs in PCI bus order as NVML does (CUDA_DEVICE_ORDER=PCI_BUS_ID)")
+    )
     return nvml.nvmlDeviceGetHandleByIndex(nvml_index), f"index {nvml_index} ({source}; {why}){order}"
 
 
@@ -174,8 +190,10 @@ def throttle_reason(before: dict | None, after: dict | None) -> str | None:
             found.append(f"{', '.join(limiting)} {when} the point{speed}")
     if not found:
         return None
-    return ("GPU throttled: " + " and ".join(found) + ", so its timings are not trustworthy: rerun once the GPU "
-            "is cool, or check its power limit (nvidia-smi -q -d PERFORMANCE)")
+    return (
+        "GPU throttled: " + " and ".join(found) + ", so its timings are not trustworthy: rerun once the GPU "
+        "is cool, or check its power limit (nvidia-smi -q -d PERFORMANCE)"
+    )
 
 
 def cpu_cache_bytes(cache_dir: Path = CPU_CACHE_DIR) -> int | None:
@@ -207,8 +225,11 @@ class CacheFlusher:
         self.nbytes = 2 * cache if cache else CPU_CACHE_FALLBACK
         self.buffer = torch.empty(self.nbytes, dtype=torch.int8, device=dev)
         size = f"a {self.nbytes / 2**20:g} MiB buffer zeroed"
-        self.method = (f"{level} flushed before each timed call: {size} (2 x the {cache / 2**20:g} MiB {level})"
-                       if cache else f"{level} flushed before each timed call: {size} (its size was not readable)")
+        self.method = (
+            f"{level} flushed before each timed call: {size} (2 x the {cache / 2**20:g} MiB {level})"
+            if cache
+            else f"{level} flushed before each timed call: {size} (its size was not readable)"
+        )
 
     def flush(self) -> None:
         self.buffer.zero_()

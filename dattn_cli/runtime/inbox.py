@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable
 from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Iterable
+from typing import Any
 
 CHUNK = 1 << 20
 
@@ -76,8 +77,8 @@ class Inbox:
             header = 12
         if len(self.buffer) < header + size:
             return None
-        message = bytes(self.buffer[header:header + size])
-        del self.buffer[:header + size]
+        message = bytes(self.buffer[header : header + size])
+        del self.buffer[: header + size]
         return message
 
     def close(self) -> None:

@@ -25,13 +25,14 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import Any
 
+from .attach import strip_launcher_variables
 from .inbox import Inbox, wait_any
 from .orphans import PARENT_ENV, die_with_parent
-from .attach import strip_launcher_variables
 from .signals import check_pending, deferred
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -131,8 +132,13 @@ def _rank_main(conn, rank: int, world_size: int, port: int, backend: str, timeou
     import torch.distributed as dist
 
     try:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
         result = fn(rank, world_size, *args)
         conn.send_bytes(_pack(("ok", result)))
         dist.barrier()
@@ -251,8 +257,11 @@ def run_distributed(
         for rank in range(world_size):
             receiver, sender = ctx.Pipe(duplex=False)
             inboxes.append(Inbox(receiver))
-            proc = ctx.Process(target=_child_main, daemon=True,
-                               args=(server, _rank_main, sender, rank, world_size, port, backend, timeout_s, fn, args))
+            proc = ctx.Process(
+                target=_child_main,
+                daemon=True,
+                args=(server, _rank_main, sender, rank, world_size, port, backend, timeout_s, fn, args),
+            )
             try:
                 proc.start()
             finally:
@@ -276,8 +285,15 @@ def _end(procs: list, inboxes: list[Inbox], wait_s: float) -> None:
         inbox.close()
 
 
-def run_isolated(target: Callable[..., None], args: tuple, *, deadline_s: float, deadline_text: str = "its deadline",
-                 rss_limit: int | None = None, rss_limit_text: str = "") -> dict:
+def run_isolated(
+    target: Callable[..., None],
+    args: tuple,
+    *,
+    deadline_s: float,
+    deadline_text: str = "its deadline",
+    rss_limit: int | None = None,
+    rss_limit_text: str = "",
+) -> dict:
     """target(conn, *args) in a fresh worker; its dict, or a failure dict (status oom / error / skipped)."""
     check_pending()
     ctx, server = _forkserver()
@@ -321,8 +337,11 @@ def _watch(proc, inbox: Inbox, deadline: float, deadline_text: str, rss_limit: i
             base_rss = rss if base_rss is None else min(base_rss, rss)
             if rss_limit is not None and rss - base_rss > rss_limit:
                 proc.kill()
-                return {"status": "oom", "reason": "out of memory",
-                        "error": f"worker RSS grew {(rss - base_rss) / 2**30:.2f} GiB, over {rss_limit_text}; killed"}
+                return {
+                    "status": "oom",
+                    "reason": "out of memory",
+                    "error": f"worker RSS grew {(rss - base_rss) / 2**30:.2f} GiB, over {rss_limit_text}; killed",
+                }
         if time.monotonic() > deadline:
             state = process_state(proc.pid)
             proc.kill()
@@ -333,4 +352,8 @@ def _watch(proc, inbox: Inbox, deadline: float, deadline_text: str, rss_limit: i
 def worker_died(exitcode: int | None) -> dict:
     if exitcode is not None and exitcode < 0 and -exitcode == 9:
         return {"status": "oom", "reason": "out of memory", "error": "worker killed by SIGKILL (likely the OOM killer)"}
-    return {"status": "error", "reason": "worker crashed", "error": f"worker exited with code {exitcode} and sent no result"}
+    return {
+        "status": "error",
+        "reason": "worker crashed",
+        "error": f"worker exited with code {exitcode} and sent no result",
+    }

@@ -61,14 +61,18 @@ def check_spawned_ranks(world_size: int, option: str = "--world-size", device: s
 
         gpus = torch.cuda.device_count()
         if world_size > gpus:
-            raise ValueError(f"{option} {world_size:,} on {device}: NCCL needs one GPU per rank and this machine has "
-                             f"{gpus}; use at most {gpus} ranks, or run under torchrun/srun across nodes")
+            raise ValueError(
+                f"{option} {world_size:,} on {device}: NCCL needs one GPU per rank and this machine has "
+                f"{gpus}; use at most {gpus} ranks, or run under torchrun/srun across nodes"
+            )
         return
     limit = max_spawned_ranks()
     if world_size > limit:
-        raise ValueError(f"{option} {world_size:,}: at most {limit} ranks are spawned on this machine "
-                         f"({RANKS_PER_CORE} per CPU core, {os.cpu_count() or 1} cores); use fewer ranks, or "
-                         "'dattn plan --world-size' to plan for more devices")
+        raise ValueError(
+            f"{option} {world_size:,}: at most {limit} ranks are spawned on this machine "
+            f"({RANKS_PER_CORE} per CPU core, {os.cpu_count() or 1} cores); use fewer ranks, or "
+            "'dattn plan --world-size' to plan for more devices"
+        )
 
 
 def available_memory_bytes() -> int | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
-from typing import Sequence
+from collections.abc import Sequence
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc mallopt parameters (malloc.h)
 RETURN_THRESHOLD = 64 * 1024

@@ -17,8 +17,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 REDELIVER_S = 1.0

@@ -5,8 +5,8 @@ numpy only (no scipy): bench's workers import this, and scipy.stats costs them a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 

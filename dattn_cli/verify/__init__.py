@@ -6,6 +6,19 @@ from .compare import tolerance_for
 from .report import CaseResult, VerifyReport
 from .run import collect_checks, run_checks, run_verify
 
-__all__ = ["OWN_CASE", "OWN_PATTERNS", "SLOW_REFERENCE_SCORES", "Case", "CaseResult", "Checks", "VerifyReport",
-           "case_matrix", "collect_checks", "own_cases", "reference_scores", "run_checks", "run_verify",
-           "tolerance_for"]
+__all__ = [
+    "OWN_CASE",
+    "OWN_PATTERNS",
+    "SLOW_REFERENCE_SCORES",
+    "Case",
+    "CaseResult",
+    "Checks",
+    "VerifyReport",
+    "case_matrix",
+    "collect_checks",
+    "own_cases",
+    "reference_scores",
+    "run_checks",
+    "run_verify",
+    "tolerance_for",
+]

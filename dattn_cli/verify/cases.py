@@ -19,10 +19,30 @@ class Case:
     problem: Problem
 
 
-def _case(name: str, batch: int, seq_len: int, heads: int, head_dim: int, segments: list[int], rates: list[int],
-          kv_heads: int | None = None, documents: list[int] | None = None) -> Case:
-    return Case(name, Problem(batch=batch, seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                              segment_lengths=segments, dilation_rates=rates, documents=documents))
+def _case(
+    name: str,
+    batch: int,
+    seq_len: int,
+    heads: int,
+    head_dim: int,
+    segments: list[int],
+    rates: list[int],
+    kv_heads: int | None = None,
+    documents: list[int] | None = None,
+) -> Case:
+    return Case(
+        name,
+        Problem(
+            batch=batch,
+            seq_len=seq_len,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            segment_lengths=segments,
+            dilation_rates=rates,
+            documents=documents,
+        ),
+    )
 
 
 QUICK = [
@@ -90,12 +110,24 @@ def block_fields(pattern: str, token_window: tuple[int | None, int | None] | Non
     block and two hierarchical levels for the patterns that take a window; sliding_window's token window."""
     window = 1 if pattern in USES_WINDOW else None
     left, right = (token_window or VERIFY_TOKEN_WINDOW) if pattern == "sliding_window" else (None, None)
-    return dict(pattern=pattern, block_size=VERIFY_BLOCK_SIZE, window=window, global_blocks=1, levels=2,
-                window_left=left, window_right=right)
+    return dict(
+        pattern=pattern,
+        block_size=VERIFY_BLOCK_SIZE,
+        window=window,
+        global_blocks=1,
+        levels=2,
+        window_left=left,
+        window_right=right,
+    )
 
 
-def for_impl(problem: Problem, impl: str, pattern: str = "dilated",
-             token_window: tuple[int | None, int | None] | None = None, **changes) -> Problem:
+def for_impl(
+    problem: Problem,
+    impl: str,
+    pattern: str = "dilated",
+    token_window: tuple[int | None, int | None] | None = None,
+    **changes,
+) -> Problem:
     """`problem` checked on `impl` (block-sparse entries: with the block fields of `pattern`)."""
     block = block_fields(pattern, token_window) if REGISTRY[impl].block_sparse else {}
     return problem.with_(impl=impl, **block, **changes)

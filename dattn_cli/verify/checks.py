@@ -38,9 +38,12 @@ def semantics_skips(cases: list[Case], semantics: list[str]) -> list[str]:
     """head_groups needs at least one head per pair: a case with fewer heads is checked without it."""
     if "head_groups" not in semantics:
         return []
-    return [f"case '{c.name}', head_groups: {c.problem.heads} heads < {len(c.problem.segment_lengths)} pairs "
-            "(head_groups needs --heads >= the number of segments)"
-            for c in cases if c.problem.heads < len(c.problem.segment_lengths)]
+    return [
+        f"case '{c.name}', head_groups: {c.problem.heads} heads < {len(c.problem.segment_lengths)} pairs "
+        "(head_groups needs --heads >= the number of segments)"
+        for c in cases
+        if c.problem.heads < len(c.problem.segment_lengths)
+    ]
 
 
 def impl_checks(impl: str, cases: list[Case], grid: Grid, skipped: list[str], world_size: int = 1) -> list[Variant]:

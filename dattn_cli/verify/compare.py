@@ -7,7 +7,7 @@ abs error vs the fp64 reference <= 2 x the abs error of a naive same-dtype dense
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

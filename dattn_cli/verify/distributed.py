@@ -86,14 +86,16 @@ def reference_of(p: Problem, seed: int) -> Reference:
             return multihead_outputs(module.to(src_dtype), inputs[0].to(src_dtype), upstream, p.causal, **documents)
         core = build_module(p)
         xs = [x.to(src_dtype).requires_grad_() for x in inputs]
-        return core_outputs(lambda q, k, v: core.reference(q, k, v, p.causal, compute_dtype=compute_dtype, **documents),
-                            xs, upstream)
+        return core_outputs(
+            lambda q, k, v: core.reference(q, k, v, p.causal, compute_dtype=compute_dtype, **documents), xs, upstream
+        )
 
     return reference
 
 
-def verify_group(impl: str, world: int, checks: list[Variant], dtype: str, seed: int,
-                 timeout_s: float, attached: Any = None) -> list[CaseResult]:
+def verify_group(
+    impl: str, world: int, checks: list[Variant], dtype: str, seed: int, timeout_s: float, attached: Any = None
+) -> list[CaseResult]:
     """One process group of `world` ranks runs `checks`, the checks of `impl`: spawned here (gloo on CPU,
     "cpu:gloo,cuda:nccl" on CUDA, a GPU per rank), or the launcher's world when `attached`
     (runtime.attach.World; every rank gets every rank's shards)."""
@@ -109,11 +111,16 @@ def verify_group(impl: str, world: int, checks: list[Variant], dtype: str, seed:
     except Exception as exc:  # the whole group failed: every check of it is a failure, reported
         return [case_result(v, failure=str(exc)) for v in checks]
     multihead = REGISTRY[impl].kind == "multihead"
-    return [case_result(v, errors_against(combine(multihead, per_rank, j, v.problem.device),
-                                          reference_of(v.problem, job_seed),
-                                          DTYPES[dtype]),
-                        comm=[r[j]["comm"] for r in per_rank])
-            for j, (v, (_, job_seed)) in enumerate(zip(checks, jobs))]
+    return [
+        case_result(
+            v,
+            errors_against(
+                combine(multihead, per_rank, j, v.problem.device), reference_of(v.problem, job_seed), DTYPES[dtype]
+            ),
+            comm=[r[j]["comm"] for r in per_rank],
+        )
+        for j, (v, (_, job_seed)) in enumerate(zip(checks, jobs))
+    ]
 
 
 def _attached_outputs(world: Any, impl: str, jobs: list[tuple[dict, int]], timeout_s: float) -> list[list[dict]]:

@@ -4,7 +4,7 @@ gradients (flattened into one vector, so ranks' gradients sum as DDP's all-reduc
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -29,16 +29,18 @@ def _grads(outputs: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Te
     return list(torch.autograd.grad(outputs, inputs, upstream.to(outputs.dtype)))
 
 
-def core_outputs(call: Callable[..., tuple[torch.Tensor, torch.Tensor]], inputs: list[torch.Tensor],
-                 upstream: torch.Tensor) -> dict[str, torch.Tensor]:
+def core_outputs(
+    call: Callable[..., tuple[torch.Tensor, torch.Tensor]], inputs: list[torch.Tensor], upstream: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """out and lse of call(q, k, v), and the gradients of q, k, v under `upstream`."""
     out, lse = call(*inputs)
     dq, dk, dv = _grads(out, inputs, upstream)
     return {"out": out.detach(), "lse": lse.detach(), "dq": dq, "dk": dk, "dv": dv}
 
 
-def multihead_outputs(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor, causal: bool,
-                      **options) -> dict[str, torch.Tensor]:
+def multihead_outputs(
+    module: nn.Module, x: torch.Tensor, upstream: torch.Tensor, causal: bool, **options
+) -> dict[str, torch.Tensor]:
     """Self-attention of x: out, and the gradients of x and of every parameter under `upstream`; `options` go
     to the call (a padded shard's key_padding_mask)."""
     x = x.clone().requires_grad_()
@@ -64,5 +66,6 @@ class ReferenceCore(nn.Module):
         self.core, self.compute_dtype = core, compute_dtype
 
     def forward(self, q, k, v, is_causal=False, key_padding_mask=None, **documents):
-        return self.core.reference(q, k, v, is_causal, key_padding_mask=key_padding_mask, compute_dtype=self.compute_dtype,
-                                   **documents)[0]
+        return self.core.reference(
+            q, k, v, is_causal, key_padding_mask=key_padding_mask, compute_dtype=self.compute_dtype, **documents
+        )[0]

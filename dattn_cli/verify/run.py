@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -20,8 +21,9 @@ from .single import check_one
 from .variants import Grid
 
 
-def run_verify(impls: Iterable[str] | None = None, *, on_result: Callable[[CaseResult], None] | None = None,
-               **options: Any) -> VerifyReport:
+def run_verify(
+    impls: Iterable[str] | None = None, *, on_result: Callable[[CaseResult], None] | None = None, **options: Any
+) -> VerifyReport:
     """Check each implementation x case x semantics x causal x backend (x block pattern) against the
     reference; distributed implementations with world_sizes other than [1] run in process groups.
     `options` are collect_checks's."""
@@ -55,9 +57,11 @@ def collect_checks(
     if attached is None:
         check_spawned_ranks(worlds[-1], device=device)
     elif worlds != [attached.world_size]:
-        raise ValueError(f"--world-size {','.join(map(str, worlds))}: attached to a world of {attached.world_size} "
-                         f"ranks ({attached.launcher}), which is the one size checked: drop --world-size or pass "
-                         f"{attached.world_size}")
+        raise ValueError(
+            f"--world-size {','.join(map(str, worlds))}: attached to a world of {attached.world_size} "
+            f"ranks ({attached.launcher}), which is the one size checked: drop --world-size or pass "
+            f"{attached.world_size}"
+        )
     check_number("--dist-timeout", dist_timeout_s, 0, MAX_SECONDS, low_open=True)
     check_count("--seed", seed, 0, MAX_SEED)
     distributed_run = worlds != [1]
@@ -72,8 +76,15 @@ def collect_checks(
     sharded = [n for n in chosen if distributed_run and REGISTRY[n].distributed]
     groups = [(name, world, group_checks(name, world, checked, grid, skipped)) for name in sharded for world in worlds]
     single = [v for name in chosen if name not in sharded for v in impl_checks(name, checked, grid, skipped)]
-    checks = Checks(groups=[g for g in groups if g[2]], single=single, skipped=skipped, grid=grid, seed=seed,
-                    dist_timeout_s=dist_timeout_s, attached=attached)
+    checks = Checks(
+        groups=[g for g in groups if g[2]],
+        single=single,
+        skipped=skipped,
+        grid=grid,
+        seed=seed,
+        dist_timeout_s=dist_timeout_s,
+        attached=attached,
+    )
     if not checks.total:
         raise ValueError("nothing to check: " + "; ".join(skipped or ["no implementation was chosen"]))
     return checks
@@ -89,16 +100,18 @@ def run_checks(checks: Checks, on_result: Callable[[CaseResult], None] | None = 
             on_result(result)
 
     for name, world, group in checks.groups:
-        for result in verify_group(name, world, group, checks.grid.dtype, checks.seed, checks.dist_timeout_s,
-                                   checks.attached):
+        for result in verify_group(
+            name, world, group, checks.grid.dtype, checks.seed, checks.dist_timeout_s, checks.attached
+        ):
             record(result)
     gen = torch.Generator().manual_seed(checks.seed)
     for variant in checks.single:
         record(check_one(variant, gen))
     if not results:  # a verify that checked nothing must not pass
         raise ValueError("verify ran no check: " + "; ".join(checks.skipped or ["nothing was collected"]))
-    return VerifyReport(results=results, passed=all(r.passed for r in results), seed=checks.seed,
-                        skipped=checks.skipped)
+    return VerifyReport(
+        results=results, passed=all(r.passed for r in results), seed=checks.seed, skipped=checks.skipped
+    )
 
 
 def _runnable(chosen: list[str], requested: bool, distributed_run: bool, device: str, skipped: list[str]) -> list[str]:
@@ -109,8 +122,10 @@ def _runnable(chosen: list[str], requested: bool, distributed_run: bool, device:
         if reason and requested:
             raise ValueError(f"--impl {name} cannot run here: {reason}")
         if REGISTRY[name].baseline:  # dense attention computes another function than the dilated reference
-            raise ValueError(f"--impl {name} is a baseline, not a dilated attention: verify checks "
-                             f"{', '.join(names(lambda s: not s.baseline))}")
+            raise ValueError(
+                f"--impl {name} is a baseline, not a dilated attention: verify checks "
+                f"{', '.join(names(lambda s: not s.baseline))}"
+            )
         if reason:
             skipped.append(f"{name}: {reason}")
         else:
@@ -126,14 +141,28 @@ def _implementations(impls: list[str], distributed_run: bool) -> list[str]:
     return names(lambda s: not s.baseline and (s.distributed if distributed_run else s.single_device))
 
 
-def _grid(dtype: str, semantics: Iterable[str], causal: Iterable[bool], backends: Iterable[str] | None, device: str,
-          patterns: Iterable[str], token_window: tuple[int, int] | None = None) -> Grid:
+def _grid(
+    dtype: str,
+    semantics: Iterable[str],
+    causal: Iterable[bool],
+    backends: Iterable[str] | None,
+    device: str,
+    patterns: Iterable[str],
+    token_window: tuple[int, int] | None = None,
+) -> Grid:
     patterns = list(patterns)
     for pattern in patterns:
         if pattern not in PATTERNS:
             raise ValueError(f"--pattern {pattern!r} is unknown: use one of {', '.join(PATTERNS)}")
-    return Grid(semantics=list(semantics), causal=list(causal), backends=list(backends) if backends else ["auto"],
-                patterns=patterns, dtype=dtype, device=device, token_window=token_window)
+    return Grid(
+        semantics=list(semantics),
+        causal=list(causal),
+        backends=list(backends) if backends else ["auto"],
+        patterns=patterns,
+        dtype=dtype,
+        device=device,
+        token_window=token_window,
+    )
 
 
 def _check_implementations(chosen: list[str]) -> None:
@@ -160,9 +189,11 @@ def _check_memory(cases: list[Case], device: str) -> None:
         need = check_bytes(case.problem)
         if need > available:
             p = case.problem
-            raise ValueError(f"--seq-len/--batch/--heads/--head-dim: a check of B={p.batch} N={p.seq_len:,} H={p.heads} "
-                             f"D={p.head_dim} needs about {need / 2**30:,.1f} GiB (a float64 reference with gradients), "
-                             f"more than the {available / 2**30:,.1f} GiB available here: check a smaller configuration")
+            raise ValueError(
+                f"--seq-len/--batch/--heads/--head-dim: a check of B={p.batch} N={p.seq_len:,} H={p.heads} "
+                f"D={p.head_dim} needs about {need / 2**30:,.1f} GiB (a float64 reference with gradients), "
+                f"more than the {available / 2**30:,.1f} GiB available here: check a smaller configuration"
+            )
 
 
 def _check_backends(backends: list[str], device: str) -> None:

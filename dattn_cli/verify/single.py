@@ -26,8 +26,9 @@ def run_core(p: Problem, gen: torch.Generator) -> tuple[dict[str, torch.Tensor],
 
     def reference(compute_dtype: torch.dtype, src_dtype: torch.dtype) -> dict[str, torch.Tensor]:
         xs = [x.to(src_dtype).requires_grad_() for x in base]
-        return core_outputs(lambda q, k, v: module.reference(q, k, v, p.causal, compute_dtype=compute_dtype, **documents),
-                            xs, upstream)
+        return core_outputs(
+            lambda q, k, v: module.reference(q, k, v, p.causal, compute_dtype=compute_dtype, **documents), xs, upstream
+        )
 
     return got, reference
 

@@ -3,8 +3,8 @@ backend), each one a Problem ready to build, with the share of rows its pattern 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
@@ -50,8 +50,17 @@ class Grid:
                 for pattern in patterns:
                     if pattern is not None and pattern != "longnet" and sem != self.semantics[0]:
                         continue
-                    base = for_impl(case.problem, impl, pattern or "dilated", self.token_window, semantics=sem,
-                                    dtype=self.dtype, device=self.device, world_size=world_size, mode="fwdbwd")
+                    base = for_impl(
+                        case.problem,
+                        impl,
+                        pattern or "dilated",
+                        self.token_window,
+                        semantics=sem,
+                        dtype=self.dtype,
+                        device=self.device,
+                        world_size=world_size,
+                        mode="fwdbwd",
+                    )
                     uncovered = uncovered_share(base)
                     for is_causal in self.causal:
                         for backend in self.backends:

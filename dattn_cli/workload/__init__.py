@@ -5,5 +5,12 @@
 from .parse import parse_float_list, parse_int_list, parse_seq_len, parse_seq_lens, parse_size
 from .problem import ELEMENT_BYTES, Problem
 
-__all__ = ["ELEMENT_BYTES", "Problem", "parse_float_list", "parse_int_list", "parse_seq_len", "parse_seq_lens",
-           "parse_size"]
+__all__ = [
+    "ELEMENT_BYTES",
+    "Problem",
+    "parse_float_list",
+    "parse_int_list",
+    "parse_seq_len",
+    "parse_seq_lens",
+    "parse_size",
+]

@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -40,8 +40,9 @@ def module_options(p: Problem) -> dict:
     return options
 
 
-def build_module(p: Problem, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 **extra) -> nn.Module:
+def build_module(
+    p: Problem, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None, **extra
+) -> nn.Module:
     """p's attention module; `extra` goes to the constructor (e.g. use_pattern_cache, process_group)."""
     options = {**module_options(p), **extra}
     if p.spec.kind == "multihead":
@@ -59,8 +60,14 @@ def input_shape(p: Problem, length: int | None = None) -> tuple[int, ...]:
     return (p.batch, length, p.heads, p.head_dim)
 
 
-def make_inputs(p: Problem, length: int | None = None, *, generator: torch.Generator | None = None,
-                dtype: torch.dtype | None = None, requires_grad: bool | None = None) -> tuple[torch.Tensor, ...]:
+def make_inputs(
+    p: Problem,
+    length: int | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None,
+    requires_grad: bool | None = None,
+) -> tuple[torch.Tensor, ...]:
     """Random inputs of `length` positions (this rank's shard; default all of N) in p's dtype and device."""
     dtype = dtype or getattr(torch, p.dtype)
     grad = p.mode == "fwdbwd" if requires_grad is None else requires_grad
@@ -88,11 +95,14 @@ def build_call(p: Problem, length: int | None = None, options: dict | None = Non
     fn = torch.compile(module) if p.compiled else module
     options = options or {}
     if p.spec.kind == "multihead":
+
         def run(q, k, v):
             return fn(q, k, v, is_causal=p.causal, **options)[0]
     else:
+
         def run(q, k, v):
             return fn(q, k, v, is_causal=p.causal, **options)
+
     return Call(module, lambda: make_inputs(p, length), run)
 
 
@@ -106,8 +116,9 @@ def _layer_options(p: Problem) -> dict:
     options.pop("backend", None)
     if p.kv_heads is not None:
         options["num_kv_heads"] = p.kv_heads
-    return dict(attention=p.impl, mlp_ratio=p.mlp_ratio, device=torch.device(p.device), dtype=getattr(torch, p.dtype),
-                **options)
+    return dict(
+        attention=p.impl, mlp_ratio=p.mlp_ratio, device=torch.device(p.device), dtype=getattr(torch, p.dtype), **options
+    )
 
 
 def _layer_call(p: Problem) -> Call:
@@ -123,8 +134,12 @@ def _layer_call(p: Problem) -> Call:
             return block(x, p.causal)
 
     def inputs():
-        return (torch.randn(p.batch, p.seq_len, p.width, dtype=getattr(torch, p.dtype), device=p.device,
-                            requires_grad=train),)
+        return (
+            torch.randn(
+                p.batch, p.seq_len, p.width, dtype=getattr(torch, p.dtype), device=p.device, requires_grad=train
+            ),
+        )
+
     return Call(block, inputs, run)
 
 
@@ -146,4 +161,5 @@ def _model_call(p: Problem) -> Call:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return None
+
     return Call(model, tokens, run)

@@ -74,14 +74,15 @@ def spanning_pairs(p: Problem) -> list[tuple[int, int, int]]:
     shard = shard_of(p)
     padded = shard * p.world_size
     pairs = []
-    m = len(p.segment_lengths)
     for i, (w, r) in enumerate(zip(p.segment_lengths, p.dilation_rates)):
         span = min(w, padded)
         if shard % span == 0:
             continue
         if span % shard:
-            raise ValueError(f"segment length {span} neither divides nor is a multiple of N/p = {shard}: "
-                             "use segment lengths that are divisors or multiples of N/p")
+            raise ValueError(
+                f"segment length {span} neither divides nor is a multiple of N/p = {shard}: "
+                "use segment lengths that are divisors or multiples of N/p"
+            )
         pairs.append((span // shard, r, travelling_kv_heads(p, i, r)))
     return pairs
 

@@ -6,8 +6,22 @@ from __future__ import annotations
 import math
 import re
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-               "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 ECHO_LIMIT = 200  # characters of user input a message repeats
 MAX_SIZE_BYTES = 2**60  # 1 EiB: far above any memory, far below a float's overflow
 MAX_SEQ_LEN = 2**40  # the longest sequence a Problem takes (workload/problem.py: SIZE_LIMITS)

@@ -20,8 +20,18 @@ from .parse import MAX_SEQ_LEN, shown
 
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 # The largest value of each size field (the smallest is 1).
-SIZE_LIMITS = {"batch": 2**20, "seq_len": MAX_SEQ_LEN, "heads": 2**16, "kv_heads": 2**16, "head_dim": 2**16, "world_size": 2**20,
-               "block_size": 2**30, "layers": 2**16, "vocab_size": 2**31, "embed_dim": 2**24}
+SIZE_LIMITS = {
+    "batch": 2**20,
+    "seq_len": MAX_SEQ_LEN,
+    "heads": 2**16,
+    "kv_heads": 2**16,
+    "head_dim": 2**16,
+    "world_size": 2**20,
+    "block_size": 2**30,
+    "layers": 2**16,
+    "vocab_size": 2**31,
+    "embed_dim": 2**24,
+}
 MAX_PAIRS = 64  # (segment length, dilation) pairs of a pattern
 MAX_DOCUMENTS = 2**20  # packed documents of one sequence
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -82,8 +92,10 @@ class Problem(BaseModel):
         if value <= 0:
             raise ValueError(f"{option} must be >= 1, got {value}")
         if value > limit:
-            raise ValueError(f"{option} {value:,} is more than dattn handles ({limit:,} = 2**{limit.bit_length() - 1}): "
-                             f"give {option} between 1 and {limit:,}")
+            raise ValueError(
+                f"{option} {value:,} is more than dattn handles ({limit:,} = 2**{limit.bit_length() - 1}): "
+                f"give {option} between 1 and {limit:,}"
+            )
         return value
 
     @field_validator("segment_lengths", "dilation_rates")
@@ -115,11 +127,13 @@ class Problem(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Problem":
+    def _consistent(self) -> Problem:
         validate_pattern(self.segment_lengths, self.dilation_rates, self.semantics)
         if self.kv_heads is not None and self.heads % self.kv_heads:
-            raise ValueError(f"--kv-heads {self.kv_heads} does not divide --heads {self.heads}: use one of "
-                             f"{divisors(self.heads)} (each kv head serves heads / kv-heads query heads)")
+            raise ValueError(
+                f"--kv-heads {self.kv_heads} does not divide --heads {self.heads}: use one of "
+                f"{divisors(self.heads)} (each kv head serves heads / kv-heads query heads)"
+            )
         if self.kv_heads == self.heads:
             self.kv_heads = None  # plain multi-head attention: rows and reports as without the option
         if self.target == "attention":
@@ -132,11 +146,15 @@ class Problem(BaseModel):
         if self.documents is not None:
             self._check_documents()
         if self.world_size > self.seq_len:
-            raise ValueError(f"--world-size {self.world_size:,} is more than N={self.seq_len:,}: each rank needs at "
-                             "least one position; use fewer ranks or a longer --seq-len")
+            raise ValueError(
+                f"--world-size {self.world_size:,} is more than N={self.seq_len:,}: each rank needs at "
+                "least one position; use fewer ranks or a longer --seq-len"
+            )
         if self.world_size > 1 and not self.spec.distributed:
-            raise ValueError(f"--world-size {self.world_size}: {self.impl} runs on one process; use a distributed "
-                             f"implementation ({', '.join(names(lambda s: s.distributed))}) or --world-size 1")
+            raise ValueError(
+                f"--world-size {self.world_size}: {self.impl} runs on one process; use a distributed "
+                f"implementation ({', '.join(names(lambda s: s.distributed))}) or --world-size 1"
+            )
         if self.spec.block_sparse:
             self.block_pattern()  # a bad pattern option fails here, naming the option
         return self
@@ -148,19 +166,24 @@ class Problem(BaseModel):
         if len(docs) > MAX_DOCUMENTS:
             raise ValueError(f"--documents: {len(docs):,} documents, more than dattn takes ({MAX_DOCUMENTS:,})")
         if sum(docs) != self.seq_len:
-            raise ValueError(f"--documents sum to {sum(docs):,} tokens but --seq-len is {self.seq_len:,}: give lengths "
-                             "that add up to the packed sequence")
+            raise ValueError(
+                f"--documents sum to {sum(docs):,} tokens but --seq-len is {self.seq_len:,}: give lengths "
+                "that add up to the packed sequence"
+            )
         if self.batch != 1:
             raise ValueError(f"--documents packs one sequence: use --batch 1, got {self.batch}")
         if self.target != "attention" or self.spec.baseline or self.compiled:
-            raise ValueError("--documents applies to the attention implementations (not baselines, layers, models "
-                             "or --compile)")
+            raise ValueError(
+                "--documents applies to the attention implementations (not baselines, layers, models or --compile)"
+            )
 
     def _check_layer_target(self) -> None:
         spec = self.spec
         if spec.kind != "multihead" or spec.baseline:
-            raise ValueError(f"--target {self.target} builds layers around a multihead attention; {self.impl} is not "
-                             f"one: use {', '.join(names(lambda s: s.kind == 'multihead'))}")
+            raise ValueError(
+                f"--target {self.target} builds layers around a multihead attention; {self.impl} is not "
+                f"one: use {', '.join(names(lambda s: s.kind == 'multihead'))}"
+            )
         if self.world_size > 1:
             raise ValueError(f"--target {self.target} runs on one device: drop --world-size")
         if self.embed_dim is not None:
@@ -168,7 +191,9 @@ class Problem(BaseModel):
                 raise ValueError(f"--embed-dim {self.embed_dim} is not divisible by --heads {self.heads}")
             self.head_dim = self.embed_dim // self.heads
         if self.head_dim % 2:
-            raise ValueError(f"head dim {self.head_dim} must be even (rotary embeddings): change --embed-dim or --heads")
+            raise ValueError(
+                f"head dim {self.head_dim} must be even (rotary embeddings): change --embed-dim or --heads"
+            )
         self.embed_dim = self.heads * self.head_dim
         if self.target == "model":
             self.causal = True  # a LongNetLM is a causal language model
@@ -206,7 +231,7 @@ class Problem(BaseModel):
     def element_bytes(self) -> int:
         return ELEMENT_BYTES[self.dtype]
 
-    def with_(self, **changes) -> "Problem":
+    def with_(self, **changes) -> Problem:
         """A validated copy with some fields changed (model_copy does not validate)."""
         return type(self).model_validate({**self.model_dump(), **changes})
 
@@ -214,10 +239,19 @@ class Problem(BaseModel):
         """Constructor keywords of this problem's block-sparse module (without the executor)."""
         from ..kernels.block_sparse.patterns import block_sparse_options
 
-        return block_sparse_options(self.pattern, self.segment_lengths, self.dilation_rates, self.semantics,
-                                    block_size=self.block_size, window=self.window, global_blocks=self.global_blocks,
-                                    levels=self.levels, density=self.density, window_left=self.window_left,
-                                    window_right=self.window_right)
+        return block_sparse_options(
+            self.pattern,
+            self.segment_lengths,
+            self.dilation_rates,
+            self.semantics,
+            block_size=self.block_size,
+            window=self.window,
+            global_blocks=self.global_blocks,
+            levels=self.levels,
+            density=self.density,
+            window_left=self.window_left,
+            window_right=self.window_right,
+        )
 
     def block_pattern(self):
         from ..kernels.block_sparse.patterns import BlockPattern
@@ -228,13 +262,20 @@ class Problem(BaseModel):
         except ValueError as exc:
             raise ValueError(f"--pattern/--density/--window/--block-size: {exc}") from None
 
-    def document_problems(self) -> list["Problem"]:
+    def document_problems(self) -> list[Problem]:
         """One problem per packed document (each attended on its own), or [self] without documents."""
         if self.documents is None:
             return [self]
         return [self.model_copy(update={"seq_len": n, "documents": None}) for n in self.documents]
 
-    def attention_problem(self) -> "Problem":
+    def attention_problem(self) -> Problem:
         """One block's attention call of a layer/model problem, in the compute dtype, on one device."""
-        return self.model_copy(update={"target": "attention", "dtype": self.compute_dtype, "world_size": 1,
-                                       "amp": None, "checkpointing": False})
+        return self.model_copy(
+            update={
+                "target": "attention",
+                "dtype": self.compute_dtype,
+                "world_size": 1,
+                "amp": None,
+                "checkpointing": False,
+            }
+        )

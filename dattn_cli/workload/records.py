@@ -7,23 +7,53 @@ dilations; `row_fields` and `row_problem` are the two directions between a row a
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
 from .problem import Problem
 from .reportfile import read_records
 
-KEY_FIELDS = ("impl", "seq_len", "mode", "batch", "heads", "head_dim", "segments", "dilations", "semantics",
-              "causal", "dtype", "device", "world_size", "pattern", "target", "embed_dim", "layers", "checkpointing", "amp", "vocab_size",
-              "compiled", "kv_heads", "documents")
+KEY_FIELDS = (
+    "impl",
+    "seq_len",
+    "mode",
+    "batch",
+    "heads",
+    "head_dim",
+    "segments",
+    "dilations",
+    "semantics",
+    "causal",
+    "dtype",
+    "device",
+    "world_size",
+    "pattern",
+    "target",
+    "embed_dim",
+    "layers",
+    "checkpointing",
+    "amp",
+    "vocab_size",
+    "compiled",
+    "kv_heads",
+    "documents",
+)
 # The measurement settings that change what a point measures: a resumed point must have been measured with the
 # same ones (the problem is in KEY_FIELDS; the regression gate compares problems whatever their settings).
-SETTINGS = {"repeat": "--repeat", "warmup": "--warmup", "precision": "--precision", "cache": "--cache",
-            "max_memory": "--max-memory", "max_seconds": "--max-seconds",
-            "seed": "--seed", "threads": "--threads",
-            "processes": "--processes"}
+SETTINGS = {
+    "repeat": "--repeat",
+    "warmup": "--warmup",
+    "precision": "--precision",
+    "cache": "--cache",
+    "max_memory": "--max-memory",
+    "max_seconds": "--max-seconds",
+    "seed": "--seed",
+    "threads": "--threads",
+    "processes": "--processes",
+}
 
 
 class BenchRow(BaseModel):
@@ -71,7 +101,9 @@ class BenchRow(BaseModel):
     comm_bytes_sent: int | None = None  # per rank per call (fwd, or fwd+bwd), the largest over ranks
     comm_bytes_received: int | None = None
     error: str | None = None
-    samples_ms: list[float] | None = None  # every timed call after the warm-up, in order (distributed: the slowest rank's)
+    samples_ms: list[float] | None = (
+        None  # every timed call after the warm-up, in order (distributed: the slowest rank's)
+    )
     noise: float | None = None  # relative IQR of samples_ms: (q75 - q25) / median
     noisy: bool = False  # the samples are too spread to trust the median alone: noisy_reason says why
     noisy_reason: str | None = None
@@ -107,8 +139,17 @@ def point_key(row: dict) -> tuple:
 
 
 POSITIVE_TIMES = ("time_ms", "time_ms_p10", "time_ms_p90")
-NON_NEGATIVE = ("tokens_per_s", "flops", "tflops", "peak_mem_bytes", "nvml_used_bytes", "predicted_mem_bytes",
-                "comm_bytes_sent", "comm_bytes_received", "params")
+NON_NEGATIVE = (
+    "tokens_per_s",
+    "flops",
+    "tflops",
+    "peak_mem_bytes",
+    "nvml_used_bytes",
+    "predicted_mem_bytes",
+    "comm_bytes_sent",
+    "comm_bytes_received",
+    "params",
+)
 POSITIVE_SIZES = ("batch", "heads", "head_dim", "seq_len", "world_size")
 
 
@@ -139,8 +180,10 @@ def parse_row(where: str, data: dict) -> BenchRow:
     except ValidationError as exc:
         error = exc.errors()[0]
         field = ".".join(str(part) for part in error.get("loc", ())) or "row"
-        raise ValueError(f"{where}: not a dattn bench row ({field}: {error.get('msg', '')}; "
-                         f"{exc.error_count()} error(s)); remove or repair that line") from None
+        raise ValueError(
+            f"{where}: not a dattn bench row ({field}: {error.get('msg', '')}; "
+            f"{exc.error_count()} error(s)); remove or repair that line"
+        ) from None
     if reason := implausible(row):
         raise ValueError(f"{where}: not a measurement: {reason}; remove or repair that line")
     return row
@@ -172,7 +215,7 @@ def recorded_setting(path: Path, name: str) -> object | None:
     """The value of measurement setting `name` (a SETTINGS key) the report's points were measured with: its
     last row's, else its last environment record's; None when it records none."""
     value = None
-    for number, data in read_records(path):
+    for _number, data in read_records(path):
         if data.get("record", "point") == "environment" and isinstance(data.get("config"), dict):
             value = data["config"].get(name, value)
     for _, row in rows_with_settings(path):
@@ -198,16 +241,44 @@ def rows_frame(rows: Iterable[BenchRow]):
 
 def row_fields(p: Problem) -> dict:
     """The row fields that describe problem `p` (besides the measurement)."""
-    layer = {"target": "attention", "embed_dim": None, "layers": None, "checkpointing": False, "amp": None,
-             "vocab_size": None}
+    layer = {
+        "target": "attention",
+        "embed_dim": None,
+        "layers": None,
+        "checkpointing": False,
+        "amp": None,
+        "vocab_size": None,
+    }
     if p.target != "attention":
         model = p.target == "model"
-        layer = {"target": p.target, "embed_dim": p.width, "layers": p.layers, "checkpointing": p.checkpointing,
-                 "amp": p.amp, "vocab_size": p.vocab_size if model else None}
-    return {**layer, "impl": p.impl, "seq_len": p.seq_len, "mode": p.mode, "batch": p.batch, "heads": p.heads,
-            "kv_heads": p.kv_heads, "head_dim": p.head_dim, "segments": list(p.segment_lengths), "dilations": list(p.dilation_rates),
-            "semantics": p.semantics, "causal": p.causal, "dtype": p.dtype, "device": p.device,
-            "world_size": p.world_size, "compiled": p.compiled, "documents": p.documents, **pattern_fields(p)}
+        layer = {
+            "target": p.target,
+            "embed_dim": p.width,
+            "layers": p.layers,
+            "checkpointing": p.checkpointing,
+            "amp": p.amp,
+            "vocab_size": p.vocab_size if model else None,
+        }
+    return {
+        **layer,
+        "impl": p.impl,
+        "seq_len": p.seq_len,
+        "mode": p.mode,
+        "batch": p.batch,
+        "heads": p.heads,
+        "kv_heads": p.kv_heads,
+        "head_dim": p.head_dim,
+        "segments": list(p.segment_lengths),
+        "dilations": list(p.dilation_rates),
+        "semantics": p.semantics,
+        "causal": p.causal,
+        "dtype": p.dtype,
+        "device": p.device,
+        "world_size": p.world_size,
+        "compiled": p.compiled,
+        "documents": p.documents,
+        **pattern_fields(p),
+    }
 
 
 def pattern_fields(p: Problem, densities: bool = True) -> dict:
@@ -219,19 +290,40 @@ def pattern_fields(p: Problem, densities: bool = True) -> dict:
     fields: dict = {"pattern": pattern.label() + (f" [{p.executor}]" if p.executor != "auto" else "")}
     if densities:
         table = pattern.table(p.seq_len, p.heads)
-        fields.update(block_density=table.float().mean().item(),
-                      element_density=pattern.pairs(p.seq_len, p.heads, p.causal) / p.seq_len**2)
+        fields.update(
+            block_density=table.float().mean().item(),
+            element_density=pattern.pairs(p.seq_len, p.heads, p.causal) / p.seq_len**2,
+        )
     return fields
 
 
 def row_problem(row: BenchRow) -> Problem:
     """The Problem a (non-block-sparse) row measured: what plan --check predicts for it."""
-    fields = dict(impl=row.impl, seq_len=row.seq_len, batch=row.batch, heads=row.heads, kv_heads=row.kv_heads,
-                  head_dim=row.head_dim,
-                  segment_lengths=row.segments, dilation_rates=row.dilations, semantics=row.semantics,
-                  causal=row.causal, dtype=row.dtype, device=row.device, mode=row.mode, world_size=row.world_size,
-                  target=row.target, compiled=row.compiled, documents=row.documents)
+    fields = dict(
+        impl=row.impl,
+        seq_len=row.seq_len,
+        batch=row.batch,
+        heads=row.heads,
+        kv_heads=row.kv_heads,
+        head_dim=row.head_dim,
+        segment_lengths=row.segments,
+        dilation_rates=row.dilations,
+        semantics=row.semantics,
+        causal=row.causal,
+        dtype=row.dtype,
+        device=row.device,
+        mode=row.mode,
+        world_size=row.world_size,
+        target=row.target,
+        compiled=row.compiled,
+        documents=row.documents,
+    )
     if row.target != "attention":
-        fields.update(embed_dim=row.embed_dim or row.heads * row.head_dim, layers=row.layers or 1,
-                      vocab_size=row.vocab_size or 50304, checkpointing=row.checkpointing, amp=row.amp)
+        fields.update(
+            embed_dim=row.embed_dim or row.heads * row.head_dim,
+            layers=row.layers or 1,
+            vocab_size=row.vocab_size or 50304,
+            checkpointing=row.checkpointing,
+            amp=row.amp,
+        )
     return Problem(**fields)

@@ -16,12 +16,23 @@ import stat
 import tempfile
 from pathlib import Path
 
-NOT_A_FILE = {stat.S_IFDIR: "directory", stat.S_IFIFO: "FIFO (named pipe)", stat.S_IFCHR: "character device",
-              stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket"}
+NOT_A_FILE = {
+    stat.S_IFDIR: "directory",
+    stat.S_IFIFO: "FIFO (named pipe)",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFSOCK: "socket",
+}
 
 
-JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
-              type(None): "null"}
+JSON_TYPES = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
 
 
 class ReportWriteError(Exception):
@@ -59,8 +70,9 @@ def _probe_directory(path: Path, option: str, what: str) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:  # read-only file system, no permission, no space for even an empty file
-        raise ValueError(f"{option} {path}: cannot create a file in {parent} ({exc.strerror}): "
-                         f"choose a writable directory") from None
+        raise ValueError(
+            f"{option} {path}: cannot create a file in {parent} ({exc.strerror}): choose a writable directory"
+        ) from None
 
 
 def _probe_file(path: Path, option: str) -> None:
@@ -80,8 +92,10 @@ def check_report_path(path: Path | str, option: str = "--out") -> None:
     if st is None:
         return _probe_directory(path, option, "report")
     if kind := _kind(st.st_mode):
-        raise ValueError(f"{option} {path} is a {kind}, not a regular file: give a file path for the JSONL "
-                         f"report, e.g. {option} report.jsonl")
+        raise ValueError(
+            f"{option} {path} is a {kind}, not a regular file: give a file path for the JSONL "
+            f"report, e.g. {option} report.jsonl"
+        )
     _probe_file(path, option)
 
 
@@ -115,10 +129,13 @@ def check_distinct(paths: dict[str, Path | str | None], inputs: tuple[str, ...] 
     a --save over the report it was calibrated from)."""
     named = [(option, str(p)) for option, p in paths.items() if p is not None and str(p) != "-"]
     for i, (first, a) in enumerate(named):
-        for second, b in named[i + 1:]:
+        for second, b in named[i + 1 :]:
             if not (first in inputs and second in inputs) and _same(a, b):
-                why = "a sweep cannot be its own baseline" if {first, second} == {"--out", "--baseline"} else \
-                    f"the {second} output would overwrite the {first} file"
+                why = (
+                    "a sweep cannot be its own baseline"
+                    if {first, second} == {"--out", "--baseline"}
+                    else f"the {second} output would overwrite the {first} file"
+                )
                 raise ValueError(f"{first} and {second} name the same file {a} ({why}): give each its own file")
 
 
@@ -159,11 +176,13 @@ class ReportFile:
             os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise ValueError(f"{option} {path}: cannot lock it ({exc.strerror})") from None
-            raise ValueError(f"{option} {path} is being written by another dattn{holder}: wait for it to "
-                             f"finish, or choose another {option}") from None
+            raise ValueError(
+                f"{option} {path} is being written by another dattn{holder}: wait for it to "
+                f"finish, or choose another {option}"
+            ) from None
         self.fd: int | None = fd
 
-    def __enter__(self) -> "ReportFile":
+    def __enter__(self) -> ReportFile:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -191,8 +210,10 @@ class ReportFile:
             self._write(b"\n", size)
             return f"{self.option} {self.path}: its last line had no newline at the end; added one"
         os.ftruncate(self.fd, start)
-        return (f"{self.option} {self.path}: its last line was cut off ({len(tail)} bytes, an interrupted write); "
-                f"removed it, so the point it held is measured again")
+        return (
+            f"{self.option} {self.path}: its last line was cut off ({len(tail)} bytes, an interrupted write); "
+            f"removed it, so the point it held is measured again"
+        )
 
     def append(self, record: dict) -> None:
         """One line, written whole and made durable before returning (a killed sweep keeps it). On a failed
@@ -207,15 +228,17 @@ class ReportFile:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(self.fd, view):]
+                view = view[os.write(self.fd, view) :]
             os.fsync(self.fd)
         except OSError as exc:
             try:
                 os.ftruncate(self.fd, start)
             except OSError:
                 pass
-            raise ReportWriteError(f"cannot write {self.option} {self.path}: {exc.strerror or exc}; the "
-                                   f"{self.points} point(s) written before are intact") from None
+            raise ReportWriteError(
+                f"cannot write {self.option} {self.path}: {exc.strerror or exc}; the "
+                f"{self.points} point(s) written before are intact"
+            ) from None
 
 
 def _last_line_start(fd: int, size: int) -> int:
@@ -261,10 +284,13 @@ def read_records(path: Path | str) -> list[tuple[int, dict]]:
         except ValueError as exc:
             if torn:
                 continue  # the line a killed writer left half-written
-            raise ValueError(f"{path}:{number}: not valid JSON ({exc}): {_shorten(raw)}; "
-                             f"remove or repair that line") from None
+            raise ValueError(
+                f"{path}:{number}: not valid JSON ({exc}): {_shorten(raw)}; remove or repair that line"
+            ) from None
         if not isinstance(value, dict):
-            raise ValueError(f"{path}:{number}: {JSON_TYPES.get(type(value), 'a value')}, not a JSON object: each line of a "
-                             f"dattn report is one JSON object; remove or repair that line")
+            raise ValueError(
+                f"{path}:{number}: {JSON_TYPES.get(type(value), 'a value')}, not a JSON object: each line of a "
+                f"dattn report is one JSON object; remove or repair that line"
+            )
         records.append((number, value))
     return records

@@ -26,8 +26,12 @@ class _NoAliasLoader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise ComposerError(None, None, "anchors (&name) and aliases (*name) are not allowed: write each value out",
-                                event.start_mark)
+            raise ComposerError(
+                None,
+                None,
+                "anchors (&name) and aliases (*name) are not allowed: write each value out",
+                event.start_mark,
+            )
         self._depth = getattr(self, "_depth", 0) + 1
         try:
             if self._depth > MAX_DEPTH:
@@ -40,8 +44,10 @@ class _NoAliasLoader(yaml.SafeLoader):
 def load_yaml(text: str, source: str) -> Any:
     """The data of one YAML document; ValueError "SOURCE: not valid YAML at line L: why" otherwise."""
     if len(text) > MAX_YAML_BYTES:
-        raise ValueError(f"{source}: {len(text):,} characters, more than a YAML file here may hold "
-                         f"({MAX_YAML_BYTES:,}); is it the right file?")
+        raise ValueError(
+            f"{source}: {len(text):,} characters, more than a YAML file here may hold "
+            f"({MAX_YAML_BYTES:,}); is it the right file?"
+        )
     try:
         return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -63,8 +69,10 @@ def read_yaml(path: Path, source: str) -> Any:
     except OSError as exc:
         raise ValueError(f"{source}: cannot read it ({exc.strerror or exc})") from None
     if len(raw) > MAX_YAML_BYTES:
-        raise ValueError(f"{source}: larger than {MAX_YAML_BYTES:,} bytes, more than a YAML file here may hold; "
-                         "is it the right file?")
+        raise ValueError(
+            f"{source}: larger than {MAX_YAML_BYTES:,} bytes, more than a YAML file here may hold; "
+            "is it the right file?"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

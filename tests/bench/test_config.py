@@ -2,8 +2,8 @@ import pytest
 
 from dattn_cli.bench import Sweep
 from dattn_cli.kernels import ImplSpec
-from dattn_cli.kernels.baselines import SDPAAttention
 from dattn_cli.kernels import registry as registry_module
+from dattn_cli.kernels.baselines import SDPAAttention
 
 
 def test_config_validation():
@@ -19,11 +19,22 @@ def test_config_validation():
 
 def test_an_implementation_that_cannot_run_here_is_refused_with_its_install_hint(monkeypatch):
     """A library user gets the refusal too, before anything is measured: a module missing, with the fix."""
-    spec = ImplSpec("needs-a-module", SDPAAttention, "core", "dense", "needs a module nobody has", baseline=True,
-                    requires=("dattn_no_such_module",), install_hint="pip install 'dattn[nothing]'")
+    spec = ImplSpec(
+        "needs-a-module",
+        SDPAAttention,
+        "core",
+        "dense",
+        "needs a module nobody has",
+        baseline=True,
+        requires=("dattn_no_such_module",),
+        install_hint="pip install 'dattn[nothing]'",
+    )
     monkeypatch.setitem(registry_module.REGISTRY, spec.name, spec)
-    with pytest.raises(ValueError, match=r"--impl needs-a-module cannot run with --device cpu: needs "
-                                         r"dattn_no_such_module: pip install 'dattn\[nothing\]'"):
+    with pytest.raises(
+        ValueError,
+        match=r"--impl needs-a-module cannot run with --device cpu: needs "
+        r"dattn_no_such_module: pip install 'dattn\[nothing\]'",
+    ):
         Sweep(impls=["sdpa", spec.name], seq_lens=[1024], max_memory=2**30)
 
 

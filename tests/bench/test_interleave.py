@@ -14,8 +14,15 @@ SHAPE = dict(heads=2, head_dim=16, segment_lengths=[64, 128], dilation_rates=[1,
 
 
 def sweep(**settings) -> Sweep:
-    return Sweep(**{"impls": ["ImprovedDilatedAttention", "sdpa"], "seq_lens": [256, 512, 1024], "interleave": True,
-                    **SHAPE, **settings})
+    return Sweep(
+        **{
+            "impls": ["ImprovedDilatedAttention", "sdpa"],
+            "seq_lens": [256, 512, 1024],
+            "interleave": True,
+            **SHAPE,
+            **settings,
+        }
+    )
 
 
 class GroupRunner:
@@ -28,8 +35,11 @@ class GroupRunner:
         results = []
         for p in problems:
             status = self.fail.get((p.impl, p.seq_len))
-            results.append({"status": status, "reason": "scripted"} if status else
-                           {"status": "ok", "time_ms": 1.0, "repeats": 1, "interleaved": True})
+            results.append(
+                {"status": status, "reason": "scripted"}
+                if status
+                else {"status": "ok", "time_ms": 1.0, "repeats": 1, "interleaved": True}
+            )
         return results
 
 
@@ -65,8 +75,13 @@ def test_resumed_points_are_not_measured_again(tmp_path):
     assert len(points) == 6
 
 
-@pytest.mark.parametrize("settings,needle", [({"until_oom": True, "seq_lens": []}, "--until-oom"),
-                                             ({"world_size": 2, "impls": ["RingDilatedAttention"]}, "--world-size")])
+@pytest.mark.parametrize(
+    "settings,needle",
+    [
+        ({"until_oom": True, "seq_lens": []}, "--until-oom"),
+        ({"world_size": 2, "impls": ["RingDilatedAttention"]}, "--world-size"),
+    ],
+)
 def test_settings_interleaving_cannot_serve_are_refused(settings, needle):
     with pytest.raises(ValueError, match=f"--interleave .*{needle}"):
         sweep(**settings)

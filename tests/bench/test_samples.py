@@ -11,8 +11,18 @@ from dattn_cli.workload.records import BenchRow
 
 
 def test_a_row_keeps_every_timed_call_in_order():
-    sweep = Sweep(impls=["sdpa"], seq_lens=[256], heads=2, head_dim=16, segment_lengths=[64, 128],
-                  dilation_rates=[1, 2], repeat=5, warmup=1, max_memory=2**30, max_seconds=60)
+    sweep = Sweep(
+        impls=["sdpa"],
+        seq_lens=[256],
+        heads=2,
+        head_dim=16,
+        segment_lengths=[64, 128],
+        dilation_rates=[1, 2],
+        repeat=5,
+        warmup=1,
+        max_memory=2**30,
+        max_seconds=60,
+    )
     problem = sweep.point("sdpa", 256)
     result = run_isolated(sweep, problem)
     assert result["status"] == "ok", result
@@ -26,8 +36,16 @@ def test_a_row_keeps_every_timed_call_in_order():
     assert BenchRow.model_validate_json(row.model_dump_json()).samples_ms == samples
 
 
-SWEEP = Sweep(impls=["sdpa"], seq_lens=[256], heads=2, head_dim=16, segment_lengths=[64, 128], dilation_rates=[1, 2],
-              max_memory=2**30, max_seconds=60)
+SWEEP = Sweep(
+    impls=["sdpa"],
+    seq_lens=[256],
+    heads=2,
+    head_dim=16,
+    segment_lengths=[64, 128],
+    dilation_rates=[1, 2],
+    max_memory=2**30,
+    max_seconds=60,
+)
 
 
 def fields(times_ms: list[float], stopped_by: str = "precision", probed: dict | None = None) -> dict:

@@ -15,6 +15,7 @@ def scripted(*times: float, log: list | None = None, name: str = ""):
         if log is not None:
             log.append(name)
         return next(values)
+
     return step
 
 

@@ -12,8 +12,17 @@ BASE = dict(heads=2, head_dim=16, segment_lengths=[64, 128], dilation_rates=[1, 
 
 
 def ok_result(n):
-    return {"status": "ok", "time_ms": n / 100, "time_ms_p10": n / 110, "time_ms_p90": n / 90, "repeats": 3,
-            "tokens_per_s": 1e5, "flops": 1.0, "tflops": 1e-6, "peak_mem_bytes": 1000 * n}
+    return {
+        "status": "ok",
+        "time_ms": n / 100,
+        "time_ms_p10": n / 110,
+        "time_ms_p90": n / 90,
+        "repeats": 3,
+        "tokens_per_s": 1e5,
+        "flops": 1.0,
+        "tflops": 1e-6,
+        "peak_mem_bytes": 1000 * n,
+    }
 
 
 class Runner:
@@ -38,11 +47,41 @@ def test_fixed_sweep_appends_rows_as_it_goes(tmp_path):
     assert len(runner.calls) == 6 and len(result.rows) == 6
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert lines[0]["record"] == "environment"
-    for key in ("dattn_version", "git_commit", "torch_version", "cuda_version", "nvidia_driver", "cpu", "seed", "command"):
+    for key in (
+        "dattn_version",
+        "git_commit",
+        "torch_version",
+        "cuda_version",
+        "nvidia_driver",
+        "cpu",
+        "seed",
+        "command",
+    ):
         assert key in lines[0]
-    spec_fields = {"impl", "semantics", "dtype", "device", "batch", "heads", "head_dim", "seq_len", "segments",
-                   "dilations", "causal", "mode", "world_size", "status", "time_ms", "time_ms_p10", "time_ms_p90",
-                   "tokens_per_s", "tflops", "peak_mem_bytes", "predicted_mem_bytes", "error"}
+    spec_fields = {
+        "impl",
+        "semantics",
+        "dtype",
+        "device",
+        "batch",
+        "heads",
+        "head_dim",
+        "seq_len",
+        "segments",
+        "dilations",
+        "causal",
+        "mode",
+        "world_size",
+        "status",
+        "time_ms",
+        "time_ms_p10",
+        "time_ms_p90",
+        "tokens_per_s",
+        "tflops",
+        "peak_mem_bytes",
+        "predicted_mem_bytes",
+        "error",
+    }
     assert all(spec_fields <= line.keys() for line in lines[1:] if line["record"] == "point")
     assert lines[-1]["record"] == "run_end"
     assert [s.max_ok_seq_len for s in result.summaries] == [1024, 1024]
@@ -53,8 +92,11 @@ def test_after_a_failure_longer_lengths_are_skipped_and_next_impl_runs(tmp_path)
     runner = Runner(limit=300)
     result = run_sweep(cfg, runner=runner)
     statuses = [(r.impl, r.seq_len, r.status) for r in result.rows]
-    assert statuses[:3] == [("ImprovedDilatedAttention", 256, "ok"), ("ImprovedDilatedAttention", 512, "oom"),
-                            ("ImprovedDilatedAttention", 1024, "skipped")]
+    assert statuses[:3] == [
+        ("ImprovedDilatedAttention", 256, "ok"),
+        ("ImprovedDilatedAttention", 512, "oom"),
+        ("ImprovedDilatedAttention", 1024, "skipped"),
+    ]
     assert result.rows[2].reason == "after oom at N=512"
     assert ("sdpa", 256) in runner.calls and ("ImprovedDilatedAttention", 1024) not in runner.calls
 
@@ -130,7 +172,10 @@ def test_until_oom_stops_at_an_error_without_bisecting():
 
 
 def time_skip(n):
-    return {"status": "skipped", "reason": f"time: one call took {n / 1000:.2f} s, so 3 repeats would exceed --max-seconds 1"}
+    return {
+        "status": "skipped",
+        "reason": f"time: one call took {n / 1000:.2f} s, so 3 repeats would exceed --max-seconds 1",
+    }
 
 
 @pytest.mark.parametrize("until_oom", [True, False])
@@ -182,7 +227,9 @@ def test_a_time_skip_while_bisecting_stops_there_and_names_the_oom_above():
 
 def test_until_oom_that_never_fails_says_so():
     cfg = Sweep(impls=["ImprovedDilatedAttention"], until_oom=True, start=64, **BASE)
-    summary = run_sweep(cfg, runner=lambda sweep, problem: {**ok_result(problem.seq_len), "peak_mem_bytes": 1}).summaries[0]
+    summary = run_sweep(
+        cfg, runner=lambda sweep, problem: {**ok_result(problem.seq_len), "peak_mem_bytes": 1}
+    ).summaries[0]
     assert summary.stopped_by == "doublings" and summary.max_ok_seq_len == 64 * 2**23
     assert summary.stopped_at is None and "24 doublings" in summary.limit
 
@@ -196,7 +243,9 @@ def test_summaries_carry_the_fitted_exponents():
 
     improved, sdpa = run_sweep(cfg, runner=runner).summaries
     assert improved.time_exponent == pytest.approx(1.0) and improved.memory_exponent == pytest.approx(1.0)
-    assert sdpa.time_exponent == pytest.approx(2.0) and sdpa.stopped_by is None and sdpa.summary == "max N 1,024; all ok"
+    assert (
+        sdpa.time_exponent == pytest.approx(2.0) and sdpa.stopped_by is None and sdpa.summary == "max N 1,024; all ok"
+    )
 
 
 def test_a_report_ends_with_the_load_at_the_end_of_the_run(tmp_path):
@@ -215,5 +264,13 @@ def test_a_report_ends_with_the_load_at_the_end_of_the_run(tmp_path):
 def _end_sweep():
     from dattn_cli.bench import Sweep
 
-    return Sweep(impls=["sdpa"], seq_lens=[256], heads=2, head_dim=16, segment_lengths=[64, 128], dilation_rates=[1, 2],
-                 max_memory=2**30, mode="fwd")
+    return Sweep(
+        impls=["sdpa"],
+        seq_lens=[256],
+        heads=2,
+        head_dim=16,
+        segment_lengths=[64, 128],
+        dilation_rates=[1, 2],
+        max_memory=2**30,
+        mode="fwd",
+    )

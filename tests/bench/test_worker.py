@@ -8,8 +8,16 @@ from dattn_cli.bench.worker import run_isolated
 from dattn_cli.workload.counts import total_flops
 from tests.bench import helpers
 
-SMALL = dict(seq_lens=[512], heads=2, head_dim=16, segment_lengths=[64, 128], dilation_rates=[1, 2], repeat=2,
-             max_memory=2**30, max_seconds=60)
+SMALL = dict(
+    seq_lens=[512],
+    heads=2,
+    head_dim=16,
+    segment_lengths=[64, 128],
+    dilation_rates=[1, 2],
+    repeat=2,
+    max_memory=2**30,
+    max_seconds=60,
+)
 
 
 def cfg(**kw):
@@ -24,8 +32,10 @@ def flops_for(impl, sweep, n):
     return total_flops(sweep.point(impl, n))
 
 
-@pytest.mark.parametrize("impl", ["ImprovedDilatedAttention", "DilatedAttention", "ImprovedMultiheadDilatedAttention",
-                                  "sdpa", "math", "reference"])
+@pytest.mark.parametrize(
+    "impl",
+    ["ImprovedDilatedAttention", "DilatedAttention", "ImprovedMultiheadDilatedAttention", "sdpa", "math", "reference"],
+)
 @pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
 def test_real_point_measures_everything(impl, mode):
     c = cfg(mode=mode)

@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import llm_analysis_compare as cmp  # noqa: E402
+
 from dattn_cli.plan.profiles import load_profile  # noqa: E402
 
 
@@ -29,7 +30,8 @@ def test_the_reimplemented_formulas():
     assert la.logits() == 2 * t * v
     # the logits are in the activations and again as the loss's backward memory
     assert la.peak() == la.optimizer_states() + la.weights() + max(la.activations(), la.gradients()) + max(
-        4 * (12 * 4096**2 + 2 * 4096), la.logits())
+        4 * (12 * 4096**2 + 2 * 4096), la.logits()
+    )
     ddp = analysis(cmp.CONFIGS[3])
     assert ddp.weights() == 2 * params and ddp.optimizer_states() == 12 * params
 

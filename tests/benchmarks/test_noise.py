@@ -21,14 +21,27 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _noise_load import Intermittent, Spinners  # noqa: E402
 from _noise_runs import write_slowed  # noqa: E402
 
-TINY = ["--seq-len", "512", "--heads", "2", "--head-dim", "16", "--segments", "128,256", "--dilations", "1,2",
-        "--repeat", "6"]
+TINY = [
+    "--seq-len",
+    "512",
+    "--heads",
+    "2",
+    "--head-dim",
+    "16",
+    "--segments",
+    "128,256",
+    "--dilations",
+    "1,2",
+    "--repeat",
+    "6",
+]
 
 
 def run_script(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def wait_gone(procs: list[psutil.Process], within: float) -> list[psutil.Process]:
@@ -44,9 +57,20 @@ def wait_gone(procs: list[psutil.Process], within: float) -> list[psutil.Process
 
 def test_write_slowed_scales_times_of_point_rows_only(tmp_path):
     env = {"record": "environment", "host": "h", "load_average": [0.1, 0.2, 0.3]}
-    ok = {"impl": "sdpa", "seq_len": 512, "status": "ok", "samples_ms": [10.0, 12.0, 11.0], "time_ms": 11.0,
-          "time_ms_p10": 10.2, "time_ms_p90": 11.8, "tokens_per_s": 1000.0, "tflops": 0.5, "flops": 7.0,
-          "noise": 0.1, "repeats": 3}
+    ok = {
+        "impl": "sdpa",
+        "seq_len": 512,
+        "status": "ok",
+        "samples_ms": [10.0, 12.0, 11.0],
+        "time_ms": 11.0,
+        "time_ms_p10": 10.2,
+        "time_ms_p90": 11.8,
+        "tokens_per_s": 1000.0,
+        "tflops": 0.5,
+        "flops": 7.0,
+        "noise": 0.1,
+        "repeats": 3,
+    }
     oom = {"record": "point", "impl": "sdpa", "seq_len": 1024, "status": "oom", "time_ms": None, "samples_ms": None}
     src, dst = tmp_path / "new.jsonl", tmp_path / "slow.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in (env, ok, oom, {"record": "run_end"})))
@@ -83,10 +107,13 @@ def test_spinners_end_by_themselves_at_their_deadline_and_with_their_parent():
     assert wait_gone([proc], 10) == []
     alone.stop()
     # a parent killed without stopping them (as SIGKILL would): they end with it, long before their deadline
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from _noise_load import Spinners; import os; "
-            "s = Spinners(2, 600).start(); print(*s.pids, flush=True); os._exit(0)")
-    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "benchmarks")], capture_output=True, text=True,
-                         timeout=60).stdout.split()
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from _noise_load import Spinners; import os; "
+        "s = Spinners(2, 600).start(); print(*s.pids, flush=True); os._exit(0)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "benchmarks")], capture_output=True, text=True, timeout=60
+    ).stdout.split()
     orphans = []
     for pid in map(int, out):
         try:
@@ -113,14 +140,23 @@ def test_intermittent_load_comes_and_goes_and_is_gone_after_stop():
 # --- options and signals -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args, named", [
-    (["--pairs", "0"], "--pairs"), (["--pairs", "two"], "--pairs"), (["--repeat", "3"], "--repeat"),
-    (["--slowdown", "8"], "--slowdown"), (["--small-slowdown", "10"], "--small-slowdown"),
-    (["--threshold", "-1"], "--threshold"), (["--load-period", "2"], "--load-period"),
-    (["--load-procs", "1000"], "--load-procs"), (["--seq-len", "2q"], "--seq-len"),
-    (["--interleave-seq-len", "8k,16k"], "--interleave-seq-len"), (["--scenario", "loud"], "--scenario"),
-    (["--resume"], "--resume"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--pairs", "0"], "--pairs"),
+        (["--pairs", "two"], "--pairs"),
+        (["--repeat", "3"], "--repeat"),
+        (["--slowdown", "8"], "--slowdown"),
+        (["--small-slowdown", "10"], "--small-slowdown"),
+        (["--threshold", "-1"], "--threshold"),
+        (["--load-period", "2"], "--load-period"),
+        (["--load-procs", "1000"], "--load-procs"),
+        (["--seq-len", "2q"], "--seq-len"),
+        (["--interleave-seq-len", "8k,16k"], "--interleave-seq-len"),
+        (["--scenario", "loud"], "--scenario"),
+        (["--resume"], "--resume"),
+    ],
+)
 def test_bad_option_is_one_line_exit_2(tmp_path, args, named):
     result = run_script(*args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
@@ -130,8 +166,9 @@ def test_bad_option_is_one_line_exit_2(tmp_path, args, named):
 
 
 def test_unknown_impl_refused_by_dattn_is_exit_2_and_leaves_no_results(tmp_path):
-    result = run_script("--scenario", "quiet", "--pairs", "1", "--impl", "NoSuchAttention", *TINY, cwd=tmp_path,
-                        timeout=120)
+    result = run_script(
+        "--scenario", "quiet", "--pairs", "1", "--impl", "NoSuchAttention", *TINY, cwd=tmp_path, timeout=120
+    )
     assert result.returncode == 2 and "NoSuchAttention" in result.stderr and "Traceback" not in result.stderr
     assert list((tmp_path / "results").glob("*.jsonl")) == []
 
@@ -148,8 +185,9 @@ def test_sigterm_stops_the_load_and_the_bench(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # a long pair (no --repeat: adaptive) so that the loaded side is still running when the signal comes
     args = [*TINY[:-2], "--scenario", "loaded", "--pairs", "1", "--out", "r.jsonl"]
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+    )
     script = psutil.Process(proc.pid)
     try:
         until, spinners = time.monotonic() + 120, []
@@ -175,8 +213,7 @@ def test_slowdown_pair_detected_and_resume_measures_nothing(tmp_path):
     """One pair of scenario slowdown at N = 512 (~20 s on 2 busy cores): BASE and NEW measured, NEW's copy slowed
     by 25% compared with BASE, and by 5%. The verdict itself depends on the machine's load (a contended point
     is inconclusive), so only its kind is checked; rerunning with --resume measures nothing."""
-    first = run_script("--scenario", "slowdown", "--pairs", "1", *TINY, "--out", "r.jsonl", cwd=tmp_path,
-                       timeout=300)
+    first = run_script("--scenario", "slowdown", "--pairs", "1", *TINY, "--out", "r.jsonl", cwd=tmp_path, timeout=300)
     assert first.returncode in (0, 1), first.stderr
     records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [r["record"] for r in records] == ["run", "pair", "summary"]
@@ -192,8 +229,9 @@ def test_slowdown_pair_detected_and_resume_measures_nothing(tmp_path):
     assert records[2]["targets"][0]["name"].startswith("25% slowdown")
 
     started = time.monotonic()
-    again = run_script("--scenario", "slowdown", "--pairs", "1", *TINY, "--out", "r.jsonl", "--resume",
-                       cwd=tmp_path, timeout=120)
+    again = run_script(
+        "--scenario", "slowdown", "--pairs", "1", *TINY, "--out", "r.jsonl", "--resume", cwd=tmp_path, timeout=120
+    )
     assert again.returncode == first.returncode and time.monotonic() - started < 30
     later = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [r["record"] for r in later] == ["run", "pair", "summary", "run", "summary"]

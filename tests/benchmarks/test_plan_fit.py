@@ -21,12 +21,23 @@ CELLS = Path(__file__).parent / "data" / "published_cells.csv"
 
 
 def test_the_script_runs_and_reports_every_section():
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plan_fit.py"), "--cells", str(CELLS), "--yaml"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "plan_fit.py"), "--cells", str(CELLS), "--yaml"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    for section in ("## fitted curves", "## per cell (in-sample)", "## in-sample", "## held out: every other N",
-                    "## held out: each head dim from the others", "attention_curves:"):
+    for section in (
+        "## fitted curves",
+        "## per cell (in-sample)",
+        "## in-sample",
+        "## held out: every other N",
+        "## held out: each head dim from the others",
+        "attention_curves:",
+    ):
         assert section in out
     assert "within_25_pct" in out and "median_abs_pct" in out and "targets met" in out
 
@@ -63,11 +74,15 @@ def test_write_curves_replaces_the_block_and_the_profile_validates(tmp_path):
 
 def test_cells_the_planner_cannot_run_are_predicted_by_the_curve_and_bad_rows_are_skipped(tmp_path, capsys):
     text = CELLS.read_text()
-    extra = ("tpu-v9,flash,float16,fwd,false,64,512,32,32,100,somewhere,x\n"
-             "h100-sxm-80gb,flash,float16,fwd,false,128,32768,,,OOM,somewhere,x\n"
-             + "".join(f"h100-sxm-80gb,flash3,float8,fwd,false,128,{n},,,{t},somewhere,x\n"
-                       for n, t in ((4096, 900), (8192, 950), (16384, 1000)))
-             + "h100-sxm-80gb,flash3,float16,bwd,false,128,16384,1,16,500,somewhere,x\n")
+    extra = (
+        "tpu-v9,flash,float16,fwd,false,64,512,32,32,100,somewhere,x\n"
+        "h100-sxm-80gb,flash,float16,fwd,false,128,32768,,,OOM,somewhere,x\n"
+        + "".join(
+            f"h100-sxm-80gb,flash3,float8,fwd,false,128,{n},,,{t},somewhere,x\n"
+            for n, t in ((4096, 900), (8192, 950), (16384, 1000))
+        )
+        + "h100-sxm-80gb,flash3,float16,bwd,false,128,16384,1,16,500,somewhere,x\n"
+    )
     cells_path = tmp_path / "cells.csv"
     cells_path.write_text(text + extra)
     cells = plan_fit.load_cells(cells_path)

@@ -18,17 +18,60 @@ from dattn_cli.runtime.launch import free_port
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process groups over loopback: Linux")
 TIMEOUT = 240
-VERIFY = ["verify", "--impl", "RingDilatedAttention", "--seq-len", "64", "--heads", "2", "--head-dim", "8",
-          "--segments", "16,32", "--dilations", "1,2", "--semantics", "longnet", "--dist-timeout", "60"]
-BENCH = ["bench", "--impl", "RingDilatedAttention", "--seq-len", "256", "--heads", "2", "--head-dim", "8",
-         "--segments", "64,128", "--dilations", "1,2", "--mode", "fwd", "--repeat", "2", "--warmup", "0",
-         "--dist-timeout", "60", "--max-seconds", "60"]
+VERIFY = [
+    "verify",
+    "--impl",
+    "RingDilatedAttention",
+    "--seq-len",
+    "64",
+    "--heads",
+    "2",
+    "--head-dim",
+    "8",
+    "--segments",
+    "16,32",
+    "--dilations",
+    "1,2",
+    "--semantics",
+    "longnet",
+    "--dist-timeout",
+    "60",
+]
+BENCH = [
+    "bench",
+    "--impl",
+    "RingDilatedAttention",
+    "--seq-len",
+    "256",
+    "--heads",
+    "2",
+    "--head-dim",
+    "8",
+    "--segments",
+    "64,128",
+    "--dilations",
+    "1,2",
+    "--mode",
+    "fwd",
+    "--repeat",
+    "2",
+    "--warmup",
+    "0",
+    "--dist-timeout",
+    "60",
+    "--max-seconds",
+    "60",
+]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "TORCHELASTIC_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     return {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1", **extra}
 
 
@@ -55,8 +98,19 @@ def _rows(report: Path) -> list[dict]:
 
 def test_torchrun_one_node_verify_and_bench(tmp_path):
     port = str(free_port())
-    launch = [*TORCHRUN, "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-              "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "dattn_cli"]
+    launch = [
+        *TORCHRUN,
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "-m",
+        "dattn_cli",
+    ]
     [(code, out, err)] = _finish([_start([*launch, *VERIFY, "--json", "verify.json"], tmp_path)])
     assert code == 0, err[-2000:]
     results = json.loads((tmp_path / "verify.json").read_text())["results"]
@@ -76,9 +130,31 @@ def test_two_nodes_on_loopback_write_one_report(tmp_path):
         d.mkdir()
     for command, report in ((BENCH, "bench.jsonl"), (VERIFY, "verify.json")):
         out_option = ["--out", report] if command is BENCH else ["--json", report]
-        procs = [_start([*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node),
-                         "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", port,
-                         "-m", "dattn_cli", *command, *out_option], d) for node, d in enumerate(dirs)]
+        procs = [
+            _start(
+                [
+                    *TORCHRUN,
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--node-rank",
+                    str(node),
+                    "--rdzv-backend",
+                    "static",
+                    "--master-addr",
+                    "127.0.0.1",
+                    "--master-port",
+                    port,
+                    "-m",
+                    "dattn_cli",
+                    *command,
+                    *out_option,
+                ],
+                d,
+            )
+            for node, d in enumerate(dirs)
+        ]
         finished = _finish(procs)
         assert [code for code, _, _ in finished] == [0, 0], [err[-1500:] for _, _, err in finished]
         assert (dirs[0] / report).exists() and not (dirs[1] / report).exists()
@@ -91,10 +167,25 @@ def test_two_nodes_on_loopback_write_one_report(tmp_path):
 
 def test_srun_environment_four_tasks(tmp_path):
     port = str(free_port())
-    slurm = dict(SLURM_NTASKS="4", SLURM_STEP_ID="0", SLURM_JOB_NODELIST="localhost", SLURM_STEP_NODELIST="localhost",
-                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port, SLURM_NTASKS_PER_NODE="4")
-    procs = [_start([sys.executable, "-m", "dattn_cli", *BENCH, "--out", "bench.jsonl"], tmp_path,
-                    SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), **slurm) for rank in range(4)]
+    slurm = dict(
+        SLURM_NTASKS="4",
+        SLURM_STEP_ID="0",
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_STEP_NODELIST="localhost",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port,
+        SLURM_NTASKS_PER_NODE="4",
+    )
+    procs = [
+        _start(
+            [sys.executable, "-m", "dattn_cli", *BENCH, "--out", "bench.jsonl"],
+            tmp_path,
+            SLURM_PROCID=str(rank),
+            SLURM_LOCALID=str(rank),
+            **slurm,
+        )
+        for rank in range(4)
+    ]
     finished = _finish(procs)
     assert [code for code, _, _ in finished] == [0] * 4, [err[-1500:] for _, _, err in finished]
     rows = _rows(tmp_path / "bench.jsonl")
@@ -106,9 +197,11 @@ def test_a_dead_rank_is_named_within_the_deadline(tmp_path):
     """Rank 1 joins the world and dies; rank 0 (dattn bench) must end with exit 1 naming rank 1, not hang."""
     port = str(free_port())
     env = dict(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, LOCAL_RANK="0")
-    dying = ("import os, datetime, torch.distributed as d; "
-             "d.init_process_group('gloo', rank=1, world_size=2, init_method='env://', "
-             "timeout=datetime.timedelta(seconds=30)); os._exit(7)")
+    dying = (
+        "import os, datetime, torch.distributed as d; "
+        "d.init_process_group('gloo', rank=1, world_size=2, init_method='env://', "
+        "timeout=datetime.timedelta(seconds=30)); os._exit(7)"
+    )
     bench = [sys.executable, "-m", "dattn_cli", *BENCH[:-4], "--dist-timeout", "10", "--out", "bench.jsonl"]
     procs = [_start(bench, tmp_path, RANK="0", **env), _start([sys.executable, "-c", dying], tmp_path, RANK="1", **env)]
     (code, out, err), (dead, _, _) = _finish(procs)
@@ -121,8 +214,20 @@ def test_a_dead_rank_is_named_within_the_deadline(tmp_path):
 @pytest.mark.skipif(shutil.which("dattn") is None, reason="the dattn console script is not installed")
 def test_torchrun_no_python_runs_the_console_script(tmp_path):
     port = str(free_port())
-    cmd = [*TORCHRUN, "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-           f"127.0.0.1:{port}", "--no-python", "dattn", *VERIFY]
+    cmd = [
+        *TORCHRUN,
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--no-python",
+        "dattn",
+        *VERIFY,
+    ]
     [(code, out, err)] = _finish([_start(cmd, tmp_path)])
     assert code == 0 and "passed" in out, err[-2000:]
 
@@ -130,13 +235,23 @@ def test_torchrun_no_python_runs_the_console_script(tmp_path):
 def test_spawning_inside_a_launchers_world_and_bad_attach_options(tmp_path):
     """--spawn inside a torchrun environment spawns its own group (the launcher's variables stripped);
     --attach without a launcher and a --world-size other than the launcher's are one clear error."""
-    env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RUN_ID="x")
-    [(code, out, err)] = _finish([_start([sys.executable, "-m", "dattn_cli", *VERIFY, "--world-size", "2", "--spawn"],
-                                         tmp_path, **env)])
+    env = dict(
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCHELASTIC_RUN_ID="x",
+    )
+    [(code, out, err)] = _finish(
+        [_start([sys.executable, "-m", "dattn_cli", *VERIFY, "--world-size", "2", "--spawn"], tmp_path, **env)]
+    )
     assert code == 0 and "passed" in out, err[-2000:]
     [(code, _, err)] = _finish([_start([sys.executable, "-m", "dattn_cli", *VERIFY, "--attach"], tmp_path)])
     assert code == 2 and err.startswith("dattn: error: --attach: no launcher environment found"), err
     env["WORLD_SIZE"], env["RANK"] = "2", "0"
-    [(code, _, err)] = _finish([_start([sys.executable, "-m", "dattn_cli", *VERIFY, "--world-size", "3"], tmp_path, **env)])
+    [(code, _, err)] = _finish(
+        [_start([sys.executable, "-m", "dattn_cli", *VERIFY, "--world-size", "3"], tmp_path, **env)]
+    )
     assert code == 2 and "--world-size 3: this process is rank 0 of a world of 2" in err, err

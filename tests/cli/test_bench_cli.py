@@ -16,14 +16,43 @@ from dattn_cli.bench import read_rows
 from tests.cli.test_verify_env import run_cli
 
 # a fixed --max-memory: the default (half of MemAvailable) depends on what else the host is doing
-SMALL = ["--heads", "2", "--head-dim", "16", "--segments", "64,128", "--dilations", "1,2", "--repeat", "2",
-         "--max-memory", "2GiB"]
+SMALL = [
+    "--heads",
+    "2",
+    "--head-dim",
+    "16",
+    "--segments",
+    "64,128",
+    "--dilations",
+    "1,2",
+    "--repeat",
+    "2",
+    "--max-memory",
+    "2GiB",
+]
 
 
 def test_bench_table_csv_json_out(tmp_path, capsys):
     out, js, csv = tmp_path / "r.jsonl", tmp_path / "r.json", tmp_path / "r.csv"
-    code, stdout, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--impl", "sdpa", "--seq-len", "256,512",
-                                 *SMALL, "--out", str(out), "--json", str(js), "--csv", str(csv)], capsys)
+    code, stdout, err = run_cli(
+        [
+            "bench",
+            "--impl",
+            "ImprovedDilatedAttention",
+            "--impl",
+            "sdpa",
+            "--seq-len",
+            "256,512",
+            *SMALL,
+            "--out",
+            str(out),
+            "--json",
+            str(js),
+            "--csv",
+            str(csv),
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "ImprovedDilatedAttention" in stdout and "TFLOP/s" in stdout and "max N 512; all ok" in stdout
     # the ratio column against the sweep's dense baseline, and the fitted exponents under the table
@@ -45,8 +74,12 @@ def dattn(*args: str) -> list[str]:
 
 def test_json_to_stdout_pipes_into_json_tool():
     cli = " ".join(dattn("bench", "--impl", "sdpa", "--seq-len", "256,512", *SMALL, "--json", "-"))
-    done = subprocess.run(["bash", "-o", "pipefail", "-c", f"{cli} | {sys.executable} -m json.tool"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", f"{cli} | {sys.executable} -m json.tool"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert [r["seq_len"] for r in json.loads(done.stdout)["rows"]] == [256, 512]
     assert "max N 512" in done.stderr  # the table went to stderr
@@ -57,8 +90,12 @@ def test_csv_to_stdout_reads_with_pandas():
 
     import pandas
 
-    done = subprocess.run(dattn("bench", "--impl", "sdpa", "--seq-len", "256,512", *SMALL, "--csv", "-"),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        dattn("bench", "--impl", "sdpa", "--seq-len", "256,512", *SMALL, "--csv", "-"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     frame = pandas.read_csv(io.StringIO(done.stdout))
     assert list(frame["seq_len"]) == [256, 512] and list(frame["status"]) == ["ok", "ok"]
@@ -79,8 +116,21 @@ def test_progress_is_one_line_per_point_without_a_terminal_and_quiet_silences_it
 
 def test_an_implementation_that_cannot_run_here_stops_before_the_sweep(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
-    code, stdout, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--impl", "flash", "--seq-len", "256",
-                                 *SMALL, "--out", str(out)], capsys)
+    code, stdout, err = run_cli(
+        [
+            "bench",
+            "--impl",
+            "ImprovedDilatedAttention",
+            "--impl",
+            "flash",
+            "--seq-len",
+            "256",
+            *SMALL,
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("dattn: error: --impl flash cannot run with --device cpu")
     if importlib.util.find_spec("flash_attn") is None:
@@ -88,13 +138,35 @@ def test_an_implementation_that_cannot_run_here_stops_before_the_sweep(tmp_path,
     assert not out.exists() and stdout == ""  # nothing measured, not even the first implementation
 
 
-@pytest.mark.parametrize("target,options", [("layer", ["--embed-dim", "32"]),
-                                            ("model", ["--embed-dim", "32", "--layers", "1", "--vocab-size", "64"])])
+@pytest.mark.parametrize(
+    "target,options",
+    [("layer", ["--embed-dim", "32"]), ("model", ["--embed-dim", "32", "--layers", "1", "--vocab-size", "64"])],
+)
 def test_layer_and_model_targets_default_to_the_multihead_module(target, options, tmp_path, capsys):
     out = tmp_path / "r.jsonl"
-    code, stdout, err = run_cli(["bench", "--target", target, *options, "--seq-len", "256", "--heads", "2",
-                                 "--segments", "64,128", "--dilations", "1,2", "--repeat", "1", "--max-memory", "2GiB",
-                                 "--out", str(out)], capsys)
+    code, stdout, err = run_cli(
+        [
+            "bench",
+            "--target",
+            target,
+            *options,
+            "--seq-len",
+            "256",
+            "--heads",
+            "2",
+            "--segments",
+            "64,128",
+            "--dilations",
+            "1,2",
+            "--repeat",
+            "1",
+            "--max-memory",
+            "2GiB",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, err
     rows = read_rows(out)
     assert [(r.impl, r.target, r.status) for r in rows] == [("ImprovedMultiheadDilatedAttention", target, "ok")], rows
@@ -102,7 +174,9 @@ def test_layer_and_model_targets_default_to_the_multihead_module(target, options
 
 def test_old_option_names_still_work_with_one_deprecation_note(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
-    code, _, err = run_cli(["bench", "--impl", "sdpa", "--seq-lens", "256", *SMALL, "--out", str(out), "--quiet"], capsys)
+    code, _, err = run_cli(
+        ["bench", "--impl", "sdpa", "--seq-lens", "256", *SMALL, "--out", str(out), "--quiet"], capsys
+    )
     assert code == 0, err
     assert err.strip().splitlines() == ["dattn: note: --seq-lens is deprecated, use --seq-len"]
     assert [r.seq_len for r in read_rows(out)] == [256]
@@ -130,11 +204,14 @@ def test_regression_gate_is_dattn_compare_exit_codes(tmp_path, capsys):
     assert run_cli([*args, "--out", str(out)], capsys)[0] == 0
     faster = _scaled(out, tmp_path / "faster.jsonl", 0.01)  # a baseline 100x faster: every point regressed
     slower = _scaled(out, tmp_path / "slower.jsonl", 100.0)  # 100x slower: none did, however loaded the machine is
-    for baseline, code_if_clean, verdict in ((faster, 1, "verdict: slower (1 slower of 1 points)"),
-                                             (slower, 0, "verdict: faster")):
+    for baseline, code_if_clean, verdict in (
+        (faster, 1, "verdict: slower (1 slower of 1 points)"),
+        (slower, 0, "verdict: faster"),
+    ):
         new = tmp_path / f"new-{baseline.name}"
-        code, stdout, err = run_cli([*args, "--out", str(new), "--baseline", str(baseline),
-                                     "--fail-on-regression", "10"], capsys)
+        code, stdout, err = run_cli(
+            [*args, "--out", str(new), "--baseline", str(baseline), "--fail-on-regression", "10"], capsys
+        )
         load_named = any(reason in stdout + err for reason in LOAD_REASONS)
         if any(row.contended for row in read_rows(new)) or load_named:
             assert code == 3 and load_named, stdout + err
@@ -146,8 +223,9 @@ def test_regression_gate_with_too_few_samples_is_inconclusive_exit_3(tmp_path, c
     out = tmp_path / "base.jsonl"
     args = ["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "512", *SMALL, "--repeat", "2"]
     assert run_cli([*args, "--out", str(out)], capsys)[0] == 0
-    code, stdout, err = run_cli([*args, "--baseline", str(_scaled(out, tmp_path / "f.jsonl", 0.5)),
-                               "--fail-on-regression", "10"], capsys)
+    code, stdout, err = run_cli(
+        [*args, "--baseline", str(_scaled(out, tmp_path / "f.jsonl", 0.5)), "--fail-on-regression", "10"], capsys
+    )
     assert code == 3 and "verdict: inconclusive" in stdout and "too few samples" in stdout + err
 
 
@@ -175,8 +253,26 @@ def test_bad_bench_usage_is_one_line_exit_2(args, needle, capsys):
 
 def test_profile_cli(tmp_path, capsys):
     js = tmp_path / "p.json"
-    code, stdout, _ = run_cli(["profile", "--seq-len", "256", "--heads", "2", "--head-dim", "16", "--segments", "64,128",
-                               "--dilations", "1,2", "--iterations", "3", "--json", str(js)], capsys)
+    code, stdout, _ = run_cli(
+        [
+            "profile",
+            "--seq-len",
+            "256",
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--segments",
+            "64,128",
+            "--dilations",
+            "1,2",
+            "--iterations",
+            "3",
+            "--json",
+            str(js),
+        ],
+        capsys,
+    )
     assert code == 0 and "pattern cache hit rate" in stdout
     report = json.loads(js.read_text())
     assert report["caches_on"]["pattern_cache"]["hits"] > 0 and report["caches_off"]["pattern_cache"]["hits"] == 0
@@ -185,8 +281,19 @@ def test_profile_cli(tmp_path, capsys):
 def test_sigkill_then_resume_gives_the_same_rows_none_twice(tmp_path):
     out = tmp_path / "r.jsonl"
     lengths = ",".join(str(256 * i) for i in range(1, 13))
-    cmd = [sys.executable, "-m", "dattn_cli.cli", "bench", "--impl", "ImprovedDilatedAttention", "--seq-len", lengths,
-           *SMALL, "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dattn_cli.cli",
+        "bench",
+        "--impl",
+        "ImprovedDilatedAttention",
+        "--seq-len",
+        lengths,
+        *SMALL,
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and len(read_rows(out)) < 3:
@@ -207,15 +314,41 @@ def test_bench_world_size_measures_ranks_and_counts_bytes(tmp_path, capsys):
     from dattn_cli.kernels.distributed.sequence_parallel import comm_volume
 
     out = tmp_path / "d.jsonl"
-    code, stdout, err = run_cli(["bench", "--impl", "RingDilatedAttention", "--impl", "DistributedImprovedDilatedAttention",
-                                 "--world-size", "2", "--seq-len", "256,384", "--mode", "fwdbwd", "--heads", "2", "--head-dim",
-                                 "16", "--segments", "64,256", "--dilations", "1,2", "--repeat", "1", "--out", str(out)],
-                                capsys)
+    code, stdout, err = run_cli(
+        [
+            "bench",
+            "--impl",
+            "RingDilatedAttention",
+            "--impl",
+            "DistributedImprovedDilatedAttention",
+            "--world-size",
+            "2",
+            "--seq-len",
+            "256,384",
+            "--mode",
+            "fwdbwd",
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--segments",
+            "64,256",
+            "--dilations",
+            "1,2",
+            "--repeat",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "sent/call" in stdout
     rows = read_rows(out)
     ok = [r for r in rows if r.seq_len == 256]
-    assert len(ok) == 2 and all(r.status == "ok" and r.world_size == 2 and len(r.peak_mem_bytes_per_rank) == 2 for r in ok)
+    assert len(ok) == 2 and all(
+        r.status == "ok" and r.world_size == 2 and len(r.peak_mem_bytes_per_rank) == 2 for r in ok
+    )
     for row, strategy in zip(ok, ("ring", "allgather")):
         per_rank = comm_volume(strategy, 256, 2, 1, 2, 16, 4, [64, 256], [1, 2])
         assert row.comm_bytes_sent == max(c["forward_bytes_sent"] + c["backward_bytes_sent"] for c in per_rank)
@@ -235,14 +368,35 @@ def test_bench_world_size_refuses_single_device_impls(capsys):
 
 def test_interleaved_sweep_from_the_command_line(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
-    code, stdout, err = run_cli(["bench", "--interleave", "--impl", "ImprovedDilatedAttention", "--impl", "sdpa",
-                                 "--seq-len", "256,512", *SMALL, "--repeat", "4", "--mode", "fwd", "--out", str(out)],
-                                capsys)
+    code, stdout, err = run_cli(
+        [
+            "bench",
+            "--interleave",
+            "--impl",
+            "ImprovedDilatedAttention",
+            "--impl",
+            "sdpa",
+            "--seq-len",
+            "256,512",
+            *SMALL,
+            "--repeat",
+            "4",
+            "--mode",
+            "fwd",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "round-robin (--interleave)" in stdout and "x sdpa" in stdout
     rows = read_rows(out)
-    assert [(r.impl, r.seq_len) for r in rows] == [("ImprovedDilatedAttention", 256), ("sdpa", 256),
-                                                   ("ImprovedDilatedAttention", 512), ("sdpa", 512)]
+    assert [(r.impl, r.seq_len) for r in rows] == [
+        ("ImprovedDilatedAttention", 256),
+        ("sdpa", 256),
+        ("ImprovedDilatedAttention", 512),
+        ("sdpa", 512),
+    ]
     assert all(r.interleaved and r.status == "ok" and len(r.samples_ms) == 4 and r.stopped_by == "repeat" for r in rows)
 
 
@@ -250,14 +404,30 @@ def test_adaptive_repeats_and_a_cold_cache(tmp_path, capsys):
     """Without --repeat: at least 10 timed calls, sampling stopped by the precision or the time budget (said
     why); --cache cold runs the same point with the cache overwritten before each call."""
     out = tmp_path / "r.jsonl"
-    args = ["bench", "--impl", "sdpa", "--seq-len", "256", "--heads", "2", "--head-dim", "16", "--mode", "fwd",
-            "--max-memory", "2GiB", "--max-seconds", "20"]
+    args = [
+        "bench",
+        "--impl",
+        "sdpa",
+        "--seq-len",
+        "256",
+        "--heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--mode",
+        "fwd",
+        "--max-memory",
+        "2GiB",
+        "--max-seconds",
+        "20",
+    ]
     code, _, err = run_cli([*args, "--precision", "5", "--out", str(out)], capsys)
     assert code == 0, err
     (row,) = read_rows(out)
     assert row.repeat is None and row.precision == 5 and row.warmup_calls >= 1
-    assert (row.stopped_by == "precision" and row.repeats >= 10 and row.median_ci_pct <= 5) or \
-        (row.stopped_by in ("max-seconds", "max-samples") and "not --precision 5%" in row.noisy_reason)
+    assert (row.stopped_by == "precision" and row.repeats >= 10 and row.median_ci_pct <= 5) or (
+        row.stopped_by in ("max-seconds", "max-samples") and "not --precision 5%" in row.noisy_reason
+    )
     cold = tmp_path / "cold.jsonl"
     code, _, err = run_cli([*args, "--repeat", "3", "--cache", "cold", "--out", str(cold)], capsys)
     assert code == 0, err
@@ -266,31 +436,57 @@ def test_adaptive_repeats_and_a_cold_cache(tmp_path, capsys):
     assert cold_row.peak_mem_bytes < row.peak_mem_bytes + 16 * 2**20  # the 64 MiB flush buffer is not the point's
 
 
-@pytest.mark.parametrize("extra,needle", [
-    (["--interleave", "--until-oom"], "--interleave times the lines"),
-    (["--precision", "nan"], "--precision"),
-    (["--precision", "0"], "--precision"),
-    (["--cache", "lukewarm"], "--cache"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--interleave", "--until-oom"], "--interleave times the lines"),
+        (["--precision", "nan"], "--precision"),
+        (["--precision", "0"], "--precision"),
+        (["--cache", "lukewarm"], "--cache"),
+    ],
+)
 def test_sampling_options_refused_with_one_line(extra, needle, capsys):
     args = ["bench", "--impl", "sdpa", "--heads", "2", "--head-dim", "16"]
     code, _, err = run_cli([*args, *extra] + ([] if "--until-oom" in extra else ["--seq-len", "256"]), capsys)
     assert code == 2 and needle in err and "Traceback" not in err
 
 
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="torch.compile's CPU backend needs a C++ compiler")
+@pytest.mark.skipif(
+    shutil.which("g++") is None and shutil.which("c++") is None,
+    reason="torch.compile's CPU backend needs a C++ compiler",
+)
 def test_compile_measures_the_compiled_module_and_is_part_of_the_point(tmp_path):
     """bench --compile (issue 20 item 4): the module under torch.compile, compiled in the warm-up; the row says so,
     and compare keeps compiled and eager points apart (a key field)."""
-    args = ["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "512", "--segments", "128,256",
-            "--dilations", "1,2", "--heads", "2", "--head-dim", "16", "--mode", "fwdbwd", "--repeat", "3",
-            "--warmup", "2", "-q"]
-    done = subprocess.run(dattn(*args, "--compile", "--out", str(tmp_path / "c.jsonl")), capture_output=True,
-                          text=True, timeout=600)
+    args = [
+        "bench",
+        "--impl",
+        "ImprovedDilatedAttention",
+        "--seq-len",
+        "512",
+        "--segments",
+        "128,256",
+        "--dilations",
+        "1,2",
+        "--heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--mode",
+        "fwdbwd",
+        "--repeat",
+        "3",
+        "--warmup",
+        "2",
+        "-q",
+    ]
+    done = subprocess.run(
+        dattn(*args, "--compile", "--out", str(tmp_path / "c.jsonl")), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    subprocess.run(dattn(*args, "--out", str(tmp_path / "e.jsonl")), capture_output=True, text=True, timeout=300,
-                   check=True)
+    subprocess.run(
+        dattn(*args, "--out", str(tmp_path / "e.jsonl")), capture_output=True, text=True, timeout=300, check=True
+    )
     rows = read_rows(tmp_path / "c.jsonl") + read_rows(tmp_path / "e.jsonl")
     assert [(r.status, r.compiled) for r in rows] == [("ok", True), ("ok", False)]
     from dattn_cli.workload.records import point_key

@@ -16,22 +16,54 @@ def test_verify_checks_every_pattern(tmp_path, capsys):
     code, out, err = run_cli(["verify", "--impl", IMPL, "--no-causal", "--json", str(report)], capsys)
     assert code == 0, out + err
     data = json.loads(report.read_text())
-    assert {r["pattern"] for r in data["results"]} == {"local", "dilated", "global_local", "hierarchical", "longnet",
-                                                       "sliding_window"}
+    assert {r["pattern"] for r in data["results"]} == {
+        "local",
+        "dilated",
+        "global_local",
+        "hierarchical",
+        "longnet",
+        "sliding_window",
+    }
     assert "hierarchical" in out and data["passed"]
 
 
 def test_verify_pattern_option_selects_patterns(capsys):
-    code, out, _ = run_cli(["verify", "--impl", IMPL, "--pattern", "local", "--no-causal", "--semantics", "longnet",
-                            "--details"], capsys)
+    code, out, _ = run_cli(
+        ["verify", "--impl", IMPL, "--pattern", "local", "--no-causal", "--semantics", "longnet", "--details"], capsys
+    )
     assert code == 0 and "local" in out and "hierarchical" not in out
 
 
 def test_bench_density_sweep_rows_and_density_plot(tmp_path, capsys):
     out, plot = tmp_path / "r.jsonl", tmp_path / "d.png"
-    code, stdout, err = run_cli(["bench", "--impl", IMPL, "--impl", "sdpa", "--seq-len", "1k", "--heads", "2",
-                                 "--head-dim", "16", "--repeat", "2", "--pattern", "local", "--block-size", "64",
-                                 "--density", "0.1,0.3", "--out", str(out), "--plot", str(plot)], capsys)
+    code, stdout, err = run_cli(
+        [
+            "bench",
+            "--impl",
+            IMPL,
+            "--impl",
+            "sdpa",
+            "--seq-len",
+            "1k",
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--repeat",
+            "2",
+            "--pattern",
+            "local",
+            "--block-size",
+            "64",
+            "--density",
+            "0.1,0.3",
+            "--out",
+            str(out),
+            "--plot",
+            str(plot),
+        ],
+        capsys,
+    )
     assert code == 0, err
     rows = read_rows(out)
     sparse = [r for r in rows if r.impl == IMPL]
@@ -56,9 +88,32 @@ def test_bad_pattern_options_are_one_line_exit_2(capsys):
 
 def test_profile_reports_the_pattern_and_draws_it(tmp_path, capsys):
     png, js = tmp_path / "pattern.png", tmp_path / "p.json"
-    code, stdout, err = run_cli(["profile", "--impl", IMPL, "--pattern", "global_local", "--window", "1",
-                                 "--block-size", "32", "--seq-len", "512", "--heads", "2", "--head-dim", "16",
-                                 "--iterations", "2", "--show-pattern", str(png), "--json", str(js)], capsys)
+    code, stdout, err = run_cli(
+        [
+            "profile",
+            "--impl",
+            IMPL,
+            "--pattern",
+            "global_local",
+            "--window",
+            "1",
+            "--block-size",
+            "32",
+            "--seq-len",
+            "512",
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--iterations",
+            "2",
+            "--show-pattern",
+            str(png),
+            "--json",
+            str(js),
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert png.read_bytes()[:4] == b"\x89PNG" and "16 x 16 blocks" in err
     report = json.loads(js.read_text())["block_pattern"]
@@ -67,10 +122,13 @@ def test_profile_reports_the_pattern_and_draws_it(tmp_path, capsys):
     assert "block pattern" in stdout
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["profile", "--show-pattern", "x.png"], "block-sparse implementations only"),
-    (["profile", "--impl", IMPL, "--pattern", "local", "--density", "2"], "density must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["profile", "--show-pattern", "x.png"], "block-sparse implementations only"),
+        (["profile", "--impl", IMPL, "--pattern", "local", "--density", "2"], "density must be in (0, 1]"),
+    ],
+)
 def test_profile_pattern_usage_errors(args, needle, capsys):
     code, _, err = run_cli(args, capsys)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err

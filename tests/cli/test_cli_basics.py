@@ -22,8 +22,9 @@ def dattn(*args: str, env: dict | None = None, from_bash: bool = False) -> subpr
     command = [sys.executable, "-m", "dattn_cli", *args]
     if from_bash:
         command = ["bash", "-c", '"$0" "$@"; exit $?', *command]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})},
-                          cwd=ROOT)
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}, cwd=ROOT
+    )
 
 
 def test_plain_dattn_prints_the_help_and_exits_0():
@@ -40,8 +41,9 @@ def test_version_names_dattn_torch_and_the_commit():
     line = done.stdout.strip()
     assert line.startswith(f"dattn {dattn_cli.__version__}") and line.endswith(f"torch {torch.__version__}")
     if (ROOT / ".git").exists() and shutil.which("git"):
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
         assert f"(git {commit})" in line
 
 

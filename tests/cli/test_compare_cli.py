@@ -10,8 +10,22 @@ import pytest
 
 from dattn_cli.workload.records import BenchRow
 
-POINT = dict(semantics="longnet", dtype="float32", device="cpu", batch=1, heads=2, head_dim=16, seq_len=1024,
-             segments=[256, 512], dilations=[1, 2], causal=False, mode="fwd", status="ok", repeat=15, warmup=1)
+POINT = dict(
+    semantics="longnet",
+    dtype="float32",
+    device="cpu",
+    batch=1,
+    heads=2,
+    head_dim=16,
+    seq_len=1024,
+    segments=[256, 512],
+    dilations=[1, 2],
+    causal=False,
+    mode="fwd",
+    status="ok",
+    repeat=15,
+    warmup=1,
+)
 
 
 def report(path, *impls_and_scales, seed=0, n=15):
@@ -20,15 +34,17 @@ def report(path, *impls_and_scales, seed=0, n=15):
     lines = [{"record": "environment", "hostname": "ci", "torch_version": "2.13.0+cpu", "config": {"threads": 2}}]
     for impl, scale in impls_and_scales:
         samples = list(10.0 * scale * rng.lognormal(0.0, 0.03, n))
-        lines.append(BenchRow(impl=impl, **POINT, time_ms=float(np.median(samples)), repeats=n,
-                              samples_ms=samples).model_dump())
+        lines.append(
+            BenchRow(impl=impl, **POINT, time_ms=float(np.median(samples)), repeats=n, samples_ms=samples).model_dump()
+        )
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return str(path)
 
 
 def dattn(*args):
-    return subprocess.run([sys.executable, "-m", "dattn_cli", "compare", *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dattn_cli", "compare", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_same_speed_is_same_and_exit_0(tmp_path):
@@ -66,13 +82,16 @@ def test_environments_that_differ_are_inconclusive_exit_3(tmp_path):
     assert "laptop" in done.stderr
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["only-one.jsonl"], "give two reports"),
-    (["a.jsonl", "b.jsonl", "c.jsonl"], "give two reports"),
-    (["missing.jsonl", "missing2.jsonl"], "no such file"),
-    (["a.jsonl", "--a", "sdpa"], "--a IMPL --b IMPL"),
-    (["a.jsonl", "a.jsonl", "--threshold", "nan"], "--threshold"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["only-one.jsonl"], "give two reports"),
+        (["a.jsonl", "b.jsonl", "c.jsonl"], "give two reports"),
+        (["missing.jsonl", "missing2.jsonl"], "no such file"),
+        (["a.jsonl", "--a", "sdpa"], "--a IMPL --b IMPL"),
+        (["a.jsonl", "a.jsonl", "--threshold", "nan"], "--threshold"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, args, needle):
     report(tmp_path / "a.jsonl", ("sdpa", 1.0))
     monkeypatch.chdir(tmp_path)

@@ -26,7 +26,10 @@ def test_impls_json_lists_the_registry_with_availability(capsys):
     assert [e["name"] for e in entries] == list(REGISTRY)
     by_name = {e["name"]: e for e in entries}
     assert by_name["sdpa"]["baseline"] and not by_name["ImprovedDilatedAttention"]["baseline"]
-    assert by_name["ImprovedDilatedAttention"]["available"] and "cpu" in by_name["ImprovedDilatedAttention"]["available_on"]
+    assert (
+        by_name["ImprovedDilatedAttention"]["available"]
+        and "cpu" in by_name["ImprovedDilatedAttention"]["available_on"]
+    )
     assert by_name["RingDilatedAttention"]["where"] == REGISTRY["RingDilatedAttention"].where()
     flash = by_name["flash"]
     assert flash["devices"] == ["cuda"] and "cpu" not in flash["available_on"]

@@ -20,17 +20,29 @@ READ_CSV = "import pandas, sys; frame = pandas.read_csv(sys.stdin); print(len(fr
 def piped(*args: str, reader: str = "-m json.tool") -> subprocess.CompletedProcess:
     """`dattn ARGS | python READER`, run by bash with pipefail from the repository root."""
     cli = shlex.join([sys.executable, "-m", "dattn_cli", *args])
-    return subprocess.run(["bash", "-o", "pipefail", "-c", f"{cli} | {shlex.quote(sys.executable)} {reader}"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return subprocess.run(
+        ["bash", "-o", "pipefail", "-c", f"{cli} | {shlex.quote(sys.executable)} {reader}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
 
 
-@pytest.mark.parametrize("args, on_stderr", [
-    (["verify", *SHAPE, "--impl", "ImprovedDilatedAttention", "--json", "-"], "verify passed: 1 check of B=1 N=256"),
-    (["plan", "--seq-len", "64k", "--json", "-"], "peak memory"),
-    (["plan", "--check", "benchmarks/layer_cpu.jsonl", "--json", "-"], "memory error median"),
-    (["profile", *SHAPE, "--iterations", "2", "--warmup", "1", "--json", "-"], "caches on"),
-    (["env", "--json", "-"], "torch"),
-], ids=["verify", "plan", "plan-check", "profile", "env"])
+@pytest.mark.parametrize(
+    "args, on_stderr",
+    [
+        (
+            ["verify", *SHAPE, "--impl", "ImprovedDilatedAttention", "--json", "-"],
+            "verify passed: 1 check of B=1 N=256",
+        ),
+        (["plan", "--seq-len", "64k", "--json", "-"], "peak memory"),
+        (["plan", "--check", "benchmarks/layer_cpu.jsonl", "--json", "-"], "memory error median"),
+        (["profile", *SHAPE, "--iterations", "2", "--warmup", "1", "--json", "-"], "caches on"),
+        (["env", "--json", "-"], "torch"),
+    ],
+    ids=["verify", "plan", "plan-check", "profile", "env"],
+)
 def test_json_to_stdout_pipes_into_json_tool(args, on_stderr):
     done = piped(*args)
     assert done.returncode == 0, done.stderr
@@ -50,20 +62,26 @@ def test_profile_progress_one_line_per_setting_and_quiet():
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("[")]
-    assert [line.split(" ok ")[0] for line in lines] == ["[1/2] ImprovedDilatedAttention N=256 caches on",
-                                                         "[2/2] ImprovedDilatedAttention N=256 caches off"]
+    assert [line.split(" ok ")[0] for line in lines] == [
+        "[1/2] ImprovedDilatedAttention N=256 caches on",
+        "[2/2] ImprovedDilatedAttention N=256 caches off",
+    ]
     assert all(line.endswith(" ms") for line in lines)
     done = subprocess.run([*cmd, "--quiet"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0 and "[1/2]" not in done.stderr and "caches on" in done.stdout
 
 
-@pytest.mark.parametrize("args, lines, column", [
-    (["verify", *SHAPE, "--impl", "ImprovedDilatedAttention", "--csv", "-"], 1, "errors.out.rel"),
-    (["plan", "--seq-len", "64k", "--csv", "-"], 1, "memory.total"),
-    (["plan", "--check", "benchmarks/layer_cpu.jsonl", "--csv", "-"], 20, "mem_error_pct"),
-    (["profile", *SHAPE, "--iterations", "2", "--warmup", "1", "--csv", "-"], 2, "time.median_ms"),
-    (["env", "--csv", "-"], 1, "torch_version"),
-], ids=["verify", "plan", "plan-check", "profile", "env"])
+@pytest.mark.parametrize(
+    "args, lines, column",
+    [
+        (["verify", *SHAPE, "--impl", "ImprovedDilatedAttention", "--csv", "-"], 1, "errors.out.rel"),
+        (["plan", "--seq-len", "64k", "--csv", "-"], 1, "memory.total"),
+        (["plan", "--check", "benchmarks/layer_cpu.jsonl", "--csv", "-"], 20, "mem_error_pct"),
+        (["profile", *SHAPE, "--iterations", "2", "--warmup", "1", "--csv", "-"], 2, "time.median_ms"),
+        (["env", "--csv", "-"], 1, "torch_version"),
+    ],
+    ids=["verify", "plan", "plan-check", "profile", "env"],
+)
 def test_csv_to_stdout_pipes_into_pandas(args, lines, column):
     done = piped(*args, reader=f"-c {shlex.quote(READ_CSV)}")
     assert done.returncode == 0, done.stderr
@@ -72,6 +90,11 @@ def test_csv_to_stdout_pipes_into_pandas(args, lines, column):
 
 
 def test_json_and_csv_cannot_both_take_stdout():
-    done = subprocess.run([sys.executable, "-m", "dattn_cli", "env", "--json", "-", "--csv", "-"], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "dattn_cli", "env", "--json", "-", "--csv", "-"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 2 and "wants stdout" in done.stderr and not done.stdout

@@ -11,9 +11,24 @@ SHAPE = ["--heads", "4", "--head-dim", "8", "--segments", "16,32", "--dilations"
 
 def test_verify_your_configuration_with_kv_heads_and_documents(tmp_path, capsys):
     out = tmp_path / "v.json"
-    code, stdout, err = run_cli(["verify", "--impl", "ImprovedDilatedAttention", "--impl", "RingDilatedAttention",
-                                 *SHAPE, "--kv-heads", "1", "--documents", "7,30,1,40,18", "--both",
-                                 "--json", str(out)], capsys)
+    code, stdout, err = run_cli(
+        [
+            "verify",
+            "--impl",
+            "ImprovedDilatedAttention",
+            "--impl",
+            "RingDilatedAttention",
+            *SHAPE,
+            "--kv-heads",
+            "1",
+            "--documents",
+            "7,30,1,40,18",
+            "--both",
+            "--json",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, stdout + err
     results = json.loads(out.read_text())["results"]
     assert results and all(r["kv_heads"] == 1 and r["seq_len"] == 96 and r["passed"] for r in results)
@@ -22,8 +37,23 @@ def test_verify_your_configuration_with_kv_heads_and_documents(tmp_path, capsys)
 
 def test_bench_kv_heads_and_documents_are_row_fields(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
-    code, stdout, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", *SHAPE, "--kv-heads", "2",
-                                 "--documents", "100,20,8", "--repeat", "2", "--out", str(out)], capsys)
+    code, stdout, err = run_cli(
+        [
+            "bench",
+            "--impl",
+            "ImprovedDilatedAttention",
+            *SHAPE,
+            "--kv-heads",
+            "2",
+            "--documents",
+            "100,20,8",
+            "--repeat",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, err
     (row,) = read_rows(out)
     assert (row.status, row.kv_heads, row.documents, row.seq_len) == ("ok", 2, [100, 20, 8], 128)
@@ -41,10 +71,12 @@ def test_plan_kv_heads_counts_the_kv_inputs(capsys):
 
 
 def test_bad_kv_heads_and_documents_are_one_line_exit_2(capsys):
-    for args, message in ((["--kv-heads", "3"], "--kv-heads 3 does not divide --heads 4"),
-                          (["--documents", "10,20", "--seq-len", "64"], "--documents sum to 30 tokens but --seq-len is 64"),
-                          (["--documents", "10,0"], "--documents takes document lengths >= 1"),
-                          (["--documents", "32,32", "--batch", "2"], "--documents packs one sequence: use --batch 1")):
+    for args, message in (
+        (["--kv-heads", "3"], "--kv-heads 3 does not divide --heads 4"),
+        (["--documents", "10,20", "--seq-len", "64"], "--documents sum to 30 tokens but --seq-len is 64"),
+        (["--documents", "10,0"], "--documents takes document lengths >= 1"),
+        (["--documents", "32,32", "--batch", "2"], "--documents packs one sequence: use --batch 1"),
+    ):
         code, _, err = run_cli(["verify", *SHAPE, *args], capsys)
         assert code == 2 and message in err and "Traceback" not in err, err
     code, _, err = run_cli(["bench", "--impl", "sdpa", *SHAPE, "--documents", "30,34", "--repeat", "2"], capsys)

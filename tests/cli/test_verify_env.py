@@ -41,8 +41,14 @@ def test_verify_quick_passes_and_writes_json(tmp_path, capsys):
 
 
 def test_verify_fails_with_exit_1_on_a_wrong_implementation(monkeypatch, capsys):
-    monkeypatch.setitem(registry_module.REGISTRY, "WrongAttention", ImplSpec("WrongAttention", WrongAttention, "core", "single", "wrong on purpose"))
-    code, out, err = run_cli(["verify", "--impl", "WrongAttention", "--impl", "DilatedAttention", "--no-causal"], capsys)
+    monkeypatch.setitem(
+        registry_module.REGISTRY,
+        "WrongAttention",
+        ImplSpec("WrongAttention", WrongAttention, "core", "single", "wrong on purpose"),
+    )
+    code, out, err = run_cli(
+        ["verify", "--impl", "WrongAttention", "--impl", "DilatedAttention", "--no-causal"], capsys
+    )
     assert code == 1
     assert "verify FAILED" in out and "WrongAttention" in out
 
@@ -52,7 +58,9 @@ def test_verify_reports_crashing_implementation_as_failure(monkeypatch, capsys):
         def forward_with_lse(self, *a, **k):
             raise RuntimeError("boom")
 
-    monkeypatch.setitem(registry_module.REGISTRY, "Crashing", ImplSpec("Crashing", Crashing, "core", "single", "crashes"))
+    monkeypatch.setitem(
+        registry_module.REGISTRY, "Crashing", ImplSpec("Crashing", Crashing, "core", "single", "crashes")
+    )
     code, out, _ = run_cli(["verify", "--impl", "Crashing", "--causal", "--semantics", "longnet"], capsys)
     assert code == 1 and "boom" in out
 
@@ -80,8 +88,11 @@ def test_config_file(tmp_path, capsys):
     good.write_text("verify:\n  impl: [DilatedAttention]\n  semantics: longnet\n  causal: true\n")
     code, out, _ = run_cli(["--config", str(good), "verify"], capsys)
     assert code == 0 and "verify passed: 9 checks" in out  # 9 cases x longnet only x causal only
-    for text, needle in [("verify: [1, 2\n", "not valid YAML"), ("verify:\n  nope: 1\n", "has no option 'nope'"),
-                         ("nonsense: {}\n", "unknown command 'nonsense'")]:
+    for text, needle in [
+        ("verify: [1, 2\n", "not valid YAML"),
+        ("verify:\n  nope: 1\n", "has no option 'nope'"),
+        ("nonsense: {}\n", "unknown command 'nonsense'"),
+    ]:
         bad = tmp_path / "bad.yaml"
         bad.write_text(text)
         code, _, err = run_cli(["--config", str(bad), "verify"], capsys)
@@ -97,7 +108,9 @@ def test_env_runs_without_gpu(tmp_path, capsys):
     assert code == 0 and json.loads((tmp_path / "env.json").read_text())["torch_version"] == info["torch_version"]
     assert info["torch_version"] == torch.__version__
     if not torch.cuda.is_available():
-        assert info["nvidia_devices"] == [] and ("no NVIDIA device" in info["nvml_status"] or "not installed" in info["nvml_status"])
+        assert info["nvidia_devices"] == [] and (
+            "no NVIDIA device" in info["nvml_status"] or "not installed" in info["nvml_status"]
+        )
     assert info["backends"]["math"] and info["backends"]["sdpa"]
 
 
@@ -118,8 +131,9 @@ def test_verify_checks_your_configuration_on_every_implementation(tmp_path, caps
     assert {r["pattern"] for r in rows if r["pattern"]} == {"dilated", "longnet"}  # the patterns built from it
     assert {(r["semantics"], r["causal"]) for r in rows} == {("longnet", False)}  # as bench, plan, profile default
     assert "verify passed: 8 checks of B=1 N=64 H=2 D=8, segments 16,32, dilations 1,2, longnet, non-causal" in out
-    code, out, err = run_cli(["verify", *OWN, "--impl", "DilatedAttention", "--semantics", "both", "--both",
-                              "--json", str(report)], capsys)
+    code, out, err = run_cli(
+        ["verify", *OWN, "--impl", "DilatedAttention", "--semantics", "both", "--both", "--json", str(report)], capsys
+    )
     assert code == 0, out + err
     rows = json.loads(report.read_text())["results"]
     assert {(r["semantics"], r["causal"]) for r in rows} == {(s, c) for s in ("longnet", "head_groups") for c in (0, 1)}
@@ -127,8 +141,25 @@ def test_verify_checks_your_configuration_on_every_implementation(tmp_path, caps
 
 def test_verify_your_configuration_says_what_it_skips_and_warns(tmp_path, capsys):
     report = tmp_path / "v.json"
-    args = ["verify", "--seq-len", "96", "--segments", "16,32,64", "--dilations", "1,2,3", "--heads", "2",
-            "--head-dim", "8", "--impl", "ImprovedDilatedAttention", "--semantics", "both", "--json", str(report)]
+    args = [
+        "verify",
+        "--seq-len",
+        "96",
+        "--segments",
+        "16,32,64",
+        "--dilations",
+        "1,2,3",
+        "--heads",
+        "2",
+        "--head-dim",
+        "8",
+        "--impl",
+        "ImprovedDilatedAttention",
+        "--semantics",
+        "both",
+        "--json",
+        str(report),
+    ]
     code, out, err = run_cli(args, capsys)
     assert code == 0, out + err
     assert "skipped: case 'your configuration', head_groups: 2 heads < 3 pairs" in err
@@ -143,10 +174,29 @@ def test_verify_your_configuration_says_what_it_skips_and_warns(tmp_path, capsys
 
 def test_verify_your_configuration_names_shard_rules(capsys):
     # N/p and the segments no longer refuse a case (the sequence is padded); heads that do not split still do
-    code, _, err = run_cli(["verify", "--seq-len", "100", "--segments", "32,64", "--dilations", "1,2", "--heads", "3",
-                            "--impl", "HeadParallelDilatedAttention", "--world-size", "2"], capsys)
+    code, _, err = run_cli(
+        [
+            "verify",
+            "--seq-len",
+            "100",
+            "--segments",
+            "32,64",
+            "--dilations",
+            "1,2",
+            "--heads",
+            "3",
+            "--impl",
+            "HeadParallelDilatedAttention",
+            "--world-size",
+            "2",
+        ],
+        capsys,
+    )
     assert code == 2
-    assert "nothing to check: HeadParallelDilatedAttention p=2, case 'your configuration': 3 heads are not divisible" in err
+    assert (
+        "nothing to check: HeadParallelDilatedAttention p=2, case 'your configuration': 3 heads are not divisible"
+        in err
+    )
 
 
 def test_builtin_matrix_keeps_its_uncovered_rows_out_of_the_output(tmp_path, capsys):
@@ -164,18 +214,23 @@ def test_verify_progress_one_line_per_check_and_quiet(capsys):
     code, out, err = run_cli(args, capsys)
     assert code == 0
     lines = [line for line in err.splitlines() if line.startswith("[")]
-    assert lines == ["[1/2] ImprovedDilatedAttention 'your configuration' longnet non-causal ok",
-                     "[2/2] ImprovedDilatedAttention 'your configuration' longnet causal ok"]
+    assert lines == [
+        "[1/2] ImprovedDilatedAttention 'your configuration' longnet non-causal ok",
+        "[2/2] ImprovedDilatedAttention 'your configuration' longnet causal ok",
+    ]
     code, out, err = run_cli([*args, "--quiet"], capsys)
     assert code == 0 and "[1/2]" not in err and "verify passed: 2 checks" in out
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--full"], "--full checks the built-in case matrix; drop it"),
-    (["--segments", "16,x"], "--segments: '16,x' is not a comma-separated list"),
-    (["--heads", "0"], "--heads must be >= 1"),
-    (["--seq-len", "4q"], "--seq-len: '4q' is not a length"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--full"], "--full checks the built-in case matrix; drop it"),
+        (["--segments", "16,x"], "--segments: '16,x' is not a comma-separated list"),
+        (["--heads", "0"], "--heads must be >= 1"),
+        (["--seq-len", "4q"], "--seq-len: '4q' is not a length"),
+    ],
+)
 def test_verify_your_configuration_bad_input_is_one_line(args, needle, capsys):
     code, _, err = run_cli(["verify", "--seq-len", "64", *args], capsys)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err

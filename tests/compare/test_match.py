@@ -14,8 +14,16 @@ import pytest
 from dattn_cli.compare import compare_impls, compare_reports, compare_rows
 from dattn_cli.workload.records import BenchRow
 
-ENV = {"record": "environment", "cpu": "Test CPU", "cpu_count": 2, "torch_version": "2.13.0", "cuda_version": None,
-       "nvidia_devices": [], "platform": "Linux", "config": {"threads": 1}}
+ENV = {
+    "record": "environment",
+    "cpu": "Test CPU",
+    "cpu_count": 2,
+    "torch_version": "2.13.0",
+    "cuda_version": None,
+    "nvidia_devices": [],
+    "platform": "Linux",
+    "config": {"threads": 1},
+}
 
 
 def samples(seed: int, scale: float = 1.0, n: int = 15, ms: float = 10.0) -> list[float]:
@@ -27,12 +35,30 @@ def samples(seed: int, scale: float = 1.0, n: int = 15, ms: float = 10.0) -> lis
 
 
 def row(impl: str = "sdpa", n: int = 256, times: list[float] | None = None, status: str = "ok", **extra) -> dict:
-    fields = dict(impl=impl, semantics="longnet", dtype="float32", device="cpu", batch=1, heads=2, head_dim=16,
-                  seq_len=n, segments=[64, 128], dilations=[1, 2], causal=False, mode="fwd", status=status)
+    fields = dict(
+        impl=impl,
+        semantics="longnet",
+        dtype="float32",
+        device="cpu",
+        batch=1,
+        heads=2,
+        head_dim=16,
+        seq_len=n,
+        segments=[64, 128],
+        dilations=[1, 2],
+        causal=False,
+        mode="fwd",
+        status=status,
+    )
     if times is not None:
         ordered = sorted(times)
-        fields.update(time_ms=float(np.median(times)), time_ms_p10=float(np.quantile(ordered, 0.1)),
-                      time_ms_p90=float(np.quantile(ordered, 0.9)), repeats=len(times), samples_ms=times)
+        fields.update(
+            time_ms=float(np.median(times)),
+            time_ms_p10=float(np.quantile(ordered, 0.1)),
+            time_ms_p90=float(np.quantile(ordered, 0.9)),
+            repeats=len(times),
+            samples_ms=times,
+        )
     return {"record": "point", **fields, **extra}
 
 
@@ -44,18 +70,34 @@ def report(path: Path, rows: list[dict], env: dict | None = ENV) -> Path:
 
 def pair(tmp_path: Path, new_scale: float = 1.0, base_env=ENV, new_env=ENV) -> tuple[Path, Path]:
     """BASE and NEW reports of the same three points; NEW's sdpa times scaled by new_scale."""
-    base = report(tmp_path / "base.jsonl", [row("sdpa", 256, samples(1)), row("sdpa", 512, samples(2, ms=30)),
-                                            row("ImprovedDilatedAttention", 256, samples(3, ms=5))], base_env)
-    new = report(tmp_path / "new.jsonl", [row("ImprovedDilatedAttention", 256, samples(13, ms=5)),
-                                          row("sdpa", 512, samples(12, new_scale, ms=30)),
-                                          row("sdpa", 256, samples(11, new_scale))], new_env)
+    base = report(
+        tmp_path / "base.jsonl",
+        [
+            row("sdpa", 256, samples(1)),
+            row("sdpa", 512, samples(2, ms=30)),
+            row("ImprovedDilatedAttention", 256, samples(3, ms=5)),
+        ],
+        base_env,
+    )
+    new = report(
+        tmp_path / "new.jsonl",
+        [
+            row("ImprovedDilatedAttention", 256, samples(13, ms=5)),
+            row("sdpa", 512, samples(12, new_scale, ms=30)),
+            row("sdpa", 256, samples(11, new_scale)),
+        ],
+        new_env,
+    )
     return base, new
 
 
 def test_identical_runs_match_by_configuration_and_are_the_same(tmp_path):
     result = compare_reports(*pair(tmp_path), threshold_pct=10)
-    assert [(p.impl, p.seq_len) for p in result.points] == [("ImprovedDilatedAttention", 256), ("sdpa", 512),
-                                                             ("sdpa", 256)]
+    assert [(p.impl, p.seq_len) for p in result.points] == [
+        ("ImprovedDilatedAttention", 256),
+        ("sdpa", 512),
+        ("sdpa", 256),
+    ]
     assert {p.verdict for p in result.points} == {"same"}
     assert result.verdict == "same" and result.exit_code() == 0 and result.warnings == []
     point = result.points[1]
@@ -77,8 +119,9 @@ def test_a_speedup_is_exit_0(tmp_path):
 
 def test_unmatched_and_repeated_points_are_named(tmp_path):
     base = report(tmp_path / "b.jsonl", [row("sdpa", 256, samples(1)), row("sdpa", 1024, samples(2))])
-    new = report(tmp_path / "n.jsonl", [row("sdpa", 256, samples(3)), row("sdpa", 256, samples(4)),
-                                        row("math", 256, samples(5))])
+    new = report(
+        tmp_path / "n.jsonl", [row("sdpa", 256, samples(3)), row("sdpa", 256, samples(4)), row("math", 256, samples(5))]
+    )
     result = compare_reports(base, new, threshold_pct=10)
     assert len(result.points) == 1 and result.comparable
     text = "\n".join(result.warnings)
@@ -89,19 +132,28 @@ def test_unmatched_and_repeated_points_are_named(tmp_path):
 
 def test_other_configurations_do_not_match(tmp_path):
     base = report(tmp_path / "b.jsonl", [row("sdpa", 256, samples(1))])
-    new = report(tmp_path / "n.jsonl", [row("sdpa", 256, samples(1), causal=True), row("sdpa", 256, samples(1), mode="fwdbwd")])
+    new = report(
+        tmp_path / "n.jsonl", [row("sdpa", 256, samples(1), causal=True), row("sdpa", 256, samples(1), mode="fwdbwd")]
+    )
     with pytest.raises(ValueError, match="no point of NEW matches a point of BASE"):
         compare_reports(base, new)
 
 
-@pytest.mark.parametrize("field, value, named", [
-    ("torch_version", "2.4.0", "torch differs: BASE 2.13.0, NEW 2.4.0"),
-    ("hostname", "other-host", None),  # only NEW records a host: not a difference
-    ("cpu", "Other CPU", "CPU differs: BASE Test CPU, NEW Other CPU"),
-    ("nvidia_devices", [{"name": "NVIDIA H100"}], "GPU differs"),
-    ("config", {"threads": 2}, "torch threads differ"),
-    ("load_average", {"start": [3.5, 1.0, 0.5], "end": [2.0, 1.0, 0.5]}, "load average differs: BASE up to 0.00, NEW up to 3.50"),
-])
+@pytest.mark.parametrize(
+    "field, value, named",
+    [
+        ("torch_version", "2.4.0", "torch differs: BASE 2.13.0, NEW 2.4.0"),
+        ("hostname", "other-host", None),  # only NEW records a host: not a difference
+        ("cpu", "Other CPU", "CPU differs: BASE Test CPU, NEW Other CPU"),
+        ("nvidia_devices", [{"name": "NVIDIA H100"}], "GPU differs"),
+        ("config", {"threads": 2}, "torch threads differ"),
+        (
+            "load_average",
+            {"start": [3.5, 1.0, 0.5], "end": [2.0, 1.0, 0.5]},
+            "load average differs: BASE up to 0.00, NEW up to 3.50",
+        ),
+    ],
+)
 def test_environment_differences_are_named_and_inconclusive(tmp_path, field, value, named):
     base_env = {**ENV, "load_average": {"start": [0.0, 0.0, 0.0], "end": [0.0, 0.0, 0.0]}}
     new_env = {**base_env, field: value}
@@ -117,7 +169,9 @@ def test_environment_differences_are_named_and_inconclusive(tmp_path, field, val
 def test_hosts_and_small_load_differences(tmp_path):
     base_env, new_env = {**ENV, "host": "a", "load_avg": [0.5, 0.4, 0.3]}, {**ENV, "host": "b", "load_avg": [1.2, 1, 1]}
     result = compare_reports(*pair(tmp_path, 1.0, base_env, new_env), threshold_pct=10)
-    assert result.warnings == ["host differs: BASE a, NEW b"]  # 0.7 more runnable processes: not a clear load difference
+    assert result.warnings == [
+        "host differs: BASE a, NEW b"
+    ]  # 0.7 more runnable processes: not a clear load difference
     resumed = report(tmp_path / "r.jsonl", [row("sdpa", 256, samples(1))], ENV)
     with resumed.open("a") as f:
         f.write(json.dumps({**ENV, "torch_version": "2.4.0"}) + "\n" + json.dumps(row("sdpa", 512, samples(2))) + "\n")
@@ -148,12 +202,20 @@ def test_threads_on_every_cpu_make_runs_incomparable_but_not_implementations_of_
 
 
 def test_two_implementations_of_one_run(tmp_path):
-    run = report(tmp_path / "run.jsonl", [row("sdpa", 256, samples(1)), row("ImprovedDilatedAttention", 256, samples(2, 0.5)),
-                                          row("sdpa", 512, samples(3, ms=40)),
-                                          row("ImprovedDilatedAttention", 512, samples(4, 0.5, ms=40))])
+    run = report(
+        tmp_path / "run.jsonl",
+        [
+            row("sdpa", 256, samples(1)),
+            row("ImprovedDilatedAttention", 256, samples(2, 0.5)),
+            row("sdpa", 512, samples(3, ms=40)),
+            row("ImprovedDilatedAttention", 512, samples(4, 0.5, ms=40)),
+        ],
+    )
     result = compare_impls(run, "ImprovedDilatedAttention", "sdpa", threshold_pct=10)
     assert [(p.impl, p.impl_base, p.seq_len, p.verdict) for p in result.points] == [
-        ("ImprovedDilatedAttention", "sdpa", 256, "faster"), ("ImprovedDilatedAttention", "sdpa", 512, "faster")]
+        ("ImprovedDilatedAttention", "sdpa", 256, "faster"),
+        ("ImprovedDilatedAttention", "sdpa", 512, "faster"),
+    ]
     assert all(0.4 < p.ratio < 0.6 for p in result.points) and result.exit_code() == 0
     assert compare_impls(run, "sdpa", "ImprovedDilatedAttention", threshold_pct=10).exit_code() == 1
     with pytest.raises(ValueError, match="--a math: the report has no point of it; it holds Improved"):
@@ -169,8 +231,13 @@ def test_reports_without_samples_use_the_summary_rule(tmp_path):
         return fields
 
     base = report(tmp_path / "b.jsonl", [old([10.0, 10.5, 11.0])])
-    for times, expected in (([10.2, 10.6, 11.1], "inconclusive"), ([14.0, 14.5, 15.0], "inconclusive"),
-                            ([30.0, 31.0, 32.0], "slower"), ([4.0, 4.2, 4.4], "faster"), ([5.0, 30.0], "inconclusive")):
+    for times, expected in (
+        ([10.2, 10.6, 11.1], "inconclusive"),
+        ([14.0, 14.5, 15.0], "inconclusive"),
+        ([30.0, 31.0, 32.0], "slower"),
+        ([4.0, 4.2, 4.4], "faster"),
+        ([5.0, 30.0], "inconclusive"),
+    ):
         new = report(tmp_path / "n.jsonl", [old(times)])
         point = compare_reports(base, new, threshold_pct=10).points[0]
         assert point.verdict == expected, times
@@ -178,12 +245,18 @@ def test_reports_without_samples_use_the_summary_rule(tmp_path):
 
 
 def test_failed_and_noisy_points_are_inconclusive(tmp_path):
-    base = report(tmp_path / "b.jsonl", [row("sdpa", 256, samples(1)), row("sdpa", 512, samples(2)),
-                                         row("sdpa", 1024, status="oom", reason="memory")])
-    new = report(tmp_path / "n.jsonl", [row("sdpa", 256, status="error", error="boom"),
-                                        row("sdpa", 512, samples(3), noisy=True, contended=True,
-                                            noisy_reason="other processes used 80% CPU"),
-                                        row("sdpa", 1024, status="oom", reason="memory")])
+    base = report(
+        tmp_path / "b.jsonl",
+        [row("sdpa", 256, samples(1)), row("sdpa", 512, samples(2)), row("sdpa", 1024, status="oom", reason="memory")],
+    )
+    new = report(
+        tmp_path / "n.jsonl",
+        [
+            row("sdpa", 256, status="error", error="boom"),
+            row("sdpa", 512, samples(3), noisy=True, contended=True, noisy_reason="other processes used 80% CPU"),
+            row("sdpa", 1024, status="oom", reason="memory"),
+        ],
+    )
     result = compare_reports(base, new, threshold_pct=10)
     assert [(p.seq_len, p.verdict) for p in result.points] == [(256, "inconclusive"), (512, "inconclusive")]
     assert result.points[0].note == "NEW error (boom): not compared"
@@ -193,8 +266,10 @@ def test_failed_and_noisy_points_are_inconclusive(tmp_path):
 
 def test_bench_baseline_against_rows_in_memory(tmp_path):
     base, _ = pair(tmp_path)
-    rows = [BenchRow.model_validate(row("sdpa", 256, samples(23, 1.5))),
-            BenchRow.model_validate(row("sdpa", 512, samples(22, ms=30)))]
+    rows = [
+        BenchRow.model_validate(row("sdpa", 256, samples(23, 1.5))),
+        BenchRow.model_validate(row("sdpa", 512, samples(22, ms=30))),
+    ]
     result = compare_rows(base, rows, threshold_pct=10, environment=ENV)
     assert [(p.seq_len, p.verdict) for p in result.points] == [(256, "slower"), (512, "same")]
     assert result.exit_code() == 1
@@ -202,13 +277,25 @@ def test_bench_baseline_against_rows_in_memory(tmp_path):
     assert other.exit_code() == 3
 
 
-@pytest.mark.parametrize("line, message", [
-    ("not json", "base.jsonl:2: not valid JSON"),
-    (json.dumps(row("sdpa", 256, [1.0, 2.0]) | {"samples_ms": [1.0, -1.0]}), "base.jsonl:2: samples_ms must hold positive, finite times"),
-    (json.dumps(row("sdpa", 256, [1.0, 2.0]) | {"samples_ms": "fast"}), "base.jsonl:2: not a dattn bench row (samples_ms"),
-    (json.dumps(row("sdpa", 256, [1.0, 2.0]) | {"samples_ms": [1.0, "x"]}), "base.jsonl:2: not a dattn bench row (samples_ms.1"),
-    (json.dumps({"record": "point", "impl": "sdpa"}), "base.jsonl:2: not a dattn bench row"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("not json", "base.jsonl:2: not valid JSON"),
+        (
+            json.dumps(row("sdpa", 256, [1.0, 2.0]) | {"samples_ms": [1.0, -1.0]}),
+            "base.jsonl:2: samples_ms must hold positive, finite times",
+        ),
+        (
+            json.dumps(row("sdpa", 256, [1.0, 2.0]) | {"samples_ms": "fast"}),
+            "base.jsonl:2: not a dattn bench row (samples_ms",
+        ),
+        (
+            json.dumps(row("sdpa", 256, [1.0, 2.0]) | {"samples_ms": [1.0, "x"]}),
+            "base.jsonl:2: not a dattn bench row (samples_ms.1",
+        ),
+        (json.dumps({"record": "point", "impl": "sdpa"}), "base.jsonl:2: not a dattn bench row"),
+    ],
+)
 def test_bad_reports_are_value_errors(tmp_path, line, message):
     base = tmp_path / "base.jsonl"
     base.write_text(json.dumps(ENV) + "\n" + line + "\n")
@@ -235,8 +322,13 @@ def test_many_points_keep_alpha_as_a_whole():
     from dattn_cli.compare.match import side_of
     from dattn_cli.compare.report import compare_pairs
 
-    pairs = [(side_of(BenchRow.model_validate(row("sdpa", 256 * (i + 1), samples(100 + i))), "b"),
-              side_of(BenchRow.model_validate(row("sdpa", 256 * (i + 1), samples(200 + i))), "n")) for i in range(40)]
+    pairs = [
+        (
+            side_of(BenchRow.model_validate(row("sdpa", 256 * (i + 1), samples(100 + i))), "b"),
+            side_of(BenchRow.model_validate(row("sdpa", 256 * (i + 1), samples(200 + i))), "n"),
+        )
+        for i in range(40)
+    ]
     points = compare_pairs(pairs, threshold_pct=0)
     assert sum(p.p_value < 0.05 for p in points) >= 1
     assert {p.verdict for p in points} == {"same"}
@@ -304,6 +396,7 @@ def test_a_point_between_same_and_faster_does_not_make_the_run_inconclusive(tmp_
     """A 9% speedup at a 10% threshold: its CI straddles the band's lower edge, so the point is inconclusive
     (same or faster, not which), but a regression is excluded and the gate passes; straddling the upper edge
     it is not excluded, and a flagged point never is."""
+
     def run(scale, **extra):
         base = report(tmp_path / "b.jsonl", [row("sdpa", 256, samples(1, n=40))])
         new = report(tmp_path / "n.jsonl", [row("sdpa", 256, samples(2, scale, n=40), **extra)])

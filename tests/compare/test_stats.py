@@ -8,8 +8,17 @@ import math
 import numpy as np
 import pytest
 
-from dattn_cli.compare.stats import (holm, mann_whitney_p, median_ci, ratio_ci, ratio_estimate, relative_iqr,
-                                     spread_differs, summarize, verdict)
+from dattn_cli.compare.stats import (
+    holm,
+    mann_whitney_p,
+    median_ci,
+    ratio_ci,
+    ratio_estimate,
+    relative_iqr,
+    spread_differs,
+    summarize,
+    verdict,
+)
 
 PAIRS = 200
 THRESHOLD = 10.0

@@ -19,8 +19,9 @@ def module_for(impl: str):
     from dattn_cli.kernels import REGISTRY
 
     if REGISTRY[impl].block_sparse:
-        return REGISTRY[impl].cls(pattern="longnet", segment_lengths=SEGS, dilation_rates=RATES, block_size=BLOCK,
-                                  process_group=None)
+        return REGISTRY[impl].cls(
+            pattern="longnet", segment_lengths=SEGS, dilation_rates=RATES, block_size=BLOCK, process_group=None
+        )
     return REGISTRY[impl].cls(SEGS, RATES)
 
 
@@ -35,8 +36,12 @@ def gqa_cases(rank: int, world: int, impl: str):
             module = module_for(impl)
             out, lse = module.forward_with_lse(*xs, causal)
             out.backward(up[:, shard])
-            results[kv_heads, causal] = {"out": out.detach(), "lse": lse, "grads": [x.grad for x in xs],
-                                         "comm": module.comm_stats()}
+            results[kv_heads, causal] = {
+                "out": out.detach(),
+                "lse": lse,
+                "grads": [x.grad for x in xs],
+                "comm": module.comm_stats(),
+            }
     return results
 
 
@@ -67,11 +72,16 @@ def document_cases(rank: int, world: int, impl: str):
                 q, k, v, up, mask = doc_inputs(case, masked)
                 xs = [x[:, shard].clone().requires_grad_() for x in (q, k, v)]
                 module = module_for(impl)
-                out, lse = module.forward_with_lse(*xs, causal, key_padding_mask=None if mask is None else mask[:, shard],
-                                                   cu_seqlens=offsets(lengths))
+                out, lse = module.forward_with_lse(
+                    *xs, causal, key_padding_mask=None if mask is None else mask[:, shard], cu_seqlens=offsets(lengths)
+                )
                 out.backward(up[:, shard])
-                results[case, causal, masked] = {"out": out.detach(), "lse": lse, "grads": [x.grad for x in xs],
-                                                 "comm": module.comm_stats()}
+                results[case, causal, masked] = {
+                    "out": out.detach(),
+                    "lse": lse,
+                    "grads": [x.grad for x in xs],
+                    "comm": module.comm_stats(),
+                }
     return results
 
 
@@ -89,13 +99,19 @@ def window_cases(rank: int, world: int):
             q, k, v, up = inputs(2, causal)
             mask = torch.rand(B, N, generator=torch.Generator().manual_seed(left)) < 0.2
             xs = [x[:, shard].clone().requires_grad_() for x in (q, k, v)]
-            module = BlockSparseRingDilatedAttention(pattern="sliding_window", block_size=BLOCK, window_left=left,
-                                                     window_right=right)
+            module = BlockSparseRingDilatedAttention(
+                pattern="sliding_window", block_size=BLOCK, window_left=left, window_right=right
+            )
             out, lse = module.forward_with_lse(*xs, causal, key_padding_mask=mask[:, shard])
             out.backward(up[:, shard])
             volume = module.comm_volume(N, H, D, B, 8, causal, masked=True, num_kv_heads=2)
-            results[left, right, causal] = {"out": out.detach(), "lse": lse, "grads": [x.grad for x in xs],
-                                            "comm": module.comm_stats(), "volume": volume}
+            results[left, right, causal] = {
+                "out": out.detach(),
+                "lse": lse,
+                "grads": [x.grad for x in xs],
+                "comm": module.comm_stats(),
+                "volume": volume,
+            }
     return results
 
 

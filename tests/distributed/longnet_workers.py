@@ -15,15 +15,26 @@ SEGMENTS, DILATIONS = [8, 48], [1, 2]  # 8 fits in every shard; 48 spans every r
 
 
 def build(attention: str = "ImprovedMultiheadDilatedAttention", **options) -> LongNetLM:
-    return LongNetLM(VOCAB, WIDTH, HEADS, LAYERS, segment_lengths=SEGMENTS, dilation_rates=DILATIONS,
-                     attention=attention, dtype=torch.float64, **options)
+    return LongNetLM(
+        VOCAB,
+        WIDTH,
+        HEADS,
+        LAYERS,
+        segment_lengths=SEGMENTS,
+        dilation_rates=DILATIONS,
+        attention=attention,
+        dtype=torch.float64,
+        **options,
+    )
 
 
 def inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens (BATCH, SEQ) and the upstream gradient of the logits (BATCH, SEQ, VOCAB)."""
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
-            torch.randn(BATCH, SEQ, VOCAB, generator=g, dtype=torch.float64))
+    return (
+        torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
+        torch.randn(BATCH, SEQ, VOCAB, generator=g, dtype=torch.float64),
+    )
 
 
 def run_shard(model: LongNetLM, tokens, upstream, rank: int, world: int, offsets: str):

@@ -12,8 +12,9 @@ N, SEGMENTS, RATES = 50, [8, 20], [1, 2]  # N % p != 0 and N/p neither divides n
 # the patterns of the core checks: [8, 20] pads to segments that fit in shards (no bytes move); in [10, 100]
 # ŵ = N' spans every rank, so the padded buffers travel
 PATTERNS = [(SEGMENTS, RATES), ([10, 100], [1, 3])]
-PADDED_VARIANTS = [(sem, causal, masked) for sem in ("longnet", "head_groups") for causal in (False, True)
-                   for masked in (False, True)]
+PADDED_VARIANTS = [
+    (sem, causal, masked) for sem in ("longnet", "head_groups") for causal in (False, True) for masked in (False, True)
+]
 CORE_IMPLS = ["RingDilatedAttention", "DistributedImprovedDilatedAttention", "HeadParallelDilatedAttention"]
 # block-sparse: (module options, N); block size 8, so the last real block is ragged and gets padded rows.
 # head_groups longnet with r = 8 on N = 49: a padded row (49) is kept where the real row 48 is not, so a table
@@ -46,8 +47,14 @@ def _run_core(module, inputs, causal, sharding, real_len=None):
     extra = {} if real_len is None else {"seq_len": real_len}
     out, lse = module.forward_with_lse(*xs, causal, key_padding_mask=padding, **extra)
     grads = torch.autograd.grad(out, xs, shards[3][0].float())
-    return {"out": out.detach(), "lse": lse.detach(), "grads": [g.detach() for g in grads], "mask": padding,
-            "gathered": gather_sequence(out.detach(), q.shape[1]), "comm": module.comm_stats()}
+    return {
+        "out": out.detach(),
+        "lse": lse.detach(),
+        "grads": [g.detach() for g in grads],
+        "mask": padding,
+        "gathered": gather_sequence(out.detach(), q.shape[1]),
+        "comm": module.comm_stats(),
+    }
 
 
 def padded_core_cases(rank: int, world: int):
@@ -104,8 +111,11 @@ def padded_multihead_cases(rank: int, world: int):
         xs = xs.float().requires_grad_()
         out, _ = module(xs, xs, xs, is_causal=causal, key_padding_mask=padding)
         grads = torch.autograd.grad(out, [xs, *module.parameters()], ups.float())
-        results[causal] = {"out": out.detach(), "dx": grads[0],
-                           "dparams": torch.cat([g.flatten() for g in grads[1:]]).double()}
+        results[causal] = {
+            "out": out.detach(),
+            "dx": grads[0],
+            "dparams": torch.cat([g.flatten() for g in grads[1:]]).double(),
+        }
     return results
 
 
@@ -118,8 +128,14 @@ def round_trip(rank: int, world: int):
     masked_shard, user_mask = shard_sequence(x, segment_lengths=SEGMENTS, key_padding_mask=user)
     y = x.transpose(1, 2).contiguous()  # (B, E, N): the sequence at dim 2
     y_shard, _ = shard_sequence(y, block_size=8, dim=2)
-    return {"shard": shard, "mask": mask, "user_mask": user_mask, "same": torch.equal(shard, masked_shard),
-            "back": gather_sequence(shard, 50), "back_dim2": gather_sequence(y_shard, 50, dim=2)}
+    return {
+        "shard": shard,
+        "mask": mask,
+        "user_mask": user_mask,
+        "same": torch.equal(shard, masked_shard),
+        "back": gather_sequence(shard, 50),
+        "back_dim2": gather_sequence(y_shard, 50, dim=2),
+    }
 
 
 def gather_mismatched(rank: int, world: int):

@@ -6,8 +6,12 @@ NaN and give real positions nothing; bytes moved equal the formulas on the padde
 import pytest
 import torch
 
-from dattn_cli.kernels import BlockSparseRingDilatedAttention, block_sparse_reference, dilated_attention_reference
-from dattn_cli.kernels import padded_length
+from dattn_cli.kernels import (
+    BlockSparseRingDilatedAttention,
+    block_sparse_reference,
+    dilated_attention_reference,
+    padded_length,
+)
 from dattn_cli.kernels.distributed.sequence_parallel import comm_volume
 from dattn_cli.kernels.distributed.sharding import join_shards
 from dattn_cli.runtime.launch import run_distributed
@@ -41,8 +45,12 @@ def _head_parallel_bytes(world, heads, masked):
     per_tensor = sw.B * length * heads * sw.D * 4 * (world - 1) // world
     mask = sw.B * length * (world - 1) if masked or world * length > sw.N else 0  # the (B, L) bool mask gathered
     lse = sw.B * length * heads * 4 * (world - 1) // world  # forward_with_lse brings lse back too
-    return dict(forward_bytes_sent=4 * per_tensor + mask + lse, forward_bytes_received=4 * per_tensor + mask + lse,
-                backward_bytes_sent=4 * per_tensor, backward_bytes_received=4 * per_tensor)
+    return dict(
+        forward_bytes_sent=4 * per_tensor + mask + lse,
+        forward_bytes_received=4 * per_tensor + mask + lse,
+        backward_bytes_sent=4 * per_tensor,
+        backward_bytes_received=4 * per_tensor,
+    )
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -68,8 +76,9 @@ def _check_bytes(per_rank, key, world, heads, segments, rates, where):
     if impl in STRATEGY:
         padded = padded_length(sw.N, world, segments)
         assert padded > sw.N and padded % world == 0
-        expected = comm_volume(STRATEGY[impl], padded, world, sw.B, heads, sw.D, 4, segments, rates, sem, causal,
-                               with_mask=True)
+        expected = comm_volume(
+            STRATEGY[impl], padded, world, sw.B, heads, sw.D, 4, segments, rates, sem, causal, with_mask=True
+        )
     else:
         expected = [_head_parallel_bytes(world, heads, masked)] * world
     for rank, r in enumerate(per_rank):
@@ -128,8 +137,21 @@ def test_verify_no_longer_refuses_shards_for_n_over_p(tmp_path, capsys):
     from tests.cli.test_verify_env import run_cli
 
     report = tmp_path / "v.json"
-    code, out, err = run_cli(["verify", "--impl", "RingDilatedAttention", "--world-size", "3", "--semantics",
-                              "longnet", "--causal", "--json", str(report)], capsys)
+    code, out, err = run_cli(
+        [
+            "verify",
+            "--impl",
+            "RingDilatedAttention",
+            "--world-size",
+            "3",
+            "--semantics",
+            "longnet",
+            "--causal",
+            "--json",
+            str(report),
+        ],
+        capsys,
+    )
     assert code == 0, out + err
     data = json.loads(report.read_text())
     assert not [s for s in data["skipped"] if "N/p" in s or "divisible" in s or "segment length" in s], data["skipped"]

@@ -5,8 +5,8 @@ equal `comm_volume`."""
 import pytest
 import torch
 
-from dattn_cli.runtime.launch import run_distributed
 from dattn_cli.kernels import BlockSparseRingDilatedAttention, block_sparse_reference
+from dattn_cli.runtime.launch import run_distributed
 from tests.conftest import rel_err
 from tests.distributed import workers
 
@@ -15,7 +15,7 @@ from tests.distributed import workers
 def test_ring_shards_equal_the_reference_and_move_only_used_blocks(world):
     per_rank = run_distributed(workers.block_sparse_cases, world, timeout_s=120)
     assert len(per_rank[0]) >= 4 * len(workers.BS_VARIANTS)
-    for (c, i) in per_rank[0]:
+    for c, i in per_rank[0]:
         options, n = workers.BS_CASES[c]
         causal, masked = workers.BS_VARIANTS[i]
         q, k, v, up, mask = workers.bs_inputs(c, i)

@@ -61,11 +61,23 @@ def test_every_distributed_class_in_data_x_sequence_parallel_groups(sp):
                 outs.append(ref["out"])
                 if impl in STRATEGY:  # the all-gather's point-to-point path moves the formula's bytes too
                     pattern = workers.DP_SP_PATTERN
-                    expected = comm_volume(STRATEGY[impl], N, sp, B, H, D, 8, pattern["segment_lengths"],
-                                           pattern["dilation_rates"], is_causal=causal)
+                    expected = comm_volume(
+                        STRATEGY[impl],
+                        N,
+                        sp,
+                        B,
+                        H,
+                        D,
+                        8,
+                        pattern["segment_lengths"],
+                        pattern["dilation_rates"],
+                        is_causal=causal,
+                    )
                     for member, r in enumerate(got):
                         assert {k: v for k, v in r["comm"].items() if k != "forward_calls"} == expected[member]
-            assert not torch.allclose(outs[0], outs[1]), "the groups' sequences must differ for this test to mean anything"
+            assert not torch.allclose(outs[0], outs[1]), (
+                "the groups' sequences must differ for this test to mean anything"
+            )
 
 
 def test_the_layouts_exercise_both_all_gather_paths():

@@ -17,8 +17,9 @@ def _separate_calls(impl: str, case: int, causal: bool, masked: bool):
     module, outs, lses, at = w.module_for(impl), [], [], 0
     for n in w.DOC_LENGTHS[case]:
         rows = slice(at, at + n)
-        out, lse = module.reference(q[:, rows], k[:, rows], v[:, rows], causal,
-                                    key_padding_mask=None if mask is None else mask[:, rows])
+        out, lse = module.reference(
+            q[:, rows], k[:, rows], v[:, rows], causal, key_padding_mask=None if mask is None else mask[:, rows]
+        )
         outs.append(out)
         lses.append(lse)
         at += n
@@ -32,8 +33,13 @@ def test_documents_across_shards_equal_separate_calls(impl, world):
     per_rank = run_distributed(w.document_cases, world, impl, timeout_s=180)
     for key in per_rank[0]:
         out, lse, grads = _separate_calls(impl, *key)
-        join = lambda name, j=None: torch.cat([r[key][name] if j is None else r[key][name][j]  # noqa: E731
-                                               for r in per_rank], 1)
+        join = lambda name, j=None: torch.cat(
+            [
+                r[key][name] if j is None else r[key][name][j]  # noqa: E731
+                for r in per_rank
+            ],
+            1,
+        )
         where = (impl, world, key)
         assert rel_err(join("out"), out) <= 1e-10 and rel_err(join("lse"), lse.double()) <= 1e-6, where
         for j in range(3):

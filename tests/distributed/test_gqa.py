@@ -12,8 +12,12 @@ from dattn_cli.workload.counts import head_parallel_traffic, sequence_parallel_t
 from tests.conftest import rel_err
 from tests.distributed import gqa_workers as w
 
-IMPLS = ["RingDilatedAttention", "DistributedImprovedDilatedAttention", "HeadParallelDilatedAttention",
-         "BlockSparseRingDilatedAttention"]
+IMPLS = [
+    "RingDilatedAttention",
+    "DistributedImprovedDilatedAttention",
+    "HeadParallelDilatedAttention",
+    "BlockSparseRingDilatedAttention",
+]
 STRATEGY = {"RingDilatedAttention": "ring", "DistributedImprovedDilatedAttention": "allgather"}
 KEYS = ("forward_bytes_sent", "forward_bytes_received", "backward_bytes_sent", "backward_bytes_received")
 
@@ -33,25 +37,45 @@ def _reference(impl: str, kv_heads: int, causal: bool):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_gqa_shards_equal_the_reference(impl, world):
     per_rank = run_distributed(w.gqa_cases, world, impl, timeout_s=180)
-    for (kv_heads, causal) in per_rank[0]:
+    for kv_heads, causal in per_rank[0]:
         out, lse, grads = _reference(impl, kv_heads, causal)
-        join = lambda key, j=None: torch.cat([r[kv_heads, causal][key] if j is None  # noqa: E731
-                                              else r[kv_heads, causal][key][j] for r in per_rank], 1)
+        join = lambda key, j=None: torch.cat(
+            [
+                r[kv_heads, causal][key]
+                if j is None  # noqa: E731
+                else r[kv_heads, causal][key][j]
+                for r in per_rank
+            ],
+            1,
+        )
         where = (impl, world, kv_heads, causal)
         assert rel_err(join("out"), out) <= 1e-10 and rel_err(join("lse"), lse) <= 1e-6, where
         for j in range(3):
             assert join("grads", j).shape == grads[j].shape and rel_err(join("grads", j), grads[j]) <= 1e-10, (where, j)
         comm = [{k: r[kv_heads, causal]["comm"][k] for k in KEYS} for r in per_rank]
         if impl in STRATEGY:
-            assert comm == comm_volume(STRATEGY[impl], w.N, world, w.B, w.H, w.D, 8, w.SEGS, w.RATES,
-                                       is_causal=causal, num_kv_heads=kv_heads), where
+            assert comm == comm_volume(
+                STRATEGY[impl], w.N, world, w.B, w.H, w.D, 8, w.SEGS, w.RATES, is_causal=causal, num_kv_heads=kv_heads
+            ), where
         if impl.startswith("HeadParallel"):  # q, out at H heads, k, v at lcm(H_kv, p); fwd + bwd, no lse moved
-            problem = Problem(impl=impl, seq_len=w.N, heads=w.H, kv_heads=kv_heads, head_dim=w.D, batch=w.B,
-                              dtype="float64", world_size=world, mode="fwdbwd", segment_lengths=w.SEGS,
-                              dilation_rates=w.RATES)
+            problem = Problem(
+                impl=impl,
+                seq_len=w.N,
+                heads=w.H,
+                kv_heads=kv_heads,
+                head_dim=w.D,
+                batch=w.B,
+                dtype="float64",
+                world_size=world,
+                mode="fwdbwd",
+                segment_lengths=w.SEGS,
+                dilation_rates=w.RATES,
+            )
             for c in comm:  # lse goes back too (forward_with_lse): one (B, N/p, H, 1) float64 all-to-all
                 lse_bytes = w.B * (w.N // world) * w.H * 8 * (world - 1) // world
-                assert c["forward_bytes_sent"] + c["backward_bytes_sent"] - lse_bytes == head_parallel_traffic(problem)[0]
+                assert (
+                    c["forward_bytes_sent"] + c["backward_bytes_sent"] - lse_bytes == head_parallel_traffic(problem)[0]
+                )
 
 
 def test_kv_bytes_at_p4_drop_with_the_kv_heads():
@@ -65,8 +89,19 @@ def test_kv_bytes_at_p4_drop_with_the_kv_heads():
             for rank in range(4):
                 for key in KEYS:
                     assert gqa[rank][key] == share * full[rank][key] and full[rank][key] > 0, (strategy, rates, key)
-    p = Problem(impl="RingDilatedAttention", seq_len=96, heads=8, head_dim=8, batch=2, world_size=4,
-                segment_lengths=[48, 96], dilation_rates=[1, 1], mode="fwdbwd")
+    p = Problem(
+        impl="RingDilatedAttention",
+        seq_len=96,
+        heads=8,
+        head_dim=8,
+        batch=2,
+        world_size=4,
+        segment_lengths=[48, 96],
+        dilation_rates=[1, 1],
+        mode="fwdbwd",
+    )
     assert sequence_parallel_traffic(p)[0] == 4 * sequence_parallel_traffic(p.with_(kv_heads=2))[0]
-    assert sequence_parallel_traffic(p.with_(dilation_rates=[2, 2]))[0] == \
-        2 * sequence_parallel_traffic(p.with_(dilation_rates=[2, 2], kv_heads=2))[0]
+    assert (
+        sequence_parallel_traffic(p.with_(dilation_rates=[2, 2]))[0]
+        == 2 * sequence_parallel_traffic(p.with_(dilation_rates=[2, 2], kv_heads=2))[0]
+    )

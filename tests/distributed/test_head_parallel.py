@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
-from dattn_cli.runtime.launch import DistributedError, run_distributed
 from dattn_cli.kernels import dilated_attention_reference
+from dattn_cli.runtime.launch import DistributedError, run_distributed
 from tests.conftest import rel_err
 from tests.distributed import workers
 
@@ -65,17 +65,23 @@ def test_verify_world_sizes_from_the_cli(tmp_path, capsys):
     from tests.cli.test_verify_env import run_cli
 
     report = tmp_path / "v.json"
-    code, out, err = run_cli(["verify", "--world-size", "1,2,4", "--semantics", "longnet", "--causal",
-                              "--json", str(report)], capsys)
+    code, out, err = run_cli(
+        ["verify", "--world-size", "1,2,4", "--semantics", "longnet", "--causal", "--json", str(report)], capsys
+    )
     assert code == 0, out + err
     rows = json.loads(report.read_text())["results"]
     by_world = {w: [r for r in rows if r["world_size"] == w] for w in (1, 2, 4)}
     assert all(by_world[w] for w in (1, 2, 4))
-    assert {r["impl"] for r in rows} == {"HeadParallelDilatedAttention", "HeadParallelMultiheadDilatedAttention",
-                                         "RingDilatedAttention", "RingMultiheadDilatedAttention",
-                                         "DistributedImprovedDilatedAttention",
-                                         "DistributedImprovedMultiheadDilatedAttention",
-                                         "BlockSparseRingDilatedAttention", "BlockSparseRingMultiheadDilatedAttention"}
+    assert {r["impl"] for r in rows} == {
+        "HeadParallelDilatedAttention",
+        "HeadParallelMultiheadDilatedAttention",
+        "RingDilatedAttention",
+        "RingMultiheadDilatedAttention",
+        "DistributedImprovedDilatedAttention",
+        "DistributedImprovedMultiheadDilatedAttention",
+        "BlockSparseRingDilatedAttention",
+        "BlockSparseRingMultiheadDilatedAttention",
+    }
     assert all(r["passed"] for r in rows)
     assert max(e["rel"] for r in by_world[4] for name, e in r["errors"].items() if name.startswith("d")) <= 1e-4
     assert all(r["comm"] and len(r["comm"]) == r["world_size"] for r in rows)

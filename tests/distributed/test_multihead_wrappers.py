@@ -17,8 +17,9 @@ WRAPPERS = ["DistributedImprovedMultiheadDilatedAttention", "HeadParallelMultihe
 
 def reference(impl: str, causal: bool) -> dict:
     w = workers.WRAPPER
-    module = workers.seeded_multihead_module(impl, 5, num_heads=w["H"], segment_lengths=w["segment_lengths"],
-                                             dilation_rates=w["dilation_rates"])
+    module = workers.seeded_multihead_module(
+        impl, 5, num_heads=w["H"], segment_lengths=w["segment_lengths"], dilation_rates=w["dilation_rates"]
+    )
     module.attention = ReferenceCore(module.attention, torch.float64)
     q, _, _, up = workers.wrapper_inputs(causal)
     x = q.flatten(2).clone().requires_grad_()
@@ -32,10 +33,15 @@ def expected_bytes(impl: str, world: int, causal: bool) -> list[dict]:
     if impl.startswith("HeadParallel"):  # q, k, v and out each move (p-1)/p of the shard, both ways
         shard = B * (w["N"] // world) * w["H"] * D * e
         moved = 4 * (shard * (world - 1) // world)
-        return [dict.fromkeys(("forward_bytes_sent", "forward_bytes_received", "backward_bytes_sent",
-                               "backward_bytes_received"), moved)] * world
-    return comm_volume("allgather", w["N"], world, B, w["H"], D, e, w["segment_lengths"], w["dilation_rates"],
-                       is_causal=causal)
+        return [
+            dict.fromkeys(
+                ("forward_bytes_sent", "forward_bytes_received", "backward_bytes_sent", "backward_bytes_received"),
+                moved,
+            )
+        ] * world
+    return comm_volume(
+        "allgather", w["N"], world, B, w["H"], D, e, w["segment_lengths"], w["dilation_rates"], is_causal=causal
+    )
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -57,9 +63,15 @@ def test_wrapper_shards_equal_the_reference(impl, world):
 
 
 def test_wrappers_wrap_their_forms_and_are_registered_like_ring():
-    for impl, core in (("DistributedImprovedMultiheadDilatedAttention", "DistributedImprovedDilatedAttention"),
-                       ("HeadParallelMultiheadDilatedAttention", "HeadParallelDilatedAttention")):
+    for impl, core in (
+        ("DistributedImprovedMultiheadDilatedAttention", "DistributedImprovedDilatedAttention"),
+        ("HeadParallelMultiheadDilatedAttention", "HeadParallelDilatedAttention"),
+    ):
         spec = REGISTRY[impl]
         assert spec.kind == "multihead" and spec.cls.attention_class is REGISTRY[core].cls
         assert (spec.strategy, spec.distributed, spec.single_device, spec.shard_rule) == (
-            REGISTRY[core].strategy, True, False, REGISTRY[core].shard_rule)
+            REGISTRY[core].strategy,
+            True,
+            False,
+            REGISTRY[core].shard_rule,
+        )

@@ -4,9 +4,9 @@ each rank moves equal the closed-form volume of docs/communication.md."""
 import pytest
 import torch
 
-from dattn_cli.runtime.launch import DistributedError, run_distributed
 from dattn_cli.kernels import dilated_attention_reference
 from dattn_cli.kernels.distributed.sequence_parallel import comm_volume, shard_plan
+from dattn_cli.runtime.launch import DistributedError, run_distributed
 from tests.conftest import rel_err
 from tests.distributed import workers
 
@@ -51,13 +51,22 @@ def test_ring_volume_by_hand():
     buffer = 2 * 2 * 4 * 6 * 8 * 4
     counts = comm_volume("ring", 48, 4, 2, 4, 8, 4, [12, 48], [1, 2])
     for rank in range(4):  # non-causal: 3 buffers each way; backward: again, plus 3 dK/dV shares home
-        assert counts[rank] == dict(forward_bytes_sent=3 * buffer, forward_bytes_received=3 * buffer,
-                                    backward_bytes_sent=6 * buffer, backward_bytes_received=6 * buffer)
+        assert counts[rank] == dict(
+            forward_bytes_sent=3 * buffer,
+            forward_bytes_received=3 * buffer,
+            backward_bytes_sent=6 * buffer,
+            backward_bytes_received=6 * buffer,
+        )
     causal = comm_volume("ring", 48, 4, 2, 4, 8, 4, [12, 48], [1, 2], is_causal=True)
     # member a receives the a earlier buffers; sends its own plus the ones a later rank still needs
     assert [c["forward_bytes_received"] for c in causal] == [0, buffer, 2 * buffer, 3 * buffer]
     assert [c["forward_bytes_sent"] for c in causal] == [buffer, 2 * buffer, 3 * buffer, 0]
-    assert [c["backward_bytes_received"] - c["forward_bytes_received"] for c in causal] == [3 * buffer, 2 * buffer, buffer, 0]
+    assert [c["backward_bytes_received"] - c["forward_bytes_received"] for c in causal] == [
+        3 * buffer,
+        2 * buffer,
+        buffer,
+        0,
+    ]
     unsparsified = 2 * 2 * 12 * 4 * 8 * 4  # the full K/V shard: r = 2 times larger than what moves
     assert buffer * 2 == unsparsified
 

@@ -24,8 +24,9 @@ def test_padded_length_is_the_smallest_aligned_one():
         n, world = rng.randint(1, 90), rng.randint(2, 5)
         segments = rng.sample(range(1, 25), rng.randint(0, 3))
         block = rng.choice([None, 1, 4, 8])
-        naive = next(length for length in itertools.count(-(-n // world))
-                     if _aligned(length, world, segments, block or 1))
+        naive = next(
+            length for length in itertools.count(-(-n // world)) if _aligned(length, world, segments, block or 1)
+        )
         assert padded_length(n, world, segments, block) == world * naive, (n, world, segments, block)
 
 
@@ -66,19 +67,27 @@ def test_one_process_shards_nothing():
     assert torch.equal(gather_sequence(shard, 7), x)
 
 
-@pytest.mark.parametrize("call,needle", [
-    (lambda: shard_sequence(torch.zeros(5)), "x has shape (5,): pass a tensor (batch, seq_len, ...)"),
-    (lambda: shard_sequence(torch.zeros(2, 5), dim=2), "dim=2 is not a dimension of x with shape (2, 5)"),
-    (lambda: shard_sequence(torch.zeros(2, 5), dim=0), "dim=0 is the batch dimension"),
-    (lambda: shard_sequence(torch.zeros(2, 5), segment_lengths=[4, 0]), "segment_lengths must be a positive integer"),
-    (lambda: shard_sequence(torch.zeros(2, 5), block_size=2.5), "block_size must be a positive integer, got 2.5"),
-    (lambda: shard_sequence(torch.zeros(2, 5), key_padding_mask=torch.zeros(2, 4, dtype=torch.bool)),
-     "key_padding_mask must be a bool tensor of shape (2, 5)"),
-    (lambda: gather_sequence(torch.zeros(2, 5), 6), "seq_len=6 is not within the 5 positions"),
-    (lambda: gather_sequence(torch.zeros(2, 5), 0), "seq_len must be a positive integer, got 0"),
-    (lambda: padded_length(10, 0), "world must be a positive integer, got 0"),
-    (lambda: rank_shard(torch.zeros(1, 10), 0, 3, 3), "length=3: 3 shards of 3 hold fewer than the N=10"),
-])
+@pytest.mark.parametrize(
+    "call,needle",
+    [
+        (lambda: shard_sequence(torch.zeros(5)), "x has shape (5,): pass a tensor (batch, seq_len, ...)"),
+        (lambda: shard_sequence(torch.zeros(2, 5), dim=2), "dim=2 is not a dimension of x with shape (2, 5)"),
+        (lambda: shard_sequence(torch.zeros(2, 5), dim=0), "dim=0 is the batch dimension"),
+        (
+            lambda: shard_sequence(torch.zeros(2, 5), segment_lengths=[4, 0]),
+            "segment_lengths must be a positive integer",
+        ),
+        (lambda: shard_sequence(torch.zeros(2, 5), block_size=2.5), "block_size must be a positive integer, got 2.5"),
+        (
+            lambda: shard_sequence(torch.zeros(2, 5), key_padding_mask=torch.zeros(2, 4, dtype=torch.bool)),
+            "key_padding_mask must be a bool tensor of shape (2, 5)",
+        ),
+        (lambda: gather_sequence(torch.zeros(2, 5), 6), "seq_len=6 is not within the 5 positions"),
+        (lambda: gather_sequence(torch.zeros(2, 5), 0), "seq_len must be a positive integer, got 0"),
+        (lambda: padded_length(10, 0), "world must be a positive integer, got 0"),
+        (lambda: rank_shard(torch.zeros(1, 10), 0, 3, 3), "length=3: 3 shards of 3 hold fewer than the N=10"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_parameter(call, needle):
     with pytest.raises(ValueError) as info:
         call()

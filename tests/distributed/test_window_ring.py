@@ -16,15 +16,20 @@ KEYS = ("forward_bytes_sent", "forward_bytes_received", "backward_bytes_sent", "
 @pytest.mark.parametrize("world", [2, 4])
 def test_window_shards_equal_the_reference_and_move_only_halos(world):
     per_rank = run_distributed(w.window_cases, world, timeout_s=180)
-    for (left, right, causal), first in per_rank[0].items():
+    for left, right, causal in per_rank[0]:
         q, k, v, up = w.inputs(2, causal)
         mask = torch.rand(w.B, w.N, generator=torch.Generator().manual_seed(left)) < 0.2
         q, k, v = (x.requires_grad_() for x in (q, k, v))
         ref, ref_lse = sliding_window_reference(q, k, v, left, right, causal, key_padding_mask=mask)
         grads = torch.autograd.grad(ref, (q, k, v), up)
         key = (left, right, causal)
-        join = lambda name, j=None: torch.cat([r[key][name] if j is None else r[key][name][j]  # noqa: E731
-                                               for r in per_rank], 1)
+        join = lambda name, j=None: torch.cat(
+            [
+                r[key][name] if j is None else r[key][name][j]  # noqa: E731
+                for r in per_rank
+            ],
+            1,
+        )
         assert rel_err(join("out"), ref) <= 1e-12, key
         finite = torch.isfinite(ref_lse)
         assert rel_err(join("lse")[finite].double(), ref_lse[finite].double()) <= 1e-6, key
@@ -34,4 +39,6 @@ def test_window_shards_equal_the_reference_and_move_only_halos(world):
             assert {k: r[key]["comm"][k] for k in KEYS} == r[key]["volume"], key
         # a rank receives at most the window's rows: left before it, right after it (non-causal)
         row = w.B * (2 * 2 * w.D + 1) * 8
-        assert all(r[key]["comm"]["forward_bytes_received"] <= (left + (0 if causal else right)) * row for r in per_rank)
+        assert all(
+            r[key]["comm"]["forward_bytes_received"] <= (left + (0 if causal else right)) * row for r in per_rank
+        )

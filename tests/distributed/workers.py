@@ -5,9 +5,12 @@ import torch
 from dattn_cli.kernels import HeadParallelDilatedAttention
 
 SHAPE = dict(B=2, N=64, H=8, D=8)
-CASES = [(sem, causal, segs, rates)
-         for sem in ("longnet", "head_groups") for causal in (False, True)
-         for segs, rates in (([8, 16], [1, 2]), ([16, 64], [1, 4]), ([12, 64], [2, 3]))]
+CASES = [
+    (sem, causal, segs, rates)
+    for sem in ("longnet", "head_groups")
+    for causal in (False, True)
+    for segs, rates in (([8, 16], [1, 2]), ([16, 64], [1, 4]), ([12, 64], [2, 3]))
+]
 
 
 def full_inputs(seed: int):
@@ -55,7 +58,9 @@ SP_CASES = [
     (36, 3, [12, 72], [1, 5]),
     (64, 4, [8, 16], [1, 2]),
 ]
-SP_VARIANTS = [(sem, causal, mask) for sem in ("longnet", "head_groups") for causal in (False, True) for mask in (False, True)]
+SP_VARIANTS = [
+    (sem, causal, mask) for sem in ("longnet", "head_groups") for causal in (False, True) for mask in (False, True)
+]
 
 
 def sp_inputs(case: int, variant: int):
@@ -77,17 +82,22 @@ def sequence_parallel_cases(rank: int, world: int, impl: str):
     from dattn_cli.kernels import REGISTRY
 
     results = {}
-    for c, (N, H, segs, rates) in enumerate(SP_CASES):
+    for c, (N, _H, segs, rates) in enumerate(SP_CASES):
         if not sp_shardable(c, world):
             continue
         shard = slice(rank * N // world, (rank + 1) * N // world)
-        for i, (sem, causal, masked) in enumerate(SP_VARIANTS):
+        for i, (sem, causal, _masked) in enumerate(SP_VARIANTS):
             q, k, v, up, mask = sp_inputs(c, i)
             xs = [x[:, shard].float().clone().requires_grad_() for x in (q, k, v)]
             module = REGISTRY[impl].cls(segs, rates, semantics=sem)
             out, lse = module.forward_with_lse(*xs, causal, key_padding_mask=None if mask is None else mask[:, shard])
             out.backward(up[:, shard].float())
-            results[c, i] = {"out": out.detach(), "lse": lse, "grads": [x.grad for x in xs], "comm": module.comm_stats()}
+            results[c, i] = {
+                "out": out.detach(),
+                "lse": lse,
+                "grads": [x.grad for x in xs],
+                "comm": module.comm_stats(),
+            }
     return results
 
 
@@ -103,8 +113,9 @@ def ring_multihead_under_group(rank: int, world: int):
     from dattn_cli.kernels import RingMultiheadDilatedAttention
 
     torch.manual_seed(0)
-    module = RingMultiheadDilatedAttention(16, 2, segment_lengths=[8, 32], dilation_rates=[1, 2],
-                                           process_group=torch.distributed.group.WORLD)
+    module = RingMultiheadDilatedAttention(
+        16, 2, segment_lengths=[8, 32], dilation_rates=[1, 2], process_group=torch.distributed.group.WORLD
+    )
     x = torch.randn(1, 32, 16, generator=torch.Generator().manual_seed(1))[:, rank * 16 : (rank + 1) * 16]
     out, _ = module(x, x, x)
     out.sum().backward()
@@ -178,9 +189,14 @@ def block_sparse_cases(rank: int, world: int):
             module = BlockSparseRingDilatedAttention(block_size=8, **options)
             out, lse = module.forward_with_lse(*xs, causal, key_padding_mask=None if mask is None else mask[:, shard])
             grads = torch.autograd.grad(out, xs, up[:, shard].float())
-            results[c, i] = {"out": out.detach(), "lse": lse, "grads": grads, "comm": module.comm_stats(),
-                             "expected": module.comm_volume(n, 3, 8, 2, 4, causal, masked),
-                             "received": {src: list(b) for src, b in module.received_blocks().items()}}
+            results[c, i] = {
+                "out": out.detach(),
+                "lse": lse,
+                "grads": grads,
+                "comm": module.comm_stats(),
+                "expected": module.comm_volume(n, 3, 8, 2, 4, causal, masked),
+                "received": {src: list(b) for src, b in module.received_blocks().items()},
+            }
     return results
 
 
@@ -201,8 +217,9 @@ DP_SP_IMPLS = {
     "RingDilatedAttention": DP_SP_PATTERN,
     "DistributedImprovedDilatedAttention": DP_SP_PATTERN,
     "HeadParallelDilatedAttention": DP_SP_PATTERN,
-    "BlockSparseRingDilatedAttention": dict(pattern="dilated", segment_lengths=[12, 48], dilation_rates=[1, 2],
-                                            block_size=4),
+    "BlockSparseRingDilatedAttention": dict(
+        pattern="dilated", segment_lengths=[12, 48], dilation_rates=[1, 2], block_size=4
+    ),
     "RingMultiheadDilatedAttention": DP_SP_PATTERN,
     "DistributedImprovedMultiheadDilatedAttention": DP_SP_PATTERN,
     "HeadParallelMultiheadDilatedAttention": DP_SP_PATTERN,
@@ -240,8 +257,12 @@ def sharded_outputs(module, kind: str, inputs, shard: slice, causal: bool) -> di
         out, _ = module(x, x, x, is_causal=causal)
         params = list(module.parameters())
         grads = torch.autograd.grad(out, [x, *params], up.flatten(2)[:, shard])
-        return {"out": out.detach(), "dx": grads[0], "dparams": [g.detach() for g in grads[1:]],
-                "comm": module.comm_stats()}
+        return {
+            "out": out.detach(),
+            "dx": grads[0],
+            "dparams": [g.detach() for g in grads[1:]],
+            "comm": module.comm_stats(),
+        }
     xs = [t[:, shard].clone().requires_grad_() for t in (q, k, v)]
     out, lse = module.forward_with_lse(*xs, causal)
     grads = torch.autograd.grad(out, xs, up[:, shard])
@@ -283,8 +304,9 @@ def auto_choices(rank: int, world: int) -> dict:
         "core, process_group=None": create_dilated_attention(**pattern, process_group=None),
         "core, process_group": create_dilated_attention(**pattern, process_group=dist.group.WORLD),
         "multihead": create_multihead_dilated_attention(embed_dim=16, num_heads=2, **pattern),
-        "multihead, process_group": create_multihead_dilated_attention(embed_dim=16, num_heads=2, **pattern,
-                                                                       process_group=dist.group.WORLD),
+        "multihead, process_group": create_multihead_dilated_attention(
+            embed_dim=16, num_heads=2, **pattern, process_group=dist.group.WORLD
+        ),
     }
     core = lambda m: getattr(m, "attention", m) if hasattr(m, "embed_dim") else m  # noqa: E731
     return {name: (type(m).__name__, core(m).selection_reason) for name, m in built.items()}
@@ -361,9 +383,14 @@ def multihead_wrapper_outputs(rank: int, world: int, impl: str) -> dict:
     length = WRAPPER["N"] // world
     results = {}
     for causal in (False, True):
-        module = seeded_multihead_module(impl, 5, num_heads=WRAPPER["H"], segment_lengths=WRAPPER["segment_lengths"],
-                                         dilation_rates=WRAPPER["dilation_rates"],
-                                         process_group=torch.distributed.group.WORLD)
+        module = seeded_multihead_module(
+            impl,
+            5,
+            num_heads=WRAPPER["H"],
+            segment_lengths=WRAPPER["segment_lengths"],
+            dilation_rates=WRAPPER["dilation_rates"],
+            process_group=torch.distributed.group.WORLD,
+        )
         shard = slice(rank * length, (rank + 1) * length)
         results[causal] = sharded_outputs(module, "multihead", wrapper_inputs(causal), shard, causal)
     return results

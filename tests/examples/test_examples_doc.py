@@ -25,7 +25,9 @@ def pytorchjob() -> dict:
 
 def test_every_example_is_listed():
     text = DOC.read_text()
-    missing = [p.name for p in sorted((ROOT / "examples").iterdir()) if p.is_file() and f"examples/{p.name}" not in text]
+    missing = [
+        p.name for p in sorted((ROOT / "examples").iterdir()) if p.is_file() and f"examples/{p.name}" not in text
+    ]
     assert not missing, f"docs/examples.md does not list {missing}"
 
 
@@ -40,9 +42,13 @@ def test_the_pytorchjob_runs_torchrun_with_the_operators_layout():
         assert container["name"] == "pytorch", role  # the operator injects its variables into this container
         assert int(container["resources"]["limits"]["nvidia.com/gpu"]) == nproc, role
         command = " ".join(container["command"] + container["args"])
-        for option, variable in (("--nnodes", "$PET_NNODES"), ("--nproc-per-node", "$PET_NPROC_PER_NODE"),
-                                 ("--node-rank", "$PET_NODE_RANK"), ("--master-addr", "$MASTER_ADDR"),
-                                 ("--master-port", "$MASTER_PORT")):
+        for option, variable in (
+            ("--nnodes", "$PET_NNODES"),
+            ("--nproc-per-node", "$PET_NPROC_PER_NODE"),
+            ("--node-rank", "$PET_NODE_RANK"),
+            ("--master-addr", "$MASTER_ADDR"),
+            ("--master-port", "$MASTER_PORT"),
+        ):
             assert f'{option} "{variable}"' in command, (role, option)
         assert "torchrun" in command and "-m dattn_cli verify --attach --device cuda" in command
 
@@ -51,7 +57,12 @@ def test_the_pytorchjob_passes_only_verify_options_that_exist():
     job = pytorchjob()
     args = " ".join(job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"])
     options = set(re.findall(r"(--[a-z][a-z-]*)", args.split("-m dattn_cli verify", 1)[1]))
-    helptext = subprocess.run([sys.executable, "-m", "dattn_cli", "verify", "--help"], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}, timeout=120).stdout
+    helptext = subprocess.run(
+        [sys.executable, "-m", "dattn_cli", "verify", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+        timeout=120,
+    ).stdout
     unknown = [o for o in sorted(options) if not re.search(rf"{re.escape(o)}\b", helptext)]
     assert not unknown and len(options) >= 8, unknown

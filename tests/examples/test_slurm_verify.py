@@ -21,11 +21,28 @@ from dattn_cli.runtime.launch import free_port
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "slurm_verify.sbatch"
 TIMEOUT = 300  # a bound against hangs, not a timing check
-SMALL = ["--seq-len", "32", "--segments", "8,32", "--dilations", "1,2", "--heads", "2", "--head-dim", "8",
-         "--semantics", "longnet", "--causal", "--dist-timeout", "60"]  # a later option wins over the script's
+SMALL = [
+    "--seq-len",
+    "32",
+    "--segments",
+    "8,32",
+    "--dilations",
+    "1,2",
+    "--heads",
+    "2",
+    "--head-dim",
+    "8",
+    "--semantics",
+    "longnet",
+    "--causal",
+    "--dist-timeout",
+    "60",
+]  # a later option wins over the script's
 
-pytestmark = [pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash"),
-              pytest.mark.skipif(sys.platform != "linux", reason="process groups over loopback: Linux")]
+pytestmark = [
+    pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash"),
+    pytest.mark.skipif(sys.platform != "linux", reason="process groups over loopback: Linux"),
+]
 
 SRUN = r"""#!/bin/bash
 # stand-in for srun: the command once per task, here, with the variables srun gives a task of a job step
@@ -51,23 +68,44 @@ def job(tmp_path):
     """(run the script with these arguments and extra environment -> (exit code, stdout, stderr), work dir)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in {"srun": SRUN, "scontrol": SCONTROL,
-                       "python": f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n'}.items():
+    for name, text in {
+        "srun": SRUN,
+        "scontrol": SCONTROL,
+        "python": f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n',
+    }.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_", "PET_", "DATTN_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
-               SLURM_JOB_NODELIST="127.0.0.1,127.0.0.2", SLURM_JOB_ID="4242", SLURM_NTASKS="2",
-               SLURM_JOB_NUM_NODES="1", SLURM_CPUS_PER_TASK="1")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "TORCHELASTIC_", "PET_", "DATTN_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        SLURM_JOB_NODELIST="127.0.0.1,127.0.0.2",
+        SLURM_JOB_ID="4242",
+        SLURM_NTASKS="2",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_CPUS_PER_TASK="1",
+    )
 
     def run(*args: str, **extra: str) -> tuple[int, str, str]:
         try:
-            done = subprocess.run(["bash", str(SCRIPT), *args], cwd=tmp_path, env={**env, **extra},
-                                  capture_output=True, text=True, timeout=TIMEOUT)
+            done = subprocess.run(
+                ["bash", str(SCRIPT), *args],
+                cwd=tmp_path,
+                env={**env, **extra},
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT,
+            )
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"timed out after {TIMEOUT} s\n{(exc.stderr or '')[-3000:]}")
         return done.returncode, done.stdout, done.stderr
+
     return run, tmp_path
 
 
@@ -87,8 +125,13 @@ def test_every_option_the_script_passes_is_a_verify_option(job):
     run, _ = job
     _, out, _ = run(FAKE_SRUN_ECHO="1")
     options = {w for w in re.search(r"^COMMAND=(.*)$", out, re.M).group(1).split() if w.startswith("--")}
-    helptext = subprocess.run([sys.executable, "-m", "dattn_cli", "verify", "--help"], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}, timeout=120).stdout
+    helptext = subprocess.run(
+        [sys.executable, "-m", "dattn_cli", "verify", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+        timeout=120,
+    ).stdout
     unknown = [o for o in sorted(options) if not re.search(rf"{re.escape(o)}\b", helptext)]
     assert not unknown and len(options) >= 10, unknown
 

@@ -28,11 +28,23 @@ pytestmark = [
 
 
 def torchrun(nproc: int, *args: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_", "PET_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "TORCHELASTIC_", "PET_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")  # CPU and gloo, also on a GPU host
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               str(SCRIPT), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        str(SCRIPT),
+        *args,
+    ]
     try:
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired as exc:

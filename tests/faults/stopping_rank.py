@@ -18,6 +18,15 @@ class StoppingRingAttention(RingDilatedAttention):
         return super().forward_with_lse(*args, **kwargs)
 
 
-register(ImplSpec("StoppingRingAttention", StoppingRingAttention, "core", "ring",
-                  "rank 1 stops itself: tests/faults/stopping_rank.py", distributed=True, single_device=False,
-                  shard_rule=segment_aligned_shards))
+register(
+    ImplSpec(
+        "StoppingRingAttention",
+        StoppingRingAttention,
+        "core",
+        "ring",
+        "rank 1 stops itself: tests/faults/stopping_rank.py",
+        distributed=True,
+        single_device=False,
+        shard_rule=segment_aligned_shards,
+    )
+)

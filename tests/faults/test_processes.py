@@ -21,7 +21,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -29,10 +28,32 @@ import pytest
 from tests.faults.test_signals import ROOT, TINY, WAIT_S, assert_one_clean_line, start, stop, wait_until
 
 # one point that runs for minutes unless stopped: the worker is alive whenever the parent is killed
-LONG_POINT = ["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "4k", *TINY, "--repeat", "5000",
-              "--max-seconds", "100000"]
-RANKS = ["bench", "--impl", "RingDilatedAttention", "--world-size", "2", "--seq-len", "4k", *TINY, "--repeat", "5000",
-         "--max-seconds", "100000"]
+LONG_POINT = [
+    "bench",
+    "--impl",
+    "ImprovedDilatedAttention",
+    "--seq-len",
+    "4k",
+    *TINY,
+    "--repeat",
+    "5000",
+    "--max-seconds",
+    "100000",
+]
+RANKS = [
+    "bench",
+    "--impl",
+    "RingDilatedAttention",
+    "--world-size",
+    "2",
+    "--seq-len",
+    "4k",
+    *TINY,
+    "--repeat",
+    "5000",
+    "--max-seconds",
+    "100000",
+]
 GONE_WITHIN_S = 15
 
 
@@ -132,8 +153,14 @@ def run_python(code: str, timeout: float = 90) -> str:
     """`code` in a child Python; its stdout. A hang fails here, at the timeout."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     try:
-        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                              cwd=ROOT, timeout=timeout)
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"hung: still waiting after {timeout} s")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -175,11 +202,31 @@ def test_a_worker_stopped_while_sending_its_result_becomes_a_row():
 
 def test_verify_names_the_stopped_rank_not_its_peers(tmp_path):
     report = tmp_path / "v.json"
-    proc = start(["verify", "--impl", "StoppingRingAttention", "--world-size", "2", "--seq-len", "512", "--heads", "2",
-                  "--head-dim", "16", "--segments", "128,256", "--dilations", "1,2", "--dist-timeout", "4",
-                  "--json", str(report)],
-                 DATTN_PLUGINS="tests.faults.stopping_rank",
-                 PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = start(
+        [
+            "verify",
+            "--impl",
+            "StoppingRingAttention",
+            "--world-size",
+            "2",
+            "--seq-len",
+            "512",
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--segments",
+            "128,256",
+            "--dilations",
+            "1,2",
+            "--dist-timeout",
+            "4",
+            "--json",
+            str(report),
+        ],
+        DATTN_PLUGINS="tests.faults.stopping_rank",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
     try:
         out, err = proc.communicate(timeout=WAIT_S)
     except subprocess.TimeoutExpired:

@@ -16,15 +16,39 @@ import pytest
 from dattn_cli.bench import Sweep, read_rows, run_sweep
 from tests.cli.test_verify_env import run_cli
 
-BASE = dict(heads=2, head_dim=16, segment_lengths=[64, 128], dilation_rates=[1, 2], max_memory=2**30, repeat=1,
-            warmup=0)
-TINY = ["--heads", "2", "--head-dim", "16", "--segments", "64,128", "--dilations", "1,2", "--repeat", "1",
-        "--warmup", "0", "--max-memory", "1GiB"]
+BASE = dict(
+    heads=2, head_dim=16, segment_lengths=[64, 128], dilation_rates=[1, 2], max_memory=2**30, repeat=1, warmup=0
+)
+TINY = [
+    "--heads",
+    "2",
+    "--head-dim",
+    "16",
+    "--segments",
+    "64,128",
+    "--dilations",
+    "1,2",
+    "--repeat",
+    "1",
+    "--warmup",
+    "0",
+    "--max-memory",
+    "1GiB",
+]
 
 
 def ok_result(n: int) -> dict:
-    return {"status": "ok", "time_ms": n / 100, "time_ms_p10": n / 110, "time_ms_p90": n / 90, "repeats": 1,
-            "tokens_per_s": 1e5, "flops": 1.0, "tflops": 1e-6, "peak_mem_bytes": 1000 * n}
+    return {
+        "status": "ok",
+        "time_ms": n / 100,
+        "time_ms_p10": n / 110,
+        "time_ms_p90": n / 90,
+        "repeats": 1,
+        "tokens_per_s": 1e5,
+        "flops": 1.0,
+        "tflops": 1e-6,
+        "peak_mem_bytes": 1000 * n,
+    }
 
 
 class Runner:
@@ -61,6 +85,7 @@ def one_line_error(stderr: str) -> str:
 
 
 # --- 1. a torn last line -------------------------------------------------------------------------------------------
+
 
 def killed(out: Path) -> str:
     """The report as a run killed after its last point leaves it: without the closing run_end record."""
@@ -101,14 +126,25 @@ def test_a_report_holding_only_a_torn_line_is_repaired_before_a_new_sweep(tmp_pa
 
 # --- 2. two writers ------------------------------------------------------------------------------------------------
 
+
 def test_a_second_writer_of_the_same_report_is_refused_while_the_first_runs(tmp_path):
     out = tmp_path / "r.jsonl"
     second = {}
 
     def runner(sweep_, problem):
         if not second:  # while the first sweep holds the report, start another dattn on it
-            second["done"] = dattn("bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "256", *TINY,
-                                   "--out", str(out), "--resume", timeout=120)
+            second["done"] = dattn(
+                "bench",
+                "--impl",
+                "ImprovedDilatedAttention",
+                "--seq-len",
+                "256",
+                *TINY,
+                "--out",
+                str(out),
+                "--resume",
+                timeout=120,
+            )
         return ok_result(problem.seq_len)
 
     run_sweep(sweep(256, 512), out=out, runner=runner)
@@ -122,7 +158,7 @@ def test_a_second_writer_of_the_same_report_is_refused_while_the_first_runs(tmp_
 
 def test_the_report_is_free_again_after_the_sweep(tmp_path):
     out = tmp_path / "r.jsonl"
-    with pytest.raises(BaseException):  # an interrupt (KeyboardInterrupt, or what the CLI turns it into)
+    with pytest.raises(BaseException):  # noqa: B017 - an interrupt (KeyboardInterrupt, or what the CLI turns it into)
         run_sweep(sweep(256, 512), out=out, runner=lambda s, p: (_ for _ in ()).throw(KeyboardInterrupt))
     runner = Runner()
     run_sweep(sweep(256, 512), out=out, resume=True, runner=runner)
@@ -130,6 +166,7 @@ def test_the_report_is_free_again_after_the_sweep(tmp_path):
 
 
 # --- 3. an output over the report ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("option", ["--csv", "--json", "--plot"])
 @pytest.mark.parametrize("spelling", ["same", "dot", "link"])
@@ -142,8 +179,22 @@ def test_an_output_naming_the_out_report_is_refused_before_measuring(tmp_path, c
         os.symlink(out, other)
     runner = Runner()
     monkeypatch.setattr("dattn_cli.bench.sweep.run_isolated", runner)
-    code, _, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "256,512", *TINY,
-                            "--out", str(out), "--resume", option, other], capsys)
+    code, _, err = run_cli(
+        [
+            "bench",
+            "--impl",
+            "ImprovedDilatedAttention",
+            "--seq-len",
+            "256,512",
+            *TINY,
+            "--out",
+            str(out),
+            "--resume",
+            option,
+            other,
+        ],
+        capsys,
+    )
     assert code == 2 and runner.calls == []
     assert option in one_line_error(err) and "--out" in err
     assert out.read_bytes() == before
@@ -161,6 +212,7 @@ def test_plan_output_naming_its_input_report_is_refused(tmp_path, capsys, args):
 
 # --- 4. an --out that cannot hold a report -------------------------------------------------------------------------
 
+
 def _bench_out(out: str, **kwargs) -> subprocess.CompletedProcess:
     return dattn("bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "256", *TINY, "--out", out, **kwargs)
 
@@ -172,9 +224,21 @@ def bench(capsys, monkeypatch):
     monkeypatch.setattr("dattn_cli.bench.sweep.run_isolated", runner)
 
     def run(out: str, *lengths: int):
-        code, _, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--seq-len",
-                                ",".join(map(str, lengths or (256,))), *TINY, "--out", out], capsys)
+        code, _, err = run_cli(
+            [
+                "bench",
+                "--impl",
+                "ImprovedDilatedAttention",
+                "--seq-len",
+                ",".join(map(str, lengths or (256,))),
+                *TINY,
+                "--out",
+                out,
+            ],
+            capsys,
+        )
         return code, err, runner
+
     return run
 
 
@@ -262,8 +326,10 @@ def test_a_failed_write_cuts_the_report_back_to_its_last_whole_line(tmp_path, ca
 
     monkeypatch.setattr("dattn_cli.bench.sweep.run_isolated", runner)
     try:
-        code, _, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "256,512,1024,2048",
-                                *TINY, "--out", str(out)], capsys)
+        code, _, err = run_cli(
+            ["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "256,512,1024,2048", *TINY, "--out", str(out)],
+            capsys,
+        )
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limit)
     assert code == 1

@@ -9,20 +9,27 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from dattn_cli.bench import BenchRow, read_rows, run_sweep
 from tests.cli.test_verify_env import run_cli
-from tests.faults.test_reports import TINY, Runner, ok_result, one_line_error, sweep
+from tests.faults.test_reports import TINY, Runner, one_line_error, sweep
 
 SHIPPED = Path("benchmarks/plan_check_cpu.jsonl")  # single-device attention rows, as plan --check/--calibrate want
 
 
 # --- 5. resume and the measurement settings ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("setting, first, then, option", [
-    ("repeat", 1, 3, "--repeat"), ("warmup", 0, 2, "--warmup"), ("max_memory", 2**30, 2**31, "--max-memory"),
-    ("max_seconds", 60.0, 120.0, "--max-seconds"), ("seed", 0, 7, "--seed")])
+
+@pytest.mark.parametrize(
+    "setting, first, then, option",
+    [
+        ("repeat", 1, 3, "--repeat"),
+        ("warmup", 0, 2, "--warmup"),
+        ("max_memory", 2**30, 2**31, "--max-memory"),
+        ("max_seconds", 60.0, 120.0, "--max-seconds"),
+        ("seed", 0, 7, "--seed"),
+    ],
+)
 def test_resume_refuses_points_measured_with_other_settings(tmp_path, setting, first, then, option):
     out = tmp_path / "r.jsonl"
     run_sweep(sweep(256, 512, **{setting: first}), out=out, runner=Runner())
@@ -61,10 +68,14 @@ def test_other_settings_for_points_this_sweep_does_not_measure_are_no_obstacle(t
 
 def _legacy(path: Path, repeat: int) -> None:
     """A report as older dattn wrote it: rows without settings, the sweep's config in its environment record."""
-    rows = [r.model_dump(exclude={"repeat", "warmup", "max_memory", "max_seconds", "seed", "threads"})
-            for r in run_sweep(sweep(256, 512, repeat=repeat), runner=Runner()).rows]
-    env = {"record": "environment", "config": {"repeat": repeat, "warmup": 0, "max_memory": 2**30,
-                                               "max_seconds": 120.0, "seed": 0}}
+    rows = [
+        r.model_dump(exclude={"repeat", "warmup", "max_memory", "max_seconds", "seed", "threads"})
+        for r in run_sweep(sweep(256, 512, repeat=repeat), runner=Runner()).rows
+    ]
+    env = {
+        "record": "environment",
+        "config": {"repeat": repeat, "warmup": 0, "max_memory": 2**30, "max_seconds": 120.0, "seed": 0},
+    }
     path.write_text("".join(json.dumps(r) + "\n" for r in [env, *rows]))
 
 
@@ -93,8 +104,27 @@ def test_cli_resume_without_max_memory_uses_the_reports_cap(tmp_path, capsys, mo
     out = tmp_path / "r.jsonl"
     runner = Runner()
     monkeypatch.setattr("dattn_cli.bench.sweep.run_isolated", runner)
-    args = ["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "256,512", "--heads", "2", "--head-dim", "16",
-            "--segments", "64,128", "--dilations", "1,2", "--repeat", "1", "--warmup", "0", "--out", str(out)]
+    args = [
+        "bench",
+        "--impl",
+        "ImprovedDilatedAttention",
+        "--seq-len",
+        "256,512",
+        "--heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--segments",
+        "64,128",
+        "--dilations",
+        "1,2",
+        "--repeat",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+    ]
     assert run_cli([*args, "--max-memory", "1234MiB"], capsys)[0] == 0
     code, _, err = run_cli([*args, "--resume"], capsys)  # the default cap moves with the free memory
     assert code == 0, err
@@ -102,6 +132,7 @@ def test_cli_resume_without_max_memory_uses_the_reports_cap(tmp_path, capsys, mo
 
 
 # --- 6. lines that are JSON but not an object; rows that are not measurements --------------------------------------
+
 
 def _report(tmp_path: Path, bad: str) -> tuple[Path, int]:
     """A shipped report with `bad` as an extra line in the middle; (path, its line number)."""
@@ -163,6 +194,7 @@ def test_calibrate_ignores_bad_times_of_rows_built_in_memory():
 
 # --- 6. the baseline -----------------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def gate(tmp_path, capsys, monkeypatch):
     """bench N=256,512 against `baseline` (written from lines) with a scripted runner: (code, stderr, runner)."""
@@ -172,9 +204,23 @@ def gate(tmp_path, capsys, monkeypatch):
     def run(lines: list[str]):
         baseline = tmp_path / "base.jsonl"
         baseline.write_text("".join(line + "\n" for line in lines))
-        code, _, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "256,512", *TINY,
-                                "--baseline", str(baseline), "--fail-on-regression", "10"], capsys)
+        code, _, err = run_cli(
+            [
+                "bench",
+                "--impl",
+                "ImprovedDilatedAttention",
+                "--seq-len",
+                "256,512",
+                *TINY,
+                "--baseline",
+                str(baseline),
+                "--fail-on-regression",
+                "10",
+            ],
+            capsys,
+        )
         return code, err, runner
+
     return run
 
 

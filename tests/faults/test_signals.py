@@ -20,18 +20,47 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["--heads", "2", "--head-dim", "16", "--segments", "64,128", "--dilations", "1,2", "--warmup", "0",
-        "--max-memory", "2GiB"]
+TINY = [
+    "--heads",
+    "2",
+    "--head-dim",
+    "16",
+    "--segments",
+    "64,128",
+    "--dilations",
+    "1,2",
+    "--warmup",
+    "0",
+    "--max-memory",
+    "2GiB",
+]
 # two quick points, then one that runs for half a minute or more: the sweep is still running when interrupted
-LONG_SWEEP = ["bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "256,512,256k", *TINY, "--repeat", "10",
-              "--max-seconds", "600"]
+LONG_SWEEP = [
+    "bench",
+    "--impl",
+    "ImprovedDilatedAttention",
+    "--seq-len",
+    "256,512,256k",
+    *TINY,
+    "--repeat",
+    "10",
+    "--max-seconds",
+    "600",
+]
 WAIT_S = 120  # for a process start on a loaded machine; a healthy run never comes near it
 
 
 def start(args: list[str], **env: str) -> subprocess.Popen:
     """dattn in a process group of its own, as a shell runs a command."""
-    return subprocess.Popen([sys.executable, "-m", "dattn_cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT, env={**os.environ, **env}, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dattn_cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
 
 
 def catches(pid: int, sig: int) -> bool:

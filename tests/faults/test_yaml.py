@@ -71,15 +71,18 @@ def test_yaml_files_are_bounded_in_size_and_nesting(tmp_path, capsys):
     assert "nested" in one_error_line(*run_cli(["plan", "--profile", str(deep_profile)], capsys)[::2])
 
 
-@pytest.mark.parametrize("args", [
-    ["plan", "--impl", "x" * 5000],
-    ["plan", "--seq-len", "x" * 5000],
-    ["plan", "--dtype", "x" * 5000],  # click's own message
-    ["plan", "--profile", "x" * 5000],
-    ["plan", "--max-memory", "9" * 5000],
-    ["plan", "--segments", "x" * 5000],
-    ["bench", "--impl", "x" * 5000, "--seq-len", "256"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plan", "--impl", "x" * 5000],
+        ["plan", "--seq-len", "x" * 5000],
+        ["plan", "--dtype", "x" * 5000],  # click's own message
+        ["plan", "--profile", "x" * 5000],
+        ["plan", "--max-memory", "9" * 5000],
+        ["plan", "--segments", "x" * 5000],
+        ["bench", "--impl", "x" * 5000, "--seq-len", "256"],
+    ],
+)
 def test_an_error_echoes_at_most_200_characters_of_the_input(args, capsys):
     line = one_error_line(*run_cli(args, capsys)[::2])
     assert "x" * 201 not in line and "9" * 201 not in line
@@ -96,25 +99,28 @@ def test_a_huge_key_in_a_config_file_is_cut(tmp_path, capsys):
 # --- item 11: profile figures are strict ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("old, new, field", [
-    ("memory_gib: 23.5", "memory_gib: true", "memory_gib"),
-    ("memory_gib: 23.5", "memory_gib: 1.0e+308", "memory_gib"),
-    ("memory_gib: 23.5", "memory_gib: 1e308", "memory_gib"),  # YAML 1.1 reads this as text
-    ("memory_gib: 23.5", "memory_gib: .inf", "memory_gib"),
-    ("memory_gib: 23.5", 'memory_gib: "23.5"', "memory_gib"),
-    ("memory_gib: 23.5", "memory_gib: 5000", "memory_gib"),
-    ("memory_bandwidth_gb_s: 20", "memory_bandwidth_gb_s: 1.0e+12", "memory_bandwidth_gb_s"),
-    ("float32: 0.32", "float32: .nan", "peak_tflops.float32"),
-    ("float32: 0.32", "float32: 0", "peak_tflops.float32"),
-    ("float32: 0.32", "float32: 1.0e+9", "peak_tflops.float32"),
-    ("latency_us: 20", "latency_us: .inf", "intra_node.latency_us"),
-    ("attention_compute: 0.25", "attention_compute: true", "efficiency.attention_compute"),
-    ("devices_per_node: 1", "devices_per_node: 1.5", "devices_per_node"),
-    ("devices_per_node: 1", "devices_per_node: true", "devices_per_node"),
-    ("allocator_rounding_bytes: 4096", "allocator_rounding_bytes: 1.0e+20", "allocator_rounding_bytes"),
-    ("framework_overhead_gib: 0.0137", "framework_overhead_gib: 30", "framework_overhead_gib"),
-    ("name: Generic CPU host", "name: 12", "name"),
-])
+@pytest.mark.parametrize(
+    "old, new, field",
+    [
+        ("memory_gib: 23.5", "memory_gib: true", "memory_gib"),
+        ("memory_gib: 23.5", "memory_gib: 1.0e+308", "memory_gib"),
+        ("memory_gib: 23.5", "memory_gib: 1e308", "memory_gib"),  # YAML 1.1 reads this as text
+        ("memory_gib: 23.5", "memory_gib: .inf", "memory_gib"),
+        ("memory_gib: 23.5", 'memory_gib: "23.5"', "memory_gib"),
+        ("memory_gib: 23.5", "memory_gib: 5000", "memory_gib"),
+        ("memory_bandwidth_gb_s: 20", "memory_bandwidth_gb_s: 1.0e+12", "memory_bandwidth_gb_s"),
+        ("float32: 0.32", "float32: .nan", "peak_tflops.float32"),
+        ("float32: 0.32", "float32: 0", "peak_tflops.float32"),
+        ("float32: 0.32", "float32: 1.0e+9", "peak_tflops.float32"),
+        ("latency_us: 20", "latency_us: .inf", "intra_node.latency_us"),
+        ("attention_compute: 0.25", "attention_compute: true", "efficiency.attention_compute"),
+        ("devices_per_node: 1", "devices_per_node: 1.5", "devices_per_node"),
+        ("devices_per_node: 1", "devices_per_node: true", "devices_per_node"),
+        ("allocator_rounding_bytes: 4096", "allocator_rounding_bytes: 1.0e+20", "allocator_rounding_bytes"),
+        ("framework_overhead_gib: 0.0137", "framework_overhead_gib: 30", "framework_overhead_gib"),
+        ("name: Generic CPU host", "name: 12", "name"),
+    ],
+)
 def test_profile_figures_are_plain_finite_plausible_numbers(tmp_path, capsys, old, new, field):
     line = one_error_line(*run_cli(["plan", "--profile", profile_with(tmp_path, old, new)], capsys)[::2])
     assert field in line
@@ -123,20 +129,28 @@ def test_profile_figures_are_plain_finite_plausible_numbers(tmp_path, capsys, ol
 
 
 def test_the_bounds_are_stated_in_the_error(tmp_path, capsys):
-    line = one_error_line(*run_cli(["plan", "--profile", profile_with(tmp_path, "memory_gib: 23.5", "memory_gib: 9000")],
-                                   capsys)[::2])
+    line = one_error_line(
+        *run_cli(["plan", "--profile", profile_with(tmp_path, "memory_gib: 23.5", "memory_gib: 9000")], capsys)[::2]
+    )
     assert "(0, 4096]" in line and "9000" in line
 
 
-@pytest.mark.parametrize("old, new", [
-    ("memory_gib: 23.5", ""),
-    ("memory_gib: 23.5", "memory_gib:"),
-    ("memory_gib: 23.5", "memory_gib: null"),
-])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("memory_gib: 23.5", ""),
+        ("memory_gib: 23.5", "memory_gib:"),
+        ("memory_gib: 23.5", "memory_gib: null"),
+    ],
+)
 def test_a_profile_without_its_memory_figure_is_one_line(tmp_path, capsys, old, new):
     path = profile_with(tmp_path, old, new)
-    for args in (["plan", "--profile", path], ["plan", "--profile", path, "--max-memory", "2GiB"],
-                 ["profiles", "validate", path], ["profiles", "show", path]):
+    for args in (
+        ["plan", "--profile", path],
+        ["plan", "--profile", path, "--max-memory", "2GiB"],
+        ["profiles", "validate", path],
+        ["profiles", "show", path],
+    ):
         assert "memory_gib" in one_error_line(*run_cli(args, capsys)[::2])
 
 
@@ -144,7 +158,9 @@ def test_a_binary_or_unreadable_profile_is_one_line(tmp_path, capsys):
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"\xff\xfe\x00\x01garbage")
     assert "not UTF-8" in one_error_line(*run_cli(["plan", "--profile", str(binary)], capsys)[::2])
-    assert "no such shipped profile or file" in one_error_line(*run_cli(["plan", "--profile", str(tmp_path)], capsys)[::2])
+    assert "no such shipped profile or file" in one_error_line(
+        *run_cli(["plan", "--profile", str(tmp_path)], capsys)[::2]
+    )
 
 
 # --- --config values --------------------------------------------------------------------------------------
@@ -164,7 +180,9 @@ def test_config_values_are_read_as_the_command_line_would(tmp_path, capsys):
 
 
 def test_config_keys_are_option_names_too_and_a_single_repeat_is_a_list(tmp_path, capsys):
-    by_option = tmp_path / "by_option.yaml"  # plan's --world-size is the parameter `devices`; bench's --seq-len `seq_lens`
+    by_option = (
+        tmp_path / "by_option.yaml"
+    )  # plan's --world-size is the parameter `devices`; bench's --seq-len `seq_lens`
     by_option.write_text('plan: {world_size: 4, impl: RingDilatedAttention, "--seq-len": 64k}\n')
     code, out, err = run_cli(["--config", str(by_option), "plan"], capsys)
     assert code == 0 and "on 4 x" in out, err

@@ -39,8 +39,9 @@ def test_hierarchical_levels_are_progressively_dilated():
 @pytest.mark.parametrize("seq_len,block", [(64, 8), (50, 8), (45, 6)])
 def test_longnet_is_the_exact_block_cover_of_the_dilated_pattern(semantics, seq_len, block):
     segs, rates, heads = (16, 32), (1, 3), 4
-    table = BlockPattern("longnet", block_size=block, segment_lengths=segs, dilation_rates=rates,
-                         semantics=semantics).table(seq_len, heads)
+    table = BlockPattern(
+        "longnet", block_size=block, segment_lengths=segs, dilation_rates=rates, semantics=semantics
+    ).table(seq_len, heads)
     counts = pair_counts(torch.arange(seq_len), seq_len, heads, segs, rates, semantics, False).sum(0) > 0
     nb = table.shape[0]
     padded = torch.zeros(nb * block, nb * block, dtype=torch.bool)
@@ -57,7 +58,10 @@ def test_density_parameter_controls_density(pattern, target):
     density = table.float().mean().item()
     # the best window is within one window step of the target
     w = p.resolved_window(256)
-    steps = [BlockPattern(pattern, block_size=128, window=max(0, w + d)).table(32768, 8).float().mean().item() for d in (-1, 1)]
+    steps = [
+        BlockPattern(pattern, block_size=128, window=max(0, w + d)).table(32768, 8).float().mean().item()
+        for d in (-1, 1)
+    ]
     assert abs(density - target) <= max(abs(s - density) for s in steps)
     assert abs(density - target) < 0.05
 
@@ -76,16 +80,19 @@ def test_attended_pairs_counts_causal_and_ragged_exactly():
     assert attended_pairs(table, seq_len, block, True) == int((dense & (keys[None, :] <= keys[:, None])).sum())
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(name="diagonal"), "pattern='diagonal' is unknown"),
-    (dict(name="local", block_size=0), "block_size must be an integer >= 1"),
-    (dict(name="local", window=-1), "window must be an integer >= 0"),
-    (dict(name="local", density=1.5), "density must be in (0, 1]"),
-    (dict(name="local", density=0.1, window=3), "pass window or density, not both"),
-    (dict(name="dilated", density=0.1, segment_lengths=(8,), dilation_rates=(1,)), "takes no density"),
-    (dict(name="local", segment_lengths=(8,), dilation_rates=(1,)), "does not use segment_lengths"),
-    (dict(name="dilated"), "segment_lengths is empty"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(name="diagonal"), "pattern='diagonal' is unknown"),
+        (dict(name="local", block_size=0), "block_size must be an integer >= 1"),
+        (dict(name="local", window=-1), "window must be an integer >= 0"),
+        (dict(name="local", density=1.5), "density must be in (0, 1]"),
+        (dict(name="local", density=0.1, window=3), "pass window or density, not both"),
+        (dict(name="dilated", density=0.1, segment_lengths=(8,), dilation_rates=(1,)), "takes no density"),
+        (dict(name="local", segment_lengths=(8,), dilation_rates=(1,)), "does not use segment_lengths"),
+        (dict(name="dilated"), "segment_lengths is empty"),
+    ],
+)
 def test_bad_pattern_options_name_the_parameter(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         BlockPattern(**kwargs)

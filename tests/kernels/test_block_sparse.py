@@ -13,8 +13,8 @@ from dattn_cli.kernels import (
     block_sparse_reference,
     get_global_pattern_cache,
 )
-from dattn_cli.kernels.block_sparse.patterns import TABLE_PATTERNS
 from dattn_cli.kernels.block_sparse.flex import flex_block_mask, flex_compiles_on, flex_forward
+from dattn_cli.kernels.block_sparse.patterns import TABLE_PATTERNS
 from dattn_cli.kernels.block_sparse.ring import plan_rank
 from tests.conftest import rel_err
 
@@ -27,8 +27,9 @@ def make(pattern: str, block_size: int = 8, **kwargs) -> BlockSparseRingDilatedA
     return BlockSparseRingDilatedAttention(pattern=pattern, block_size=block_size, **kwargs)
 
 
-@pytest.mark.parametrize("pattern,causal,seq_len,masked",
-                         list(itertools.product(TABLE_PATTERNS, [False, True], [64, 50], [False, True])))
+@pytest.mark.parametrize(
+    "pattern,causal,seq_len,masked", list(itertools.product(TABLE_PATTERNS, [False, True], [64, 50], [False, True]))
+)
 def test_forward_and_gradients_equal_the_block_masked_reference(pattern, causal, seq_len, masked):
     torch.manual_seed(hash((pattern, causal, seq_len, masked)) % 1000)
     module = make(pattern)
@@ -94,8 +95,9 @@ def test_block_table_and_plan_are_cached_with_their_bytes():
 
 def test_multihead_form_matches_its_reference_core():
     torch.manual_seed(0)
-    mha = BlockSparseRingMultiheadDilatedAttention(32, 4, pattern="global_local", block_size=8, window=1,
-                                                   dtype=torch.float64)
+    mha = BlockSparseRingMultiheadDilatedAttention(
+        32, 4, pattern="global_local", block_size=8, window=1, dtype=torch.float64
+    )
     x = torch.randn(2, 40, 32, dtype=torch.float64)
     out, none = mha(x, x, x, is_causal=True)
     qkv = mha.in_proj(x).chunk(3, dim=-1)
@@ -121,7 +123,9 @@ def test_bad_configuration_raises_one_clear_error():
 # FlexAttention ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pattern,causal,seq_len", list(itertools.product(["local", "dilated", "longnet"], [False, True], [64, 50])))
+@pytest.mark.parametrize(
+    "pattern,causal,seq_len", list(itertools.product(["local", "dilated", "longnet"], [False, True], [64, 50]))
+)
 def test_flex_block_mask_encodes_the_table(pattern, causal, seq_len):
     """Eager FlexAttention (its dense math) with the BlockMask equals the block-masked reference, lse and
     fully masked query blocks included: the same BlockMask the compiled CUDA kernel receives."""

@@ -108,7 +108,10 @@ def test_pool_serves_scratch_reuses_it_and_is_switchable():
 
 def test_eight_threads_share_one_module_correctly():
     m = ImprovedDilatedAttention([8, 16, 32], [1, 2, 4])
-    inputs = [[torch.randn(2, 40 + 8 * i, 3, 8, dtype=torch.bfloat16 if i % 2 else torch.float32) for _ in range(3)] for i in range(8)]
+    inputs = [
+        [torch.randn(2, 40 + 8 * i, 3, 8, dtype=torch.bfloat16 if i % 2 else torch.float32) for _ in range(3)]
+        for i in range(8)
+    ]
     results, errors = [None] * 8, []
 
     def work(i):

@@ -5,7 +5,10 @@ import pytest
 import torch
 
 from dattn_cli.kernels import (
-    DilatedAttention, ImprovedDilatedAttention, ImprovedMultiheadDilatedAttention, MultiheadDilatedAttention,
+    DilatedAttention,
+    ImprovedDilatedAttention,
+    ImprovedMultiheadDilatedAttention,
+    MultiheadDilatedAttention,
 )
 
 SEGS, RATES = [64, 128], [1, 2]
@@ -20,8 +23,12 @@ def _multihead(cls):
     return cls(64, 4, segment_lengths=SEGS, dilation_rates=RATES), [x, x, x]
 
 
-CASES = [(_core, ImprovedDilatedAttention), (_core, DilatedAttention), (_multihead, ImprovedMultiheadDilatedAttention),
-         (_multihead, MultiheadDilatedAttention)]
+CASES = [
+    (_core, ImprovedDilatedAttention),
+    (_core, DilatedAttention),
+    (_multihead, ImprovedMultiheadDilatedAttention),
+    (_multihead, MultiheadDilatedAttention),
+]
 
 
 def _out(result):

@@ -52,7 +52,11 @@ def test_block_sparse_flex_cuda_forward_and_backward(pattern, causal):
     reference (bf16 by the naive-error rule)."""
     from dattn_cli.kernels import BlockSparseRingDilatedAttention, block_sparse_reference
 
-    options = {"segment_lengths": [256, 512], "dilation_rates": [1, 2]} if pattern in ("dilated", "longnet") else {"window": 1}
+    options = (
+        {"segment_lengths": [256, 512], "dilation_rates": [1, 2]}
+        if pattern in ("dilated", "longnet")
+        else {"window": 1}
+    )
     module = BlockSparseRingDilatedAttention(pattern=pattern, block_size=128, **options)
     base = [torch.randn(1, 1000, 4, 64, dtype=torch.float64, device="cuda") for _ in range(4)]
     xs = [x.bfloat16().requires_grad_() for x in base[:3]]

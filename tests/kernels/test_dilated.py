@@ -35,7 +35,8 @@ def check(module, B, N, H, D, segs, rates, causal, semantics, dtype=torch.float3
     out, lse, grads = run(lambda q, k, v: module.forward_with_lse(q, k, v, causal, **kw), inputs, dtype)
     ref, ref_lse, ref_grads = run(
         lambda q, k, v: dilated_attention_reference(q, k, v, segs, rates, causal, semantics, module.scale, **kw),
-        inputs, torch.float64,
+        inputs,
+        torch.float64,
     )
     return out, lse, grads, ref, ref_lse, ref_grads
 
@@ -64,7 +65,9 @@ def test_half_precision_within_twice_naive_error(cls, dtype):
     module = cls(segs, rates, backend="sdpa")
     got = run(lambda q, k, v: module.forward_with_lse(q, k, v, True), inputs, dtype)
     ref = run(lambda q, k, v: dilated_attention_reference(q, k, v, segs, rates, True), inputs, torch.float64)
-    naive = run(lambda q, k, v: dilated_attention_reference(q, k, v, segs, rates, True, compute_dtype=dtype), inputs, dtype)
+    naive = run(
+        lambda q, k, v: dilated_attention_reference(q, k, v, segs, rates, True, compute_dtype=dtype), inputs, dtype
+    )
     assert got[0].dtype == dtype
     for g, n, r in [(got[0], naive[0], ref[0]), *zip(got[2], naive[2], ref[2])]:
         err = (g.double() - r).abs().max().item()

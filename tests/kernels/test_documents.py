@@ -17,15 +17,22 @@ SEGS, RATES = [8, 48, 96], [1, 2, 3]
 def _separate(call, tensors, lengths):
     parts, at = [], 0
     for n in lengths:
-        parts.append(call(*(x[:, at:at + n] for x in tensors)))
+        parts.append(call(*(x[:, at : at + n] for x in tensors)))
         at += n
     return torch.cat(parts, 1)
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("make", [lambda: ImprovedDilatedAttention(SEGS, RATES), lambda: DilatedAttention(SEGS, RATES),
-                                  lambda: BlockSparseRingDilatedAttention(pattern="dilated", segment_lengths=SEGS,
-                                                                          dilation_rates=RATES, block_size=8)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ImprovedDilatedAttention(SEGS, RATES),
+        lambda: DilatedAttention(SEGS, RATES),
+        lambda: BlockSparseRingDilatedAttention(
+            pattern="dilated", segment_lengths=SEGS, dilation_rates=RATES, block_size=8
+        ),
+    ],
+)
 def test_documents_equal_separate_calls(make, causal):
     module, g = make(), torch.Generator().manual_seed(3)
     q = torch.randn(1, sum(LENGTHS), 8, 16, generator=g, dtype=torch.float64, requires_grad=True)
@@ -42,8 +49,9 @@ def test_documents_equal_separate_calls(make, causal):
 
 def test_multihead_documents_restart_rotary_positions():
     torch.manual_seed(0)
-    mha = ImprovedMultiheadDilatedAttention(32, 4, segment_lengths=SEGS, dilation_rates=RATES, rotary=True,
-                                            num_kv_heads=2, dtype=torch.float64)
+    mha = ImprovedMultiheadDilatedAttention(
+        32, 4, segment_lengths=SEGS, dilation_rates=RATES, rotary=True, num_kv_heads=2, dtype=torch.float64
+    )
     x = torch.randn(1, sum(LENGTHS), 32, dtype=torch.float64, requires_grad=True)
     out, _ = mha(x, x, x, is_causal=True, cu_seqlens=offsets(LENGTHS))
     separate = _separate(lambda y: mha(y, y, y, is_causal=True)[0], (x,), LENGTHS)
@@ -54,9 +62,11 @@ def test_multihead_documents_restart_rotary_positions():
 
 def test_bad_cu_seqlens_are_refused_with_the_fix():
     module, q = ImprovedDilatedAttention([16], [1]), torch.randn(1, 20, 2, 8)
-    for cu, message in ((torch.tensor([0, 5, 19]), "end at the sequence length 20"),
-                        (torch.tensor([0.0, 20.0]), "1-D integer tensor"),
-                        (torch.tensor([0, 12, 8, 20]), "non-decreasing")):
+    for cu, message in (
+        (torch.tensor([0, 5, 19]), "end at the sequence length 20"),
+        (torch.tensor([0.0, 20.0]), "1-D integer tensor"),
+        (torch.tensor([0, 12, 8, 20]), "non-decreasing"),
+    ):
         with pytest.raises(ValueError, match=message):
             module(q, q, q, cu_seqlens=cu)
     with pytest.raises(ValueError, match="shape \\(1, T, H, D\\), got batch 2"):

@@ -96,7 +96,9 @@ def test_bad_arguments_raise_value_error_naming_the_parameter(kwargs, name):
         LongNetLM(**cfg)
 
 
-@pytest.mark.parametrize("tokens", [torch.zeros(2, 8), torch.zeros(2, 8, dtype=torch.int32), torch.zeros(8, dtype=torch.long)])
+@pytest.mark.parametrize(
+    "tokens", [torch.zeros(2, 8), torch.zeros(2, 8, dtype=torch.int32), torch.zeros(8, dtype=torch.long)]
+)
 def test_bad_tokens_raise_value_error(tokens):
     with pytest.raises(ValueError, match="tokens"):
         tiny()(tokens)
@@ -109,13 +111,12 @@ def test_packed_documents_give_each_document_its_own_logits():
     from dattn_cli.models import LongNetLM
 
     torch.manual_seed(0)
-    model = LongNetLM(50, 32, 4, 2, segment_lengths=[8, 16], dilation_rates=[1, 2], num_kv_heads=2,
-                      dtype=torch.float64)
+    model = LongNetLM(50, 32, 4, 2, segment_lengths=[8, 16], dilation_rates=[1, 2], num_kv_heads=2, dtype=torch.float64)
     lengths = [5, 20, 1, 14]
     tokens = torch.randint(0, 50, (1, sum(lengths)))
     separate, at = [], 0
     for n in lengths:
-        separate.append(model(tokens[:, at:at + n]))
+        separate.append(model(tokens[:, at : at + n]))
         at += n
     for checkpointing in (False, True):
         model.checkpointing = checkpointing

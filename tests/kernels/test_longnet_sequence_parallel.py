@@ -49,8 +49,9 @@ def test_shards_equal_the_whole_sequence(attention, world, offsets):
 
 def test_positions_restarting_at_zero_on_every_rank_would_be_caught():
     state, logits, _ = whole_sequence(seed=5)
-    per_rank = run_distributed(lw.longnet_sequence_parallel, 2, "RingMultiheadDilatedAttention", state, 5, "zero",
-                               timeout_s=120)
+    per_rank = run_distributed(
+        lw.longnet_sequence_parallel, 2, "RingMultiheadDilatedAttention", state, 5, "zero", timeout_s=120
+    )
     length = lw.SEQ // 2
     assert rel_err(per_rank[0]["logits"], logits[:, :length]) <= TOLERANCE  # rank 0's shard does start at 0
     assert rel_err(per_rank[1]["logits"], logits[:, length:]) > 1e-3

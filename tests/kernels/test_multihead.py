@@ -20,7 +20,13 @@ class ReferenceCore(torch.nn.Module):
 
     def forward(self, q, k, v, is_causal=False, key_padding_mask=None):
         return dilated_attention_reference(
-            q, k, v, self.core.segment_lengths, self.core.dilation_rates, is_causal, self.core.semantics,
+            q,
+            k,
+            v,
+            self.core.segment_lengths,
+            self.core.dilation_rates,
+            is_causal,
+            self.core.semantics,
             key_padding_mask=key_padding_mask,
         )[0]
 

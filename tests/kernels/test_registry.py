@@ -12,8 +12,12 @@ from dattn_cli.kernels import (
 
 
 def test_registry_holds_the_single_device_implementations():
-    assert {"DilatedAttention", "ImprovedDilatedAttention", "MultiheadDilatedAttention",
-            "ImprovedMultiheadDilatedAttention"} <= REGISTRY.keys()
+    assert {
+        "DilatedAttention",
+        "ImprovedDilatedAttention",
+        "MultiheadDilatedAttention",
+        "ImprovedMultiheadDilatedAttention",
+    } <= REGISTRY.keys()
 
 
 def test_auto_factory_says_what_it_chose_and_why():
@@ -28,7 +32,9 @@ def test_auto_factory_says_what_it_chose_and_why():
 
 
 def test_factory_by_name_and_errors():
-    assert isinstance(create_dilated_attention("DilatedAttention", segment_lengths=[8], dilation_rates=[1]), DilatedAttention)
+    assert isinstance(
+        create_dilated_attention("DilatedAttention", segment_lengths=[8], dilation_rates=[1]), DilatedAttention
+    )
     with pytest.raises(ValueError, match="unknown implementation 'nope'"):
         create_dilated_attention("nope", segment_lengths=[8], dilation_rates=[1])
     with pytest.raises(ValueError, match="is a multihead implementation"):

@@ -16,10 +16,14 @@ SMALL = ["--heads", "2", "--head-dim", "16", "--segments", "128,256", "--dilatio
 
 
 def dattn(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DATTN_PLUGINS": "tests.plugins.toy_attention",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "dattn_cli", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=600)
+    env = {
+        **os.environ,
+        "DATTN_PLUGINS": "tests.plugins.toy_attention",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "dattn_cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
 
 
 def test_impls_lists_the_toy():
@@ -36,8 +40,9 @@ def test_verify_checks_the_toy_against_the_reference():
 
 def test_bench_measures_the_toy_in_its_worker(tmp_path):
     out = tmp_path / "r.jsonl"
-    done = dattn("bench", "--impl", TOY, "--seq-len", "512", *SMALL, "--repeat", "1", "--max-memory", "1GiB",
-                 "--out", str(out))
+    done = dattn(
+        "bench", "--impl", TOY, "--seq-len", "512", *SMALL, "--repeat", "1", "--max-memory", "1GiB", "--out", str(out)
+    )
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines() if '"point"' in line]
     assert [(r["impl"], r["status"]) for r in rows] == [(TOY, "ok")], rows
@@ -52,9 +57,14 @@ def test_plan_predicts_the_toy(tmp_path):
     assert plan["problem"]["impl"] == TOY and plan["feasible"] and plan["memory"]["total"] > 0
 
 
-@pytest.mark.parametrize("command", [["plan", "--impl", "nonsense", "--profile", "h100-sxm-80gb", "--seq-len", "4096"],
-                                     ["bench", "--impl", "nonsense", "--seq-len", "1k"],
-                                     ["profile", "--impl", "nonsense"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["plan", "--impl", "nonsense", "--profile", "h100-sxm-80gb", "--seq-len", "4096"],
+        ["bench", "--impl", "nonsense", "--seq-len", "1k"],
+        ["profile", "--impl", "nonsense"],
+    ],
+)
 def test_an_unknown_implementation_is_one_line_listing_the_known_ones(command):
     done = dattn(*command)
     assert done.returncode == 2, (done.stdout, done.stderr)

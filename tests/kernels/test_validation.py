@@ -55,8 +55,12 @@ def test_reference_validates_too():
 def test_no_process_wide_torch_settings_touched():
     def flags():
         return (
-            torch.get_default_dtype(), torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-            torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision(), torch.get_num_threads(),
+            torch.get_default_dtype(),
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            torch.are_deterministic_algorithms_enabled(),
+            torch.get_float32_matmul_precision(),
+            torch.get_num_threads(),
         )
 
     before = flags()

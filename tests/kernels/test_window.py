@@ -12,8 +12,9 @@ from tests.conftest import rel_err
 
 
 def _module(left, right, **options):
-    return BlockSparseRingDilatedAttention(pattern="sliding_window", block_size=8, window_left=left, window_right=right,
-                                           **options)
+    return BlockSparseRingDilatedAttention(
+        pattern="sliding_window", block_size=8, window_left=left, window_right=right, **options
+    )
 
 
 @pytest.mark.parametrize("left, right", [(13, 5), (0, 0), (100, 3), (1, 40)])
@@ -41,7 +42,7 @@ def test_pairs_and_block_cover_follow_the_token_window():
     band = (t[None, :] >= t[:, None] - left) & (t[None, :] <= t[:, None] + right)
     assert window_pairs(n, left, right, False) == int(band.sum())
     assert window_pairs(n, left, right, True) == int((band & (t[None, :] <= t[:, None])).sum())
-    blocks = (t // 8)
+    blocks = t // 8
     cover = torch.zeros(9, 9, dtype=torch.bool)
     cover[blocks[:, None].expand(n, n)[band], blocks[None, :].expand(n, n)[band]] = True
     assert torch.equal(band_blocks(9, 8, left, right), cover)

@@ -16,13 +16,33 @@ CPU = load_profile("cpu-host")
 
 def dense(n: int, d: int = 128, causal: bool = False, mode: str = "fwdbwd", impl: str = "flash", **kw) -> Problem:
     """The FlashAttention papers' standard shape: 16k tokens per batch, hidden 2048."""
-    return Problem(impl=impl, seq_len=n, batch=16384 // n, heads=2048 // d, head_dim=d, dtype="bfloat16",
-                   causal=causal, mode=mode, device="cuda", segment_lengths=[n], dilation_rates=[1], **kw)
+    return Problem(
+        impl=impl,
+        seq_len=n,
+        batch=16384 // n,
+        heads=2048 // d,
+        head_dim=d,
+        dtype="bfloat16",
+        causal=causal,
+        mode=mode,
+        device="cuda",
+        segment_lengths=[n],
+        dilation_rates=[1],
+        **kw,
+    )
 
 
 def published_tflops(s: Problem, profile=H100) -> float:
     """Predicted TFLOP/s in the papers' convention (4·B·H·N²·d, halved when causal, x3.5 fwd+bwd)."""
-    flops = 4 * s.batch * s.heads * s.seq_len ** 2 * s.head_dim * (0.5 if s.causal else 1) * (3.5 if s.mode == "fwdbwd" else 1)
+    flops = (
+        4
+        * s.batch
+        * s.heads
+        * s.seq_len**2
+        * s.head_dim
+        * (0.5 if s.causal else 1)
+        * (3.5 if s.mode == "fwdbwd" else 1)
+    )
     return flops / estimate_time(s, profile).total_s / 1e12
 
 
@@ -35,14 +55,17 @@ def test_efficiency_rises_with_n_and_causal_starts_lower():
     assert saturation(1e12, 0.5, 300) == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("n, d, causal, mode, impl, backend, published", [
-    (512, 128, False, "fwdbwd", "flash", "auto", 248),  # README flash2_h100_fwd_bwd_benchmark.png (b)
-    (16384, 128, False, "fwdbwd", "flash", "auto", 338),
-    (512, 128, True, "fwdbwd", "flash", "auto", 163),  # (d)
-    (16384, 128, True, "fwdbwd", "flash", "auto", 328),
-    (512, 128, False, "fwd", "flash", "flash3", 467),  # FlashAttention-3 fig. (c) in the README
-    (16384, 128, True, "fwd", "flash", "flash3", 616),  # (d)
-])
+@pytest.mark.parametrize(
+    "n, d, causal, mode, impl, backend, published",
+    [
+        (512, 128, False, "fwdbwd", "flash", "auto", 248),  # README flash2_h100_fwd_bwd_benchmark.png (b)
+        (16384, 128, False, "fwdbwd", "flash", "auto", 338),
+        (512, 128, True, "fwdbwd", "flash", "auto", 163),  # (d)
+        (16384, 128, True, "fwdbwd", "flash", "auto", 328),
+        (512, 128, False, "fwd", "flash", "flash3", 467),  # FlashAttention-3 fig. (c) in the README
+        (16384, 128, True, "fwd", "flash", "flash3", 616),  # (d)
+    ],
+)
 def test_planner_reproduces_published_h100_cells(n, d, causal, mode, impl, backend, published):
     assert published_tflops(dense(n, d, causal, mode, impl, backend=backend)) == pytest.approx(published, rel=0.08)
 
@@ -70,19 +93,34 @@ def test_head_dims_between_fitted_ones_interpolate_and_outside_take_the_nearest(
 
 
 def test_fwdbwd_from_fwd_and_bwd_curves_is_the_flop_weighted_harmonic_mean():
-    curves = [AttentionCurve(kernel="k", direction=d, causal=False, head_dim=64, e_inf=e, n_half=0, source="test")
-              for d, e in (("fwd", 0.6), ("bwd", 0.3))]
+    curves = [
+        AttentionCurve(kernel="k", direction=d, causal=False, head_dim=64, e_inf=e, n_half=0, source="test")
+        for d, e in (("fwd", 0.6), ("bwd", 0.3))
+    ]
     eff = H100.efficiency.model_copy(update={"attention_curves": curves, "compute_units": None})
-    assert curve_efficiency(eff, "k", "float16", 64, False, "fwdbwd", 4096, 64) == pytest.approx(3.5 / (1 / 0.6 + 2.5 / 0.3))
+    assert curve_efficiency(eff, "k", "float16", 64, False, "fwdbwd", 4096, 64) == pytest.approx(
+        3.5 / (1 / 0.6 + 2.5 / 0.3)
+    )
 
 
 def test_dilated_blocks_run_at_their_own_length_and_count():
-    dilated = Problem(impl="ImprovedDilatedAttention", seq_len=16384, batch=1, heads=16, head_dim=128, dtype="bfloat16",
-                      mode="fwdbwd", device="cuda", segment_lengths=[512], dilation_rates=[1])
+    dilated = Problem(
+        impl="ImprovedDilatedAttention",
+        seq_len=16384,
+        batch=1,
+        heads=16,
+        head_dim=128,
+        dtype="bfloat16",
+        mode="fwdbwd",
+        device="cuda",
+        segment_lengths=[512],
+        dilation_rates=[1],
+    )
     assert kernel_blocks(dilated) == [(512, 32 * 16, 32 * 16 * 512 * 512, 1, 32 * 16 * 512)]
     t = estimate_time(dilated, H100)
     assert t.kernel == "flash" and t.efficiency == pytest.approx(
-        curve_efficiency(H100.efficiency, "flash", "bfloat16", 128, False, "fwdbwd", 512, 512))
+        curve_efficiency(H100.efficiency, "flash", "bfloat16", 128, False, "fwdbwd", 512, 512)
+    )
     long = estimate_time(dilated.model_copy(update={"segment_lengths": [8192]}), H100)
     assert long.efficiency > t.efficiency  # short segments sit low on the curve
     sparse = estimate_time(dilated.model_copy(update={"segment_lengths": [2048, 8192], "dilation_rates": [1, 4]}), H100)
@@ -94,7 +132,10 @@ def test_kernel_choice():
     assert kernel_for(dense(4096, impl="sdpa"), H100) == "sdpa"
     assert kernel_for(dense(4096, backend="flash3"), H100) == "flash3"
     dilated = Problem(impl="ImprovedDilatedAttention", dtype="bfloat16", device="cuda")
-    assert kernel_for(dilated, H100) == "flash" and kernel_for(dilated.model_copy(update={"dtype": "float32"}), H100) == "sdpa"
+    assert (
+        kernel_for(dilated, H100) == "flash"
+        and kernel_for(dilated.model_copy(update={"dtype": "float32"}), H100) == "sdpa"
+    )
 
 
 def test_without_curves_the_prior_and_no_traffic_cpu_unchanged():
@@ -154,8 +195,23 @@ def test_every_curve_names_its_source():
 def test_plan_kernel_option_picks_the_curve_and_a_bad_one_is_one_line(capsys):
     from tests.cli.test_verify_env import run_cli
 
-    args = ["plan", "--impl", "flash", "--profile", "h100-sxm-80gb", "--dtype", "bfloat16", "--seq-len", "16k",
-            "--heads", "16", "--head-dim", "128", "--mode", "fwd"]
+    args = [
+        "plan",
+        "--impl",
+        "flash",
+        "--profile",
+        "h100-sxm-80gb",
+        "--dtype",
+        "bfloat16",
+        "--seq-len",
+        "16k",
+        "--heads",
+        "16",
+        "--head-dim",
+        "128",
+        "--mode",
+        "fwd",
+    ]
     code, out, err = run_cli([*args, "--kernel", "flash3"], capsys)
     assert code == 0, err
     assert "flash3 kernel" in out and "attention efficiency" in out
@@ -168,21 +224,32 @@ def test_plan_kernel_option_picks_the_curve_and_a_bad_one_is_one_line(capsys):
 def test_missing_curves_borrow_a_stated_one():
     a100 = load_profile("a100-sxm-80gb")  # sm80: SDPA's flash backend, FlashAttention-2
     sdpa = estimate_time(dense(4096, impl="sdpa"), a100)
-    assert sdpa.efficiency == estimate_time(dense(4096), a100).efficiency and "FlashAttention-2" in sdpa.efficiency_source
+    assert (
+        sdpa.efficiency == estimate_time(dense(4096), a100).efficiency and "FlashAttention-2" in sdpa.efficiency_source
+    )
     hopper = estimate_time(dense(4096, impl="sdpa", mode="fwd"), H100)  # torch >= 2.11 prefers cuDNN on sm90
     cudnn = estimate_time(dense(4096, mode="fwd", backend="cudnn"), H100)
     assert hopper.efficiency == cudnn.efficiency and "check_prefer_cudnn_attention" in hopper.efficiency_source
     fa3 = estimate_time(dense(4096, backend="flash3"), H100)  # FA3 has forward curves only here
     assert fa3.kernel == "flash3" and "no fwdbwd curve, the fwd one" in fa3.efficiency_source
-    causal_only = H100.efficiency.model_copy(update={"attention_curves": [
-        c for c in H100.efficiency.attention_curves if not c.causal]})
+    causal_only = H100.efficiency.model_copy(
+        update={"attention_curves": [c for c in H100.efficiency.attention_curves if not c.causal]}
+    )
     lone = H100.model_copy(update={"efficiency": causal_only})
     assert estimate_time(dense(4096, causal=True), lone).kernel is None  # never across causal: the prior
 
 
 def test_block_sparse_runs_at_the_keys_each_query_row_attends():
-    s = Problem(impl="BlockSparseRingDilatedAttention", seq_len=16384, heads=8, head_dim=64, dtype="bfloat16",
-                device="cuda", pattern="local", window=2)
+    s = Problem(
+        impl="BlockSparseRingDilatedAttention",
+        seq_len=16384,
+        heads=8,
+        head_dim=64,
+        dtype="bfloat16",
+        device="cuda",
+        pattern="local",
+        window=2,
+    )
     [(keys, in_flight, _, _, rows)] = kernel_blocks(s)
     assert rows == 8 * 16384 and keys * rows == pytest.approx(s.spec.pairs(s), rel=1e-3)
     flex = AttentionCurve(kernel="flex", direction="fwd", causal=False, head_dim=64, e_inf=0.5, n_half=500, source="t")

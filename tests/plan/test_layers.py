@@ -8,11 +8,11 @@ import torch
 from dattn_cli.kernels import reset_global_memory_pool
 from dattn_cli.plan import check, solve
 from dattn_cli.plan.layers import ModelStates, bench_states, block_parameters, layer_memory
+from dattn_cli.plan.profiles import load_profile
 from dattn_cli.runtime.measure import LiveTensorBytes
 from dattn_cli.workload import Problem
 from dattn_cli.workload.build import build_call
 from dattn_cli.workload.records import BenchRow
-from dattn_cli.plan.profiles import load_profile
 from tests.cli.test_verify_env import run_cli
 
 IMPL = "ImprovedMultiheadDilatedAttention"
@@ -55,16 +55,34 @@ CASES = [
 @pytest.mark.parametrize("options", CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
 def test_tensor_items_match_live_tensor_bytes(options):
     n = 1024
-    problem = Problem(impl=IMPL, seq_len=n, heads=2, head_dim=64, causal=True, segment_lengths=[256, 512],
-                      dilation_rates=[1, 2], **{"mode": "fwdbwd", **options})
+    problem = Problem(
+        impl=IMPL,
+        seq_len=n,
+        heads=2,
+        head_dim=64,
+        causal=True,
+        segment_lengths=[256, 512],
+        dilation_rates=[1, 2],
+        **{"mode": "fwdbwd", **options},
+    )
     predicted = layer_memory(problem, 0, "cuda")  # "cuda": tensors only, no CPU extras
     measured = live_peak(problem)
     assert abs(predicted.total - measured) <= 0.10 * measured, (predicted.phase, predicted.total, measured)
 
 
 def shape(**overrides) -> Problem:
-    fields = dict(impl=IMPL, seq_len=8192, heads=4, embed_dim=256, segment_lengths=[2048, 4096], dilation_rates=[1, 2],
-                  mode="fwdbwd", target="model", layers=4, vocab_size=50304)
+    fields = dict(
+        impl=IMPL,
+        seq_len=8192,
+        heads=4,
+        embed_dim=256,
+        segment_lengths=[2048, 4096],
+        dilation_rates=[1, 2],
+        mode="fwdbwd",
+        target="model",
+        layers=4,
+        vocab_size=50304,
+    )
     return Problem(**{**fields, **overrides})
 
 
@@ -89,8 +107,13 @@ def test_checkpointing_and_autocast_shrink_what_is_saved():
 def test_model_states_enter_their_phases():
     s = shape(vocab_size=256, layers=2)
     assert layer_memory(s, 0, "cuda", bench_states(s)) == layer_memory(s, 0, "cuda")  # the default is a bench's
-    extra = ModelStates({"resident": 10**9}, step={"in the step": 10**10}, backward={"in a block's backward": 10**9},
-                        forward={"gathered": 10**9}, step_name="the step")
+    extra = ModelStates(
+        {"resident": 10**9},
+        step={"in the step": 10**10},
+        backward={"in a block's backward": 10**9},
+        forward={"gathered": 10**9},
+        step_name="the step",
+    )
     memory = layer_memory(s, 0, "cuda", extra)
     assert memory.phase == "the step" and memory.items["in the step"] == 10**10 and "gathered" not in memory.items
     gathered = layer_memory(s, 0, "cuda", ModelStates({}, forward={"gathered": 10**9}))
@@ -119,8 +142,17 @@ def test_plan_solves_longest_trainable_sequence_and_checkpointing_extends_it():
 
 
 def test_layer_problems_refuse_what_cannot_be_built():
-    fields = dict(seq_len=1024, heads=4, head_dim=64, segment_lengths=[256], dilation_rates=[1], mode="fwdbwd",
-                  target="layer", layers=2, vocab_size=100)
+    fields = dict(
+        seq_len=1024,
+        heads=4,
+        head_dim=64,
+        segment_lengths=[256],
+        dilation_rates=[1],
+        mode="fwdbwd",
+        target="layer",
+        layers=2,
+        vocab_size=100,
+    )
     with pytest.raises(ValueError, match="multihead"):
         Problem(**{**fields, "impl": "ImprovedDilatedAttention"})
     with pytest.raises(ValueError, match="must be even"):
@@ -131,9 +163,26 @@ def test_layer_problems_refuse_what_cannot_be_built():
 
 
 def layer_row(**overrides) -> BenchRow:
-    fields = dict(impl=IMPL, semantics="longnet", dtype="float32", device="cpu", batch=1, heads=4, head_dim=64,
-                  seq_len=4096, segments=[1024, 2048], dilations=[1, 2], causal=True, mode="fwdbwd", status="ok",
-                  target="layer", embed_dim=256, layers=1, time_ms=400.0, peak_mem_bytes=200 * 2**20)
+    fields = dict(
+        impl=IMPL,
+        semantics="longnet",
+        dtype="float32",
+        device="cpu",
+        batch=1,
+        heads=4,
+        head_dim=64,
+        seq_len=4096,
+        segments=[1024, 2048],
+        dilations=[1, 2],
+        causal=True,
+        mode="fwdbwd",
+        status="ok",
+        target="layer",
+        embed_dim=256,
+        layers=1,
+        time_ms=400.0,
+        peak_mem_bytes=200 * 2**20,
+    )
     return BenchRow(**{**fields, **overrides})
 
 
@@ -150,24 +199,49 @@ def test_check_and_calibrate_read_layer_rows():
 
 def test_plan_cli_target_model(tmp_path, capsys):
     out = tmp_path / "p.json"
-    code, stdout, err = run_cli(["plan", "--target", "model", "--embed-dim", "768", "--heads", "12", "--layers", "12",
-                                 "--seq-len", "32k", "--profile", "h100-sxm-80gb", "--checkpointing", "--amp", "bf16",
-                                 "--json", str(out)], capsys)
+    code, stdout, err = run_cli(
+        [
+            "plan",
+            "--target",
+            "model",
+            "--embed-dim",
+            "768",
+            "--heads",
+            "12",
+            "--layers",
+            "12",
+            "--seq-len",
+            "32k",
+            "--profile",
+            "h100-sxm-80gb",
+            "--checkpointing",
+            "--amp",
+            "bf16",
+            "--json",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "LongNetLM 12 x DilatedTransformerBlock" in stdout and "time per training step" in stdout
     data = json.loads(out.read_text())
     assert data["problem"]["target"] == "model" and data["memory"]["phase"]
-    code, stdout, _ = run_cli(["plan", "--target", "layer", "--seq-len", "16k", "--max-seq", "--max-memory", "1GiB"], capsys)
+    code, stdout, _ = run_cli(
+        ["plan", "--target", "layer", "--seq-len", "16k", "--max-seq", "--max-memory", "1GiB"], capsys
+    )
     assert code == 0 and "largest N that fits" in stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--target", "layer", "--impl", "ImprovedDilatedAttention"], "multihead"),
-    (["--target", "layer", "--min-devices"], "--min-devices applies to --target attention"),
-    (["--target", "layer", "--amp", "fp8"], "--amp"),
-    (["--amp", "bf16"], "apply to --target layer or model"),
-    (["--target", "layer", "--world-size", "2"], "one device"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--target", "layer", "--impl", "ImprovedDilatedAttention"], "multihead"),
+        (["--target", "layer", "--min-devices"], "--min-devices applies to --target attention"),
+        (["--target", "layer", "--amp", "fp8"], "--amp"),
+        (["--amp", "bf16"], "apply to --target layer or model"),
+        (["--target", "layer", "--world-size", "2"], "one device"),
+    ],
+)
 def test_plan_cli_target_errors_are_one_line(args, message, capsys):
     code, _, err = run_cli(["plan", *args], capsys)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err

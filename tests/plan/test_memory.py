@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from dattn_cli.kernels import REGISTRY, reset_global_memory_pool
-from dattn_cli.runtime.measure import LiveTensorBytes
 from dattn_cli.plan.memory import estimate_memory
+from dattn_cli.runtime.measure import LiveTensorBytes
 from dattn_cli.workload import Problem
 
 CONFIGS = [([512, 1024, 2048], [1, 2, 4], 2048), ([512, 2048], [1, 2], 2048), ([256, 1024], [2, 4], 1024)]
@@ -20,8 +20,11 @@ def module_peak(module, n, mode, kv_heads=8, **call):
         q = torch.randn(1, n, 8, 64, requires_grad=mode == "fwdbwd")
         k, v = (torch.randn(1, n, kv_heads, 64, requires_grad=mode == "fwdbwd") for _ in range(2))
         t = lambda a: a.transpose(1, 2)  # noqa: E731
-        run = (lambda: t(F.scaled_dot_product_attention(t(q), t(k), t(v)))) if module is None else (
-            lambda: module(q, k, v, **call))
+        run = (
+            (lambda: t(F.scaled_dot_product_attention(t(q), t(k), t(v))))
+            if module is None
+            else (lambda: module(q, k, v, **call))
+        )
         if mode == "fwd":
             with torch.no_grad():
                 run()
@@ -46,8 +49,17 @@ def test_tensor_items_match_live_tensor_bytes(impl, mode, segs, rates, n):
 
 
 def test_items_are_itemised_and_sum():
-    m = estimate_memory(Problem(impl="RingDilatedAttention", seq_len=65536, world_size=4,
-                              segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 2, 8], mode="fwdbwd"), 10)
+    m = estimate_memory(
+        Problem(
+            impl="RingDilatedAttention",
+            seq_len=65536,
+            world_size=4,
+            segment_lengths=[2048, 8192, 32768],
+            dilation_rates=[1, 2, 8],
+            mode="fwdbwd",
+        ),
+        10,
+    )
     assert m.total == sum(m.items.values())
     assert m.items["comm buffers"] > 0 and m.items["framework"] == 10
 
@@ -71,19 +83,20 @@ def test_half_inputs_keep_the_covering_blocks_result_apart():
     one covering every row (segment 2048, rate 1) included, holds its own dq, dk, dv."""
     x = (1 << 20) * 8 * 64 * 2
     assert _gpu_items("ImprovedDilatedAttention", "bfloat16")["block result"] == 3 * x
-    fp32 = estimate_memory(Problem(impl="ImprovedDilatedAttention", seq_len=1 << 20, mode="fwdbwd"), chunked=False).items
+    fp32 = estimate_memory(
+        Problem(impl="ImprovedDilatedAttention", seq_len=1 << 20, mode="fwdbwd"), chunked=False
+    ).items
     assert fp32["block result"] < 3 * 2 * x  # fp32: the covering block is adopted, a smaller one is the largest apart
 
 
 def test_check_compares_cuda_rows_without_the_cuda_context(tmp_path):
     """max_memory_allocated() holds no CUDA context: plan --check leaves the profile's framework item out for CUDA rows."""
     import json
+    from pathlib import Path
 
     from dattn_cli.plan.check import check_rows
     from dattn_cli.plan.profiles import load_profile
     from dattn_cli.workload.records import read_rows
-
-    from pathlib import Path
 
     report = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "h200_plan_rows.jsonl"
     rows = [json.loads(line) for line in report.open()]
@@ -133,7 +146,8 @@ def test_gqa_items_match_live_tensor_bytes(kv_heads, mode):
     """k, v at the kv heads, their repeated copies while the call runs, the kv-head dk, dv: within 6% here."""
     segs, rates = [512, 1024, 2048], [1, 2, 4]
     peak = module_peak(REGISTRY["ImprovedDilatedAttention"].cls(segs, rates), 2048, mode, kv_heads=kv_heads)
-    model = estimate_memory(Problem(seq_len=2048, kv_heads=kv_heads, mode=mode, segment_lengths=segs,
-                                    dilation_rates=rates))
+    model = estimate_memory(
+        Problem(seq_len=2048, kv_heads=kv_heads, mode=mode, segment_lengths=segs, dilation_rates=rates)
+    )
     tensors = model.total - model.items.get("kernel workspace", 0)
     assert abs(tensors - peak) <= 0.12 * peak, (tensors, peak)

@@ -17,8 +17,18 @@ H100 = load_profile("h100-sxm-80gb")
 
 def llm(**overrides) -> Problem:
     """A 7B-class LongNetLM: 32 layers, width 4096, 32 heads."""
-    fields = dict(impl="ImprovedMultiheadDilatedAttention", target="model", layers=32, embed_dim=4096, heads=32,
-                  seq_len=4096, dtype="bfloat16", mode="fwdbwd", segment_lengths=[2048, 4096], dilation_rates=[1, 2])
+    fields = dict(
+        impl="ImprovedMultiheadDilatedAttention",
+        target="model",
+        layers=32,
+        embed_dim=4096,
+        heads=32,
+        seq_len=4096,
+        dtype="bfloat16",
+        mode="fwdbwd",
+        segment_lengths=[2048, 4096],
+        dilation_rates=[1, 2],
+    )
     return Problem(**{**fields, **overrides})
 
 
@@ -37,8 +47,9 @@ def test_a_7b_model_with_adamw_needs_more_than_one_80gb_gpu_and_fits_with_zero3(
     assert solve.plan(s, H100, training=Training(optimizer="torch-adamw")).fits
 
 
-@pytest.mark.parametrize("optimizer, state_bytes", [("adamw", 8), ("adam8bit", 2 + 8 / 256), ("sgd", 4),
-                                                     ("torch-adamw", 8)])
+@pytest.mark.parametrize(
+    "optimizer, state_bytes", [("adamw", 8), ("adam8bit", 2 + 8 / 256), ("sgd", 4), ("torch-adamw", 8)]
+)
 def test_optimizer_state_bytes_per_parameter(optimizer, state_bytes):
     s = llm(dtype="float32", layers=2)  # fp32 weights are their own master copy
     states = model_states(s, Training(optimizer=optimizer))
@@ -54,7 +65,9 @@ def test_each_zero_stage_shards_more_and_ddp_keeps_bucket_copies():
     ddp = model_states(s, Training(devices=n, zero=0)).resident
     assert ddp["DDP gradient buckets (all-reduce copies)"] == params * p
     z1, z2 = (model_states(s, Training(devices=n, zero=z)) for z in (1, 2))
-    assert z1.step["gradients"] == params * p and z2.step["gradients (1/8 shard)"] == pytest.approx(params * p / n, abs=1)
+    assert z1.step["gradients"] == params * p and z2.step["gradients (1/8 shard)"] == pytest.approx(
+        params * p / n, abs=1
+    )
     z3 = model_states(s, Training(devices=n, zero=3))
     assert z3.forward["all-gathered parameters (unit in use + prefetched)"] > 0
 
@@ -115,8 +128,23 @@ def test_layout_errors_name_the_option():
 
 def test_plan_cli_model_over_devices(tmp_path, capsys):
     out = tmp_path / "p.json"
-    base = ["plan", "--target", "model", "--layers", "32", "--embed-dim", "4096", "--heads", "32", "--seq-len", "4k",
-            "--dtype", "bfloat16", "--profile", "h100-sxm-80gb"]
+    base = [
+        "plan",
+        "--target",
+        "model",
+        "--layers",
+        "32",
+        "--embed-dim",
+        "4096",
+        "--heads",
+        "32",
+        "--seq-len",
+        "4k",
+        "--dtype",
+        "bfloat16",
+        "--profile",
+        "h100-sxm-80gb",
+    ]
     code, stdout, err = run_cli([*base, "--fail-if-infeasible"], capsys)
     assert code == 1 and "does not fit" in stdout and "fp32 master weights" in stdout
     code, stdout, err = run_cli([*base, "--devices", "8", "--zero", "3", "--json", str(out)], capsys)
@@ -130,14 +158,28 @@ def test_plan_cli_model_over_devices(tmp_path, capsys):
     assert code == 0 and "no number of devices fits" in stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--zero", "2"], "apply to --target model"),
-    (["--target", "model", "--zero", "4"], "--zero '4': use 0, 1, 2 or 3"),
-    (["--target", "model", "--optimizer", "lion"], "--optimizer 'lion'"),
-    (["--target", "model", "--devices", "4", "--sequence-parallel", "3"], "does not divide --devices 4"),
-    (["--target", "model", "--devices", "2", "--sequence-parallel", "2", "--impl", "ImprovedMultiheadDilatedAttention"],
-     "needs a distributed multihead --impl"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--zero", "2"], "apply to --target model"),
+        (["--target", "model", "--zero", "4"], "--zero '4': use 0, 1, 2 or 3"),
+        (["--target", "model", "--optimizer", "lion"], "--optimizer 'lion'"),
+        (["--target", "model", "--devices", "4", "--sequence-parallel", "3"], "does not divide --devices 4"),
+        (
+            [
+                "--target",
+                "model",
+                "--devices",
+                "2",
+                "--sequence-parallel",
+                "2",
+                "--impl",
+                "ImprovedMultiheadDilatedAttention",
+            ],
+            "needs a distributed multihead --impl",
+        ),
+    ],
+)
 def test_plan_cli_layout_errors_are_one_line(args, message, capsys):
     code, _, err = run_cli(["plan", *args], capsys)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err

@@ -5,8 +5,19 @@ import pytest
 from dattn_cli.plan.profiles import ProfileError, load_profile, shipped_profiles
 from tests.cli.test_verify_env import run_cli
 
-REQUIRED = {"a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h100-pcie-80gb", "h200-141gb", "l4", "rtx-4090",
-            "rtx-3090", "gtx-1080", "mi300x", "cpu-host"}
+REQUIRED = {
+    "a100-sxm-40gb",
+    "a100-sxm-80gb",
+    "h100-sxm-80gb",
+    "h100-pcie-80gb",
+    "h200-141gb",
+    "l4",
+    "rtx-4090",
+    "rtx-3090",
+    "gtx-1080",
+    "mi300x",
+    "cpu-host",
+}
 
 
 def test_every_shipped_profile_validates_and_cites_sources():
@@ -27,9 +38,15 @@ BAD = {
     "not yaml": ("name: [unclosed\n", "not valid YAML"),
     "missing field": (BASE.replace("memory_gib: 74.5", ""), "field memory_gib is missing"),
     "wrong unit": (BASE.replace("memory_gib: 74.5", "memory_gib: 80GB"), "field memory_gib"),
-    "unit in a new field": (BASE.replace("memory_gib: 74.5", "memory_gib: 74.5\nmemory_gb: 80"), "field memory_gb is not a profile field"),
+    "unit in a new field": (
+        BASE.replace("memory_gib: 74.5", "memory_gib: 74.5\nmemory_gb: 80"),
+        "field memory_gb is not a profile field",
+    ),
     "wrong type": (BASE.replace("devices_per_node: 8", "devices_per_node: eight"), "field devices_per_node"),
-    "negative": (BASE.replace("memory_bandwidth_gb_s: 3350", "memory_bandwidth_gb_s: -3350"), "field memory_bandwidth_gb_s"),
+    "negative": (
+        BASE.replace("memory_bandwidth_gb_s: 3350", "memory_bandwidth_gb_s: -3350"),
+        "field memory_bandwidth_gb_s",
+    ),
     "not a mapping": ("- 1\n- 2\n", "expected a mapping"),
     "code in yaml": ("!!python/object/apply:os.system ['echo pwned']\n", "not valid YAML"),
 }

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from dattn_cli.plan import solve
+from dattn_cli.plan.profiles import load_profile
 from dattn_cli.plan.time import estimate_time
 from dattn_cli.workload import Problem
-from dattn_cli.plan.profiles import load_profile
 from tests.cli.test_verify_env import run_cli
 
 H100 = load_profile("h100-sxm-80gb")
@@ -40,27 +40,46 @@ def test_max_seq_is_the_boundary():
 def test_ring_time_counts_comm_from_the_closed_form():
     from dattn_cli.kernels.distributed.sequence_parallel import comm_volume
 
-    shape = Problem(impl="RingDilatedAttention", seq_len=65536, segment_lengths=[2048, 8192, 32768],
-                  dilation_rates=[1, 2, 8], mode="fwd", world_size=4)
+    shape = Problem(
+        impl="RingDilatedAttention",
+        seq_len=65536,
+        segment_lengths=[2048, 8192, 32768],
+        dilation_rates=[1, 2, 8],
+        mode="fwd",
+        world_size=4,
+    )
     t = estimate_time(shape, H100)
-    expected = max(c["forward_bytes_received"] for c in comm_volume("ring", 65536, 4, 1, 8, 64, 4, [2048, 8192, 32768], [1, 2, 8]))
+    expected = max(
+        c["forward_bytes_received"] for c in comm_volume("ring", 65536, 4, 1, 8, 64, 4, [2048, 8192, 32768], [1, 2, 8])
+    )
     assert t.comm_bytes == expected == 2 * (16384 // 8) * 8 * 64 * 4
     link = H100.intra_node
-    assert t.comm_s == pytest.approx(t.messages * link.latency_us * 1e-6 + expected / (link.bandwidth_gb_s * 1e9 * H100.efficiency.communication))
+    assert t.comm_s == pytest.approx(
+        t.messages * link.latency_us * 1e-6 + expected / (link.bandwidth_gb_s * 1e9 * H100.efficiency.communication)
+    )
 
 
-@pytest.mark.parametrize("impl, strategy", [("RingDilatedAttention", "ring"),
-                                            ("DistributedImprovedDilatedAttention", "allgather")])
-@pytest.mark.parametrize("seq_len, world, segments", [(50000, 3, [4096, 65536]), (100000, 6, [16384, 65536]),
-                                                      (10000, 4, [1000, 10000])])
+@pytest.mark.parametrize(
+    "impl, strategy", [("RingDilatedAttention", "ring"), ("DistributedImprovedDilatedAttention", "allgather")]
+)
+@pytest.mark.parametrize(
+    "seq_len, world, segments", [(50000, 3, [4096, 65536]), (100000, 6, [16384, 65536]), (10000, 4, [1000, 10000])]
+)
 def test_any_n_over_any_p_plans_the_padded_shards(impl, strategy, seq_len, world, segments):
     """N not divisible by p, segments neither dividing nor multiples of N/p: the planner takes the kernels'
     padded shard (registry.shard_length) and its bytes are the closed form on the padded length."""
     from dattn_cli.kernels import padded_length
     from dattn_cli.kernels.distributed.sequence_parallel import comm_volume
 
-    shape = Problem(impl=impl, seq_len=seq_len, segment_lengths=segments, dilation_rates=[1, 2], mode="fwdbwd",
-                    world_size=world, heads=8)
+    shape = Problem(
+        impl=impl,
+        seq_len=seq_len,
+        segment_lengths=segments,
+        dilation_rates=[1, 2],
+        mode="fwdbwd",
+        world_size=world,
+        heads=8,
+    )
     padded = padded_length(seq_len, world, segments)
     t = estimate_time(shape, H100)
     volume = comm_volume(strategy, padded, world, 1, 8, 64, 4, segments, [1, 2])
@@ -73,8 +92,9 @@ def test_any_n_over_any_p_plans_the_padded_shards(impl, strategy, seq_len, world
 
 def test_layouts_the_kernels_refuse_are_not_planned():
     # padding 10000 to 84000 (shards aligned with 3000 and 7000 over 4 ranks) is beyond the 4x N the kernels pad
-    shape = Problem(impl="RingDilatedAttention", seq_len=10000, segment_lengths=[3000, 7000], dilation_rates=[1, 2],
-                    world_size=4)
+    shape = Problem(
+        impl="RingDilatedAttention", seq_len=10000, segment_lengths=[3000, 7000], dilation_rates=[1, 2], world_size=4
+    )
     refused = solve.plan(shape, H100)
     assert not refused.feasible and "cannot shard N=10,000 over 4 devices" in refused.reason
     heads = solve.plan(Problem(impl="HeadParallelDilatedAttention", seq_len=8192, heads=6, world_size=4), H100)
@@ -91,13 +111,42 @@ def test_head_parallel_volume_by_hand():
 
 def test_plan_cli_json_and_infeasible_exit(tmp_path, capsys):
     out = tmp_path / "p.json"
-    code, stdout, _ = run_cli(["plan", "--impl", "RingDilatedAttention", "--profile", "h100-sxm-80gb", "--seq-len", "1m",
-                               "--world-size", "4", "--dtype", "bfloat16", "--json", str(out)], capsys)
+    code, stdout, _ = run_cli(
+        [
+            "plan",
+            "--impl",
+            "RingDilatedAttention",
+            "--profile",
+            "h100-sxm-80gb",
+            "--seq-len",
+            "1m",
+            "--world-size",
+            "4",
+            "--dtype",
+            "bfloat16",
+            "--json",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0 and "peak memory" in stdout and "time per call" in stdout
     data = json.loads(out.read_text())
     assert data["feasible"] and data["memory"]["total"] == sum(data["memory"]["items"].values())
-    code, _, _ = run_cli(["plan", "--impl", "sdpa", "--profile", "gtx-1080", "--seq-len", "1m", "--dtype", "float16",
-                          "--fail-if-infeasible"], capsys)
+    code, _, _ = run_cli(
+        [
+            "plan",
+            "--impl",
+            "sdpa",
+            "--profile",
+            "gtx-1080",
+            "--seq-len",
+            "1m",
+            "--dtype",
+            "float16",
+            "--fail-if-infeasible",
+        ],
+        capsys,
+    )
     assert code == 1
 
 
@@ -108,16 +157,37 @@ def test_plan_old_option_names_still_work_with_a_note(tmp_path, capsys):
     assert code == 0 and "deprecated" not in err
     code, _, err = run_cli([*args, "--devices", "4", "--memory", "8GiB", "--json", str(old)], capsys)
     assert code == 0
-    assert "--memory is deprecated, use --max-memory" in err and "--devices" not in err  # --devices: a name of --world-size
+    assert (
+        "--memory is deprecated, use --max-memory" in err and "--devices" not in err
+    )  # --devices: a name of --world-size
     assert json.loads(old.read_text()) == json.loads(new.read_text())
     assert json.loads(new.read_text())["devices"] == 4
 
 
 def test_check_and_calibrate_on_a_small_report(tmp_path, capsys):
     report = tmp_path / "r.jsonl"
-    code, _, err = run_cli(["bench", "--impl", "ImprovedDilatedAttention", "--impl", "sdpa", "--seq-len", "1k,2k",
-                            "--segments", "256,512", "--dilations", "1,2", "--mode", "fwd", "--repeat", "1",
-                            "--out", str(report)], capsys)
+    code, _, err = run_cli(
+        [
+            "bench",
+            "--impl",
+            "ImprovedDilatedAttention",
+            "--impl",
+            "sdpa",
+            "--seq-len",
+            "1k,2k",
+            "--segments",
+            "256,512",
+            "--dilations",
+            "1,2",
+            "--mode",
+            "fwd",
+            "--repeat",
+            "1",
+            "--out",
+            str(report),
+        ],
+        capsys,
+    )
     assert code == 0, err
     code, stdout, _ = run_cli(["plan", "--check", str(report), "--profile", "cpu-host"], capsys)
     assert code == 0 and "memory error median" in stdout
@@ -159,8 +229,25 @@ def test_headroom_of_a_plan_that_does_not_fit_names_the_excess():
 
 
 def test_cli_7b_on_one_gpu_says_no_n_fits_and_fails_if_asked(capsys):
-    args = ["plan", "--profile", "h100-sxm-80gb", "--target", "model", "--layers", "32", "--embed-dim", "4096",
-            "--heads", "32", "--dtype", "bfloat16", "--mode", "fwdbwd", "--seq-len", "4096"]
+    args = [
+        "plan",
+        "--profile",
+        "h100-sxm-80gb",
+        "--target",
+        "model",
+        "--layers",
+        "32",
+        "--embed-dim",
+        "4096",
+        "--heads",
+        "32",
+        "--dtype",
+        "bfloat16",
+        "--mode",
+        "fwdbwd",
+        "--seq-len",
+        "4096",
+    ]
     code, out, _ = run_cli([*args, "--json", "-"], capsys)
     assert code == 0
     room = json.loads(out)["headroom"]

@@ -9,5 +9,12 @@ class ToyDilatedAttention(ImprovedDilatedAttention):
     """ImprovedDilatedAttention under another name."""
 
 
-register(ImplSpec("ToyDilatedAttention", ToyDilatedAttention, "core", "single",
-                  "toy entry registered by tests/plugins/toy_attention.py"))
+register(
+    ImplSpec(
+        "ToyDilatedAttention",
+        ToyDilatedAttention,
+        "core",
+        "single",
+        "toy entry registered by tests/plugins/toy_attention.py",
+    )
+)

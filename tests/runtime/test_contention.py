@@ -16,8 +16,10 @@ from dattn_cli.runtime import contention
 from dattn_cli.runtime.contention import CpuSample, contention_reason, cpu_sample, others_busy_cpus
 
 ROUNDING = 0.35  # CPUs: whole clock ticks over a window of about half a second, with margin
-SPIN = ("import sys, time\nend = time.monotonic() + {s}\nprint('spinning', flush=True)\n"
-        "while time.monotonic() < end:\n    pass\n")
+SPIN = (
+    "import sys, time\nend = time.monotonic() + {s}\nprint('spinning', flush=True)\n"
+    "while time.monotonic() < end:\n    pass\n"
+)
 
 
 def test_this_process_busy_on_every_cpu_is_not_other_load():
@@ -82,10 +84,12 @@ def test_proc_stat_without_usable_cpu_lines_is_unknown(monkeypatch, tmp_path, te
 def test_busy_time_counts_only_this_process_cpus_and_their_busy_fields(monkeypatch, tmp_path):
     stat = tmp_path / "stat"
     #                 user nice system idle iowait irq softirq steal guest guest_nice
-    stat.write_text("cpu  999 999 999 999 999 999 999 999 0 0\n"
-                    "cpu0 100 10 20 5000 70 1 2 3 40 0\n"
-                    "cpu1 100 10 20 5000 70 1 2 3 40 0\n"
-                    "cpu7 900 0 0 0 0 0 0 0 0 0\n")
+    stat.write_text(
+        "cpu  999 999 999 999 999 999 999 999 0 0\n"
+        "cpu0 100 10 20 5000 70 1 2 3 40 0\n"
+        "cpu1 100 10 20 5000 70 1 2 3 40 0\n"
+        "cpu7 900 0 0 0 0 0 0 0 0 0\n"
+    )
     monkeypatch.setattr(contention, "PROC_STAT", str(stat))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(os, "sysconf", lambda name: 100)
@@ -93,17 +97,25 @@ def test_busy_time_counts_only_this_process_cpus_and_their_busy_fields(monkeypat
     assert sample.busy_s == pytest.approx(2 * (100 + 10 + 20 + 1 + 2 + 3) / 100)  # idle, iowait, guest: not busy
 
 
-@pytest.mark.parametrize("others,threads,flagged", [
-    (0.2, 2, False), (0.3, 2, True),  # 2 threads on 2 CPUs: any other work beyond the tolerance
-    (1.2, 1, False), (1.3, 1, True),  # 1 thread: one CPU may be the others'
-    (0.2, 4, False), (0.3, 4, True),  # 4 threads on 2 CPUs need both, no more
-    (None, 2, False)])
+@pytest.mark.parametrize(
+    "others,threads,flagged",
+    [
+        (0.2, 2, False),
+        (0.3, 2, True),  # 2 threads on 2 CPUs: any other work beyond the tolerance
+        (1.2, 1, False),
+        (1.3, 1, True),  # 1 thread: one CPU may be the others'
+        (0.2, 4, False),
+        (0.3, 4, True),  # 4 threads on 2 CPUs need both, no more
+        (None, 2, False),
+    ],
+)
 def test_the_rule_leaves_room_for_the_points_threads(others, threads, flagged):
     reason = contention_reason(others, threads, cpus=2)
     assert (reason is not None) == flagged
     if flagged:
-        assert reason.startswith(f"other processes kept {others:.1f} of 2 CPUs busy while this point ran its "
-                                 f"{threads} torch thread")
+        assert reason.startswith(
+            f"other processes kept {others:.1f} of 2 CPUs busy while this point ran its {threads} torch thread"
+        )
 
 
 def test_the_reason_says_one_cpu_and_one_thread_in_the_singular():
@@ -119,15 +131,18 @@ def test_load_average_is_three_rounded_figures(monkeypatch):
     assert contention.load_average() is None
 
 
-@pytest.mark.parametrize("cpus, torch_default, world, omp, expected", [
-    (2, 2, 1, None, 1),  # a 2-vCPU runner: one CPU left free
-    (1, 1, 1, None, 1),  # nothing to leave free
-    (64, 32, 1, None, 32),  # torch's default (physical cores) already leaves CPUs free: kept
-    (8, 8, 1, None, 7),
-    (2, 2, 1, "2", 2),  # OMP_NUM_THREADS is the user's word
-    (16, 16, 2, None, 7),  # ranks share the CPUs, one left free
-    (2, 2, 2, None, 1),  # as many ranks as CPUs: one thread each, nothing to leave
-])
+@pytest.mark.parametrize(
+    "cpus, torch_default, world, omp, expected",
+    [
+        (2, 2, 1, None, 1),  # a 2-vCPU runner: one CPU left free
+        (1, 1, 1, None, 1),  # nothing to leave free
+        (64, 32, 1, None, 32),  # torch's default (physical cores) already leaves CPUs free: kept
+        (8, 8, 1, None, 7),
+        (2, 2, 1, "2", 2),  # OMP_NUM_THREADS is the user's word
+        (16, 16, 2, None, 7),  # ranks share the CPUs, one left free
+        (2, 2, 2, None, 1),  # as many ranks as CPUs: one thread each, nothing to leave
+    ],
+)
 def test_measurement_threads_leave_a_cpu_free(monkeypatch, cpus, torch_default, world, omp, expected):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     monkeypatch.setattr(torch, "get_num_threads", lambda: torch_default)

@@ -54,7 +54,8 @@ def test_each_gpu_records_which_cuda_device_it_is_under_cuda_visible_devices(mon
     cuda_started(monkeypatch, uuid=uuid_of(3).removeprefix("GPU-"))
     devices = collect_environment().nvidia_devices
     assert [(d.index, d.uuid, d.pci_bus_id, d.cuda_index) for d in devices] == [
-        (i, uuid_of(i), bus_id_of(i), 0 if i == 3 else None) for i in range(4)]
+        (i, uuid_of(i), bus_id_of(i), 0 if i == 3 else None) for i in range(4)
+    ]
     assert devices[3].cuda_match == f"UUID {uuid_of(3)}" and devices[0].cuda_match is None
 
 

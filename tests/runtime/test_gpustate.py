@@ -49,17 +49,26 @@ def fake_nvml(mask: int = 0x4 | 0x1, fail: tuple[str, ...] = (), asked: list | N
             if name.startswith("nvmlDeviceGetHandleBy"):
                 asked.append((name.removeprefix("nvmlDeviceGetHandleBy"), args[0]))
             return value(*args) if callable(value) else value
+
         return call
 
-    for name, value in {"nvmlInit": None, "nvmlShutdown": None, "nvmlDeviceGetCount": devices,
-                        "nvmlDeviceGetHandleByIndex": by_index, "nvmlDeviceGetHandleByUUID": by_uuid,
-                        "nvmlDeviceGetHandleByPciBusId": by_bus, "nvmlDeviceGetUUID": uuid_of,
-                        "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(total=80 * 2**30, used=(h + 1) * 2**30),
-                        "nvmlDeviceGetClockInfo": lambda h, kind: {1: 1410, 2: 1593}[kind],
-                        "nvmlDeviceGetMaxClockInfo": lambda h, kind: {1: 1980, 2: 2619}[kind],
-                        "nvmlDeviceGetTemperature": lambda h, kind: 70 + h, "nvmlDeviceGetPowerUsage": 412_000,
-                        "nvmlDeviceGetEnforcedPowerLimit": 700_000, EVENT_REASONS: mask,
-                        "nvmlDeviceGetCurrentClocksThrottleReasons": 0x20}.items():
+    for name, value in {
+        "nvmlInit": None,
+        "nvmlShutdown": None,
+        "nvmlDeviceGetCount": devices,
+        "nvmlDeviceGetHandleByIndex": by_index,
+        "nvmlDeviceGetHandleByUUID": by_uuid,
+        "nvmlDeviceGetHandleByPciBusId": by_bus,
+        "nvmlDeviceGetUUID": uuid_of,
+        "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(total=80 * 2**30, used=(h + 1) * 2**30),
+        "nvmlDeviceGetClockInfo": lambda h, kind: {1: 1410, 2: 1593}[kind],
+        "nvmlDeviceGetMaxClockInfo": lambda h, kind: {1: 1980, 2: 2619}[kind],
+        "nvmlDeviceGetTemperature": lambda h, kind: 70 + h,
+        "nvmlDeviceGetPowerUsage": 412_000,
+        "nvmlDeviceGetEnforcedPowerLimit": 700_000,
+        EVENT_REASONS: mask,
+        "nvmlDeviceGetCurrentClocksThrottleReasons": 0x20,
+    }.items():
         setattr(nvml, name, answer(name, value))
     return nvml
 
@@ -80,20 +89,42 @@ def test_state_and_reasons_decoded(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
     state = gpu_state(0)
     assert state.pop("nvml_device").startswith("index 0 (torch's number; CUDA not started in this process)")
-    assert state == {"sm_clock_mhz": 1410, "mem_clock_mhz": 1593, "max_sm_clock_mhz": 1980, "temperature_c": 70,
-                     "power_w": 412.0, "power_limit_w": 700.0, "throttle_reasons": ["idle", "sw_power_cap"]}
+    assert state == {
+        "sm_clock_mhz": 1410,
+        "mem_clock_mhz": 1593,
+        "max_sm_clock_mhz": 1980,
+        "temperature_c": 70,
+        "power_w": 412.0,
+        "power_limit_w": 700.0,
+        "throttle_reasons": ["idle", "sw_power_cap"],
+    }
 
 
 def test_every_reason_bit_has_a_name_and_unknown_bits_keep_theirs():
-    assert decode_reasons(0x7FF) == ["idle", "applications_clocks", "sw_power_cap", "hw_slowdown", "sync_boost",
-                                     "sw_thermal", "hw_thermal", "hw_power_brake", "display_clocks", "board_limit",
-                                     "reliability"]
+    assert decode_reasons(0x7FF) == [
+        "idle",
+        "applications_clocks",
+        "sw_power_cap",
+        "hw_slowdown",
+        "sync_boost",
+        "sw_thermal",
+        "hw_thermal",
+        "hw_power_brake",
+        "display_clocks",
+        "board_limit",
+        "reliability",
+    ]
     assert decode_reasons(0) == [] and decode_reasons(0x1000 | 0x8) == ["hw_slowdown", "0x1000"]
 
 
-@pytest.mark.parametrize("fail,field", [("nvmlDeviceGetTemperature", "temperature_c"),
-                                        ("nvmlDeviceGetEnforcedPowerLimit", "power_limit_w"),
-                                        ("nvmlDeviceGetClockInfo", "sm_clock_mhz")])
+@pytest.mark.parametrize(
+    "fail,field",
+    [
+        ("nvmlDeviceGetTemperature", "temperature_c"),
+        ("nvmlDeviceGetEnforcedPowerLimit", "power_limit_w"),
+        ("nvmlDeviceGetClockInfo", "sm_clock_mhz"),
+    ],
+)
 def test_an_unsupported_query_leaves_its_field_empty(monkeypatch, fail, field):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(fail=(fail,)))
     state = gpu_state(0)
@@ -108,9 +139,11 @@ def test_a_driver_without_event_reasons_falls_back_to_throttle_reasons(monkeypat
     assert gpu_state(0)["throttle_reasons"] is None
 
 
-@pytest.mark.parametrize("nvml", [None, fake_nvml(fail=("nvmlInit",)),
-                                  fake_nvml(devices=0)],
-                         ids=["not-installed", "no-driver", "no-such-device"])
+@pytest.mark.parametrize(
+    "nvml",
+    [None, fake_nvml(fail=("nvmlInit",)), fake_nvml(devices=0)],
+    ids=["not-installed", "no-driver", "no-such-device"],
+)
 def test_no_usable_nvml_is_none(monkeypatch, nvml):
     monkeypatch.setitem(sys.modules, "pynvml", nvml)  # None: `import pynvml` raises ImportError
     assert gpu_state(0) is None
@@ -121,8 +154,9 @@ def test_cuda_visible_devices_3_makes_cuda_0_nvml_device_3_by_uuid(monkeypatch):
     asked = []
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(asked=asked, devices=4))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    cuda_started(monkeypatch, uuid=uuid_of(3).removeprefix("GPU-"), pci_domain_id=0, pci_bus_id=0x18 + 3,
-                 pci_device_id=0)
+    cuda_started(
+        monkeypatch, uuid=uuid_of(3).removeprefix("GPU-"), pci_domain_id=0, pci_bus_id=0x18 + 3, pci_device_id=0
+    )
     state = gpu_state(0)
     assert state["temperature_c"] == 73 and state["nvml_device"] == f"UUID {uuid_of(3)}"
     assert asked == [("UUID", uuid_of(3))]
@@ -151,9 +185,11 @@ def test_without_torch_ids_the_visible_devices_index_is_used_and_the_record_says
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
     state = gpu_state(1)  # CUDA not started here: no UUID or PCI bus id from torch
     assert state["temperature_c"] == 72 and asked == [("Index", 2)]
-    assert state["nvml_device"] == ("index 2 (CUDA_VISIBLE_DEVICES=3,2; CUDA not started in this process); right "
-                                    "only if CUDA numbers the GPUs in PCI bus order as NVML does "
-                                    "(CUDA_DEVICE_ORDER=PCI_BUS_ID)")
+    assert state["nvml_device"] == (
+        "index 2 (CUDA_VISIBLE_DEVICES=3,2; CUDA not started in this process); right "
+        "only if CUDA numbers the GPUs in PCI bus order as NVML does "
+        "(CUDA_DEVICE_ORDER=PCI_BUS_ID)"
+    )
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     assert gpu_state(0)["nvml_device"] == "index 3 (CUDA_VISIBLE_DEVICES=3,2; CUDA not started in this process)"
     assert nvml_used_bytes(0) == 4 * 2**30
@@ -181,8 +217,11 @@ def test_an_ambiguous_uuid_prefix_reads_no_device(monkeypatch):
     assert gpu_state(0) is None and nvml_used_bytes(0) is None
 
 
-IDLE = {"throttle_reasons": ["idle", "applications_clocks", "display_clocks", "sync_boost"], "sm_clock_mhz": 345,
-        "max_sm_clock_mhz": 1980}
+IDLE = {
+    "throttle_reasons": ["idle", "applications_clocks", "display_clocks", "sync_boost"],
+    "sm_clock_mhz": 345,
+    "max_sm_clock_mhz": 1980,
+}
 CAPPED = {"throttle_reasons": ["sw_power_cap", "hw_thermal"], "sm_clock_mhz": 1200, "max_sm_clock_mhz": 1980}
 
 
@@ -194,7 +233,8 @@ def test_only_clock_limiting_reasons_count(before, after):
 def test_the_throttle_sentence_names_the_reasons_when_and_the_clock():
     assert throttle_reason(IDLE, CAPPED).startswith(
         "GPU throttled: sw_power_cap, hw_thermal after the point (SM clock 1200 of 1980 MHz), so its timings are "
-        "not trustworthy")
+        "not trustworthy"
+    )
     both = throttle_reason({"throttle_reasons": ["hw_power_brake"]}, CAPPED)
     assert both.startswith("GPU throttled: hw_power_brake before the point and sw_power_cap, hw_thermal after")
     assert throttle_reason(CAPPED, None).startswith("GPU throttled: sw_power_cap, hw_thermal before the point (SM")
@@ -215,8 +255,9 @@ def test_cpu_cache_size_from_sysfs(tmp_path):
 def test_the_cpu_flusher_overwrites_twice_the_last_level_cache(tmp_path):
     flusher = CacheFlusher("cpu", cache_dir=cache_dir(tmp_path, "48K", "1M"))
     assert flusher.nbytes == 2 * 2**20 and flusher.buffer.numel() == flusher.nbytes
-    assert flusher.method == ("last-level cache flushed before each timed call: a 2 MiB buffer zeroed "
-                              "(2 x the 1 MiB last-level cache)")
+    assert flusher.method == (
+        "last-level cache flushed before each timed call: a 2 MiB buffer zeroed (2 x the 1 MiB last-level cache)"
+    )
     flusher.buffer.fill_(7)
     flusher.flush()
     assert not flusher.buffer.any()
@@ -243,7 +284,15 @@ def test_the_real_gpu_state_has_every_field():
     state = gpu_state(torch.cuda.current_device())
     if state is None:
         pytest.skip("NVML is not usable here")
-    assert set(state) == {"sm_clock_mhz", "mem_clock_mhz", "max_sm_clock_mhz", "temperature_c", "power_w",
-                          "power_limit_w", "throttle_reasons", "nvml_device"}
+    assert set(state) == {
+        "sm_clock_mhz",
+        "mem_clock_mhz",
+        "max_sm_clock_mhz",
+        "temperature_c",
+        "power_w",
+        "power_limit_w",
+        "throttle_reasons",
+        "nvml_device",
+    }
     assert state["nvml_device"].startswith(("UUID", "PCI bus id")), state["nvml_device"]
     assert isinstance(state["throttle_reasons"], list)

@@ -14,8 +14,9 @@ IMPL = "RingDilatedAttention"
 
 
 def _checks(device: str) -> list:
-    grid = Grid(semantics=["longnet"], causal=[False], backends=["auto"], patterns=["longnet"], dtype="float32",
-                device=device)
+    grid = Grid(
+        semantics=["longnet"], causal=[False], backends=["auto"], patterns=["longnet"], dtype="float32", device=device
+    )
     return group_checks(IMPL, 2, case_matrix()[:1], grid, [])
 
 
@@ -53,8 +54,10 @@ def test_each_rank_takes_its_local_gpu(monkeypatch, local_rank, rank, gpu):
 
 
 def test_combine_moves_the_shards_to_the_reference_device():
-    per_rank = [[{"out": torch.ones(1, 3, 1, 1), "dx": torch.ones(1, 3, 1, 1), "dparams": torch.ones(2),
-                  "seq_len": 5}] for _ in range(2)]
+    per_rank = [
+        [{"out": torch.ones(1, 3, 1, 1), "dx": torch.ones(1, 3, 1, 1), "dparams": torch.ones(2), "seq_len": 5}]
+        for _ in range(2)
+    ]
     got = distributed.combine(True, per_rank, 0, "meta")
     assert {t.device.type for t in got.values()} == {"meta"}
     assert got["out"].shape[1] == 5 and got["dparams"].shape == (2,)
@@ -67,8 +70,14 @@ def test_ring_on_gpus_with_nccl_matches_the_reference():
 
 
 def _checks_world(device: str, world: int) -> list:
-    grid = Grid(semantics=["longnet"], causal=[False, True], backends=["auto"], patterns=["longnet"],
-                dtype="float32", device=device)
+    grid = Grid(
+        semantics=["longnet"],
+        causal=[False, True],
+        backends=["auto"],
+        patterns=["longnet"],
+        dtype="float32",
+        device=device,
+    )
     return group_checks(IMPL, world, case_matrix()[:2], grid, [])
 
 

@@ -18,10 +18,16 @@ def _title(rows: list) -> str:
     if rows:
         r = rows[0]
         distributed = any(row.world_size > 1 for row in rows)
-        title += (f" ({escape(r.mode)}, {escape(r.dtype)}, {escape(r.device)}, B={r.batch} {heads_label(r.heads, r.kv_heads)} D={r.head_dim}"
-                  + (f", {r.world_size} ranks: time of the slowest rank, memory and bytes of the largest rank" if distributed else "")
-                  + ("; lines timed round-robin (--interleave)" if any(row.interleaved for row in rows) else "")
-                  + "; time = median of the timed calls, +- its 95% CI; TFLOP/s counts attended pairs only)")
+        title += (
+            f" ({escape(r.mode)}, {escape(r.dtype)}, {escape(r.device)}, B={r.batch} {heads_label(r.heads, r.kv_heads)} D={r.head_dim}"
+            + (
+                f", {r.world_size} ranks: time of the slowest rank, memory and bytes of the largest rank"
+                if distributed
+                else ""
+            )
+            + ("; lines timed round-robin (--interleave)" if any(row.interleaved for row in rows) else "")
+            + "; time = median of the timed calls, +- its 95% CI; TFLOP/s counts attended pairs only)"
+        )
     return title
 
 
@@ -29,7 +35,9 @@ def _cells(r, ratio: float | None, columns: tuple[bool, bool, bool]) -> list[str
     patterned, distributed, ratioed = columns
     pattern_cells = [escape(r.pattern or "-"), f"{r.element_density:.3f}" if r.element_density is not None else "-"]
     cells = [
-        escape(r.impl), *(pattern_cells if patterned else []), f"{r.seq_len:,}",
+        escape(r.impl),
+        *(pattern_cells if patterned else []),
+        f"{r.seq_len:,}",
         f"{r.time_ms:.1f}" if r.time_ms is not None else "-",
         f"{r.median_ci_pct:.1f}%" if r.median_ci_pct is not None else "-",
         *([f"{ratio:.2f}" if ratio is not None else "-"] if ratioed else []),
@@ -56,8 +64,15 @@ def bench_table(result: SweepResult) -> Table:
     shape = (any(r.pattern for r in rows), any(r.world_size > 1 for r in rows), base is not None)
     patterned, distributed, _ = shape
     table = Table(title=_title(rows))
-    columns = (["impl"] + (["pattern", "density"] if patterned else []) + ["N", "time ms", "+-"] + ([f"x {base}"] if base else [])
-               + ["tokens/s", "TFLOP/s", "peak mem"] + (["sent/call", "recv/call"] if distributed else []) + ["status"])
+    columns = (
+        ["impl"]
+        + (["pattern", "density"] if patterned else [])
+        + ["N", "time ms", "+-"]
+        + ([f"x {base}"] if base else [])
+        + ["tokens/s", "TFLOP/s", "peak mem"]
+        + (["sent/call", "recv/call"] if distributed else [])
+        + ["status"]
+    )
     for col in columns:
         if col == "impl":
             table.add_column(col, overflow="fold")
@@ -74,10 +89,14 @@ def bench_table(result: SweepResult) -> Table:
 
 def scaling_lines(result: SweepResult) -> list[str]:
     """The fitted exponents per measured line, printed under the table: 'impl: time ~ N^1.02, memory ~ N^1.00'."""
-    fits = {f"{s.impl} {s.pattern}" if s.pattern else s.impl: {"time": s.time_exponent, "memory": s.memory_exponent}
-            for s in result.summaries}
+    fits = {
+        f"{s.impl} {s.pattern}" if s.pattern else s.impl: {"time": s.time_exponent, "memory": s.memory_exponent}
+        for s in result.summaries
+    }
     lines = exponent_lines(fits)
-    return ["scaling, least-squares fit over the lengths that ran ok:", *[f"  {line}" for line in lines]] if lines else []
+    return (
+        ["scaling, least-squares fit over the lengths that ran ok:", *[f"  {line}" for line in lines]] if lines else []
+    )
 
 
 def point_line(row) -> str:

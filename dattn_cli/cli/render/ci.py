@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from .common import emit
 from .compare import ms, point_cells
@@ -17,22 +18,33 @@ if TYPE_CHECKING:
     from ...workload.records import BenchRow
 
 
-def _check_name(r: "CaseResult") -> str:
+def _check_name(r: CaseResult) -> str:
     parts = [r.case, r.semantics, "causal" if r.causal else "non-causal", r.backend, r.dtype]
-    return " ".join(str(p) for p in parts + ([f"pattern {r.pattern}"] if r.pattern else []) + (
-        [f"p={r.world_size}"] if r.world_size > 1 else []))
+    return " ".join(
+        str(p)
+        for p in parts
+        + ([f"pattern {r.pattern}"] if r.pattern else [])
+        + ([f"p={r.world_size}"] if r.world_size > 1 else [])
+    )
 
 
-def junit_xml(report: "VerifyReport") -> str:
+def junit_xml(report: VerifyReport) -> str:
     """One <testsuite> per implementation, one <testcase> per check; a failed check carries its errors."""
-    suites = ET.Element("testsuites", name="dattn verify", tests=str(len(report.results)),
-                        failures=str(len(report.failures)))
+    suites = ET.Element(
+        "testsuites", name="dattn verify", tests=str(len(report.results)), failures=str(len(report.failures))
+    )
     by_impl: dict[str, list] = {}
     for r in report.results:
         by_impl.setdefault(r.impl, []).append(r)
     for impl, results in by_impl.items():
-        suite = ET.SubElement(suites, "testsuite", name=impl, tests=str(len(results)),
-                              failures=str(sum(not r.passed for r in results)), skipped="0")
+        suite = ET.SubElement(
+            suites,
+            "testsuite",
+            name=impl,
+            tests=str(len(results)),
+            failures=str(sum(not r.passed for r in results)),
+            skipped="0",
+        )
         for r in results:
             case = ET.SubElement(suite, "testcase", classname=f"dattn.verify.{impl}", name=_check_name(r))
             errors = "; ".join(f"{k} rel {e.rel:.2e} (limit {e.limit:.1e})" for k, e in r.errors.items())
@@ -41,11 +53,20 @@ def junit_xml(report: "VerifyReport") -> str:
             else:
                 ET.SubElement(case, "system-out").text = errors
     if report.skipped:
-        skipped = ET.SubElement(suites, "testsuite", name="skipped", tests=str(len(report.skipped)),
-                                failures="0", skipped=str(len(report.skipped)))
+        skipped = ET.SubElement(
+            suites,
+            "testsuite",
+            name="skipped",
+            tests=str(len(report.skipped)),
+            failures="0",
+            skipped=str(len(report.skipped)),
+        )
         for reason in report.skipped:
-            ET.SubElement(ET.SubElement(skipped, "testcase", classname="dattn.verify", name=reason[:200]), "skipped",
-                          message=reason[:500])
+            ET.SubElement(
+                ET.SubElement(skipped, "testcase", classname="dattn.verify", name=reason[:200]),
+                "skipped",
+                message=reason[:500],
+            )
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
@@ -60,32 +81,53 @@ def markdown_table(header: list[str], rows: Iterable[list[object]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bench_markdown(rows: list["BenchRow"]) -> str:
+def bench_markdown(rows: list[BenchRow]) -> str:
     table = markdown_table(
         ["impl", "N", "mode", "status", "median ms", "p10-p90 ms", "noise", "peak MiB"],
-        ([r.impl, f"{r.seq_len:,}", r.mode, r.status + (f" ({r.reason})" if r.reason else ""), ms(r.time_ms),
-          "-" if r.time_ms_p10 is None else f"{r.time_ms_p10:,.2f}-{r.time_ms_p90:,.2f}",
-          "-" if r.noise is None else f"{r.noise:.0%}" + (" noisy" if r.noisy else ""),
-          "-" if r.peak_mem_bytes is None else f"{r.peak_mem_bytes / 2**20:,.1f}"] for r in rows))
+        (
+            [
+                r.impl,
+                f"{r.seq_len:,}",
+                r.mode,
+                r.status + (f" ({r.reason})" if r.reason else ""),
+                ms(r.time_ms),
+                "-" if r.time_ms_p10 is None else f"{r.time_ms_p10:,.2f}-{r.time_ms_p90:,.2f}",
+                "-" if r.noise is None else f"{r.noise:.0%}" + (" noisy" if r.noisy else ""),
+                "-" if r.peak_mem_bytes is None else f"{r.peak_mem_bytes / 2**20:,.1f}",
+            ]
+            for r in rows
+        ),
+    )
     return "### dattn bench\n\n" + table
 
 
-def verify_markdown(report: "VerifyReport") -> str:
+def verify_markdown(report: VerifyReport) -> str:
     def worst(r, grads: bool) -> str:
         values = [e.rel for k, e in r.errors.items() if (k.startswith("d") if grads else k == "out")]
         return f"{max(values):.1e}" if values else "-"
 
-    table = markdown_table(["impl", "check", "out", "grads", "status"],
-                           ([r.impl, _check_name(r), worst(r, False), worst(r, True),
-                             "ok" if r.passed else f"FAIL {r.message or ''}".strip()] for r in report.results))
+    table = markdown_table(
+        ["impl", "check", "out", "grads", "status"],
+        (
+            [
+                r.impl,
+                _check_name(r),
+                worst(r, False),
+                worst(r, True),
+                "ok" if r.passed else f"FAIL {r.message or ''}".strip(),
+            ]
+            for r in report.results
+        ),
+    )
     verdict = "passed" if report.passed else f"FAILED ({len(report.failures)} of {len(report.results)})"
     return f"### dattn verify: {verdict}\n\n" + table
 
 
-def compare_markdown(report: "CompareReport") -> str:
+def compare_markdown(report: CompareReport) -> str:
     table = markdown_table(
         ["impl", "N", "mode", "base ms", "new ms", "ratio", "95% CI", "p", "verdict"],
-        ([*point_cells(p), p.verdict] for p in report.points))
+        ([*point_cells(p), p.verdict] for p in report.points),
+    )
     warnings = "".join(f"\n> warning: {_cell(w)}\n" for w in report.warnings)
     return f"### dattn compare: {report.verdict}\n\n" + table + warnings
 

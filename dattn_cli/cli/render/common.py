@@ -56,8 +56,10 @@ stdout = _Tables()
 def machine_output(*targets: str | None) -> None:
     """Call before printing: a '-' among the machine-output targets moves tables and notes to stderr."""
     if sum(target == "-" for target in targets) > 1:
-        raise ValueError("more than one output wants stdout ('-'): send all but one of --json, --csv, --junit and "
-                         "--markdown to a file")
+        raise ValueError(
+            "more than one output wants stdout ('-'): send all but one of --json, --csv, --junit and "
+            "--markdown to a file"
+        )
     stdout.to_stderr = any(target == "-" for target in targets)
 
 
@@ -86,7 +88,7 @@ class LineProgress:
         self.quiet = quiet
         self.tasks: dict[int, dict] = {}
 
-    def __enter__(self) -> "LineProgress":
+    def __enter__(self) -> LineProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -115,8 +117,12 @@ def progress(quiet: bool | None = None) -> Progress | LineProgress:
     if quiet or not sys.stderr.isatty():
         return LineProgress(quiet=quiet)
     return Progress(
-        TextColumn("{task.description}", markup=False, style="progress.description"), BarColumn(),
-        MofNCompleteColumn(), TimeElapsedColumn(), console=stderr_console(), transient=True,
+        TextColumn("{task.description}", markup=False, style="progress.description"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr_console(),
+        transient=True,
     )
 
 
@@ -129,8 +135,10 @@ def emit(target: str, text: str) -> None:
         try:
             Path(target).write_text(text)
         except OSError as exc:  # a missing folder, a directory, no permission, a full disk: one line, exit 2
-            raise ValueError(f"{target}: cannot write it ({exc.strerror or exc}); give a file in a folder that "
-                             "exists and can be written, or '-' for stdout") from None
+            raise ValueError(
+                f"{target}: cannot write it ({exc.strerror or exc}); give a file in a folder that "
+                "exists and can be written, or '-' for stdout"
+            ) from None
 
 
 def emit_json(target: str, payload: object) -> None:

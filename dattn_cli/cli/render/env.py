@@ -32,7 +32,12 @@ def env_table(info: EnvironmentInfo) -> Table:
         ("nvml", info.nvml_status),
     ]
     for d in info.nvidia_devices:
-        rows.append((f"gpu {d.index}", f"{d.name}, {d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_used_bytes / 2**30:.1f} used)"))
+        rows.append(
+            (
+                f"gpu {d.index}",
+                f"{d.name}, {d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_used_bytes / 2**30:.1f} used)",
+            )
+        )
     rows.append(("backends", ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in info.backends.items())))
     for k, v in rows:  # what the machine reports (CPU and GPU names) is text, not markup
         table.add_row(escape(k), escape(str(v)))
@@ -45,15 +50,25 @@ def profiles_table(profiles: dict[str, HardwareProfile]) -> Table:
         table.add_column(col, overflow="fold")
     for name, p in profiles.items():
         t = p.peak_tflops
-        table.add_row(escape(name), escape(p.name), f"{p.memory_gib:g}", num(t.float32), num(t.bfloat16),
-                      f"{p.intra_node.bandwidth_gb_s:g}", str(p.devices_per_node))
+        table.add_row(
+            escape(name),
+            escape(p.name),
+            f"{p.memory_gib:g}",
+            num(t.float32),
+            num(t.bfloat16),
+            f"{p.intra_node.bandwidth_gb_s:g}",
+            str(p.devices_per_node),
+        )
     return table
 
 
 def impls_table(entries: list[dict]) -> Table:
     """One row per registry entry (cli/impls.py's records); why an entry cannot run here goes below."""
-    table = Table(title="dattn impls: the registry (verify, bench, profile and plan take these as --impl)",
-                  box=box.SIMPLE_HEAD, padding=0)
+    table = Table(
+        title="dattn impls: the registry (verify, bench, profile and plan take these as --impl)",
+        box=box.SIMPLE_HEAD,
+        padding=0,
+    )
     for col in ("name", "kind", "strategy", "baseline", "backends", "where", "here"):
         table.add_column(col, no_wrap=col != "where")
     reasons = []
@@ -61,7 +76,14 @@ def impls_table(entries: list[dict]) -> Table:
         here = ", ".join(e["available_on"]) if e["available"] else "[yellow]no[/]"
         if not e["available"]:
             reasons.append(f"{escape(e['name'])}: {escape(e['unavailable'])}")
-        table.add_row(escape(e["name"]), e["kind"], e["strategy"], "yes" if e["baseline"] else "-",
-                      escape(",".join(e["backends"]) or "-"), escape(e["where"]), here)
+        table.add_row(
+            escape(e["name"]),
+            e["kind"],
+            e["strategy"],
+            "yes" if e["baseline"] else "-",
+            escape(",".join(e["backends"]) or "-"),
+            escape(e["where"]),
+            here,
+        )
     table.caption = "not here: " + "; ".join(reasons) if reasons else None
     return table

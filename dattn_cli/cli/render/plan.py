@@ -20,10 +20,15 @@ TIME_LABELS = {"attention": "time per call", "layer": "time per block call", "mo
 def _what(s) -> str:
     if s.target == "attention":
         return f"{literal(s.impl)} ({s.strategy})"
-    options = ", ".join(o for o in ("checkpointing" if s.checkpointing else "", f"autocast {s.amp}" if s.amp else "") if o)
+    options = ", ".join(
+        o for o in ("checkpointing" if s.checkpointing else "", f"autocast {s.amp}" if s.amp else "") if o
+    )
     depth = f"LongNetLM {s.layers} x " if s.target == "model" else ""
-    return (f"{depth}DilatedTransformerBlock E={s.embed_dim} around {literal(s.impl)}" + (f" ({options})" if options else "")
-            + (f", vocabulary {s.vocab_size:,}" if s.target == "model" else ""))
+    return (
+        f"{depth}DilatedTransformerBlock E={s.embed_dim} around {literal(s.impl)}"
+        + (f" ({options})" if options else "")
+        + (f", vocabulary {s.vocab_size:,}" if s.target == "model" else "")
+    )
 
 
 def _ms(seconds: float, digits: int = 1) -> str:
@@ -43,7 +48,9 @@ def _time_rows(table: Table, result: Plan) -> None:
         table.add_row("gather/merge memory traffic", f"{size(t.memory_bytes)}, {_ms(t.memory_s, 2)}")
     if s.target == "attention":
         table.add_row(f"communication ({t.link}, {t.messages} messages)", f"{size(t.comm_bytes)}, {_ms(t.comm_s, 2)}")
-        table.add_row("communication hidden under compute", ("yes" if t.comm_hidden else "no") + f" ({literal(t.note)})")
+        table.add_row(
+            "communication hidden under compute", ("yes" if t.comm_hidden else "no") + f" ({literal(t.note)})"
+        )
     _step_rows(table, result)
     label = "time per forward" if s.target == "model" and s.mode == "fwd" else TIME_LABELS[s.target]
     table.add_row(f"[bold]{label}[/]", f"[bold]{_ms(t.total_s)}[/]")
@@ -54,16 +61,20 @@ def _step_rows(table: Table, result: Plan) -> None:
     overlap assumed (plan/parallel.py), and the optimizer step."""
     t = result.time
     for c in getattr(t, "collectives", []):
-        table.add_row(f"{literal(c.name)} ({c.link})",
-                      f"{size(c.bytes)}, {_ms(c.seconds, 2)}, exposed {_ms(c.exposed_s, 2)} ({literal(c.overlap)})")
+        table.add_row(
+            f"{literal(c.name)} ({c.link})",
+            f"{size(c.bytes)}, {_ms(c.seconds, 2)}, exposed {_ms(c.exposed_s, 2)} ({literal(c.overlap)})",
+        )
     if getattr(t, "optimizer_s", 0):
         table.add_row("optimizer step (memory-bound)", _ms(t.optimizer_s, 2))
 
 
 def plan_table(result: Plan, solved: str | None, advice: str, room: Headroom | None = None) -> Table:
     s = result.problem
-    title = (f"dattn plan: {_what(s)} on {result.devices} x {literal(result.profile)}, N={s.seq_len:,}, B={s.batch} "
-             f"{heads_label(s.heads, s.kv_heads)} D={s.head_dim}, {s.dtype}, {s.mode}" + (", causal" if s.causal else ""))
+    title = (
+        f"dattn plan: {_what(s)} on {result.devices} x {literal(result.profile)}, N={s.seq_len:,}, B={s.batch} "
+        f"{heads_label(s.heads, s.kv_heads)} D={s.head_dim}, {s.dtype}, {s.mode}" + (", causal" if s.causal else "")
+    )
     table = Table(title=title, show_header=True)
     table.add_column("item")
     table.add_column("per device", justify="right")
@@ -78,8 +89,10 @@ def plan_table(result: Plan, solved: str | None, advice: str, room: Headroom | N
         table.add_row(literal(name), size(value))
     table.add_section()
     phase = getattr(result.memory, "phase", None)
-    table.add_row("[bold]peak memory[/]" + (f" (during: {phase})" if phase else ""),
-                  f"[bold]{size(result.memory.total)}[/] of {size(result.capacity_bytes)}")
+    table.add_row(
+        "[bold]peak memory[/]" + (f" (during: {phase})" if phase else ""),
+        f"[bold]{size(result.memory.total)}[/] of {size(result.capacity_bytes)}",
+    )
     if result.time is not None:
         _time_rows(table, result)
     table.add_section()
@@ -96,17 +109,21 @@ def plan_table(result: Plan, solved: str | None, advice: str, room: Headroom | N
 
 def headroom_text(result: Plan, room: Headroom) -> str:
     s = result.problem
-    free = (f"{size(room.free_bytes)} free" if room.free_bytes >= 0 else f"over by {size(-room.free_bytes)}")
+    free = f"{size(room.free_bytes)} free" if room.free_bytes >= 0 else f"over by {size(-room.free_bytes)}"
     if s.documents is not None:
         return f"{free}; packed documents fix N and batch 1"
     if room.largest_seq_len is None:
         seq = f"no N fits at batch {s.batch}"
     else:
-        seq = f"largest N at batch {s.batch}: {room.largest_seq_len:,}" + (" (the search cap)" if room.seq_len_capped else "")
+        seq = f"largest N at batch {s.batch}: {room.largest_seq_len:,}" + (
+            " (the search cap)" if room.seq_len_capped else ""
+        )
     if room.largest_batch is None:
         batch = f"no batch fits at N={s.seq_len:,}"
     else:
-        batch = f"largest batch at N={s.seq_len:,}: {room.largest_batch:,}" + (" (the cap)" if room.batch_capped else "")
+        batch = f"largest batch at N={s.seq_len:,}: {room.largest_batch:,}" + (
+            " (the cap)" if room.batch_capped else ""
+        )
     return f"{free}; {seq}; {batch}"
 
 
@@ -118,19 +135,33 @@ def check_table(frame: pd.DataFrame, profile: str, stats: dict) -> Table:
     med, worst = stats["mem_error_pct_median_abs"], stats["mem_error_pct_max_abs"]
     tmed, tworst = stats["time_error_pct_median_abs"], stats["time_error_pct_max_abs"]
     profile = literal(profile)
-    title = (f"dattn plan --check against {profile}: memory error median {med:.1f}% max {worst:.1f}%; "
-             f"time error median {tmed:.1f}% max {tworst:.1f}%" if med is not None and tmed is not None
-             else f"dattn plan --check against {profile}")
+    title = (
+        f"dattn plan --check against {profile}: memory error median {med:.1f}% max {worst:.1f}%; "
+        f"time error median {tmed:.1f}% max {tworst:.1f}%"
+        if med is not None and tmed is not None
+        else f"dattn plan --check against {profile}"
+    )
     table = Table(title=title)
     layered = "target" in frame and any(t != "attention" for t in frame["target"])
-    columns = ("impl",) + ("target",) * layered + ("N", "mode", "p", "measured mem", "predicted mem", "mem err",
-                                                    "measured ms", "predicted ms", "time err")
+    columns = (
+        ("impl",)
+        + ("target",) * layered
+        + ("N", "mode", "p", "measured mem", "predicted mem", "mem err", "measured ms", "predicted ms", "time err")
+    )
     for col in columns:
         table.add_column(col, justify="left" if col in ("impl", "target", "mode") else "right", overflow="fold")
     for r in frame.to_dict(orient="records"):
-        table.add_row(literal(r["impl"]), *([literal(r["target"])] if layered else []), str(r["seq_len"]),
-                      literal(r["mode"]), str(r["world_size"]),
-                      size(r["measured_mem_bytes"]), size(r["predicted_mem_bytes"]), _pct(r["mem_error_pct"]),
-                      f"{r['measured_ms']:,.1f}" if r["measured_ms"] else "-",
-                      f"{r['predicted_ms']:,.1f}" if r["predicted_ms"] else "-", _pct(r["time_error_pct"]))
+        table.add_row(
+            literal(r["impl"]),
+            *([literal(r["target"])] if layered else []),
+            str(r["seq_len"]),
+            literal(r["mode"]),
+            str(r["world_size"]),
+            size(r["measured_mem_bytes"]),
+            size(r["predicted_mem_bytes"]),
+            _pct(r["mem_error_pct"]),
+            f"{r['measured_ms']:,.1f}" if r["measured_ms"] else "-",
+            f"{r['predicted_ms']:,.1f}" if r["predicted_ms"] else "-",
+            _pct(r["time_error_pct"]),
+        )
     return table

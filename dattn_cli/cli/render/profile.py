@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
@@ -15,8 +16,10 @@ if TYPE_CHECKING:
 
 def _title(report: ProfileReport) -> str:
     p, c = report.config.problem, report.config
-    return (f"dattn profile {literal(p.impl)} ({p.mode}, {p.dtype}, {p.device}, B={p.batch} N={p.seq_len} "
-            f"{heads_label(p.heads, p.kv_heads)} D={p.head_dim}, {c.iterations} iterations; speed-up on/off {report.speedup_on_vs_off:.2f}x)")
+    return (
+        f"dattn profile {literal(p.impl)} ({p.mode}, {p.dtype}, {p.device}, B={p.batch} N={p.seq_len} "
+        f"{heads_label(p.heads, p.kv_heads)} D={p.head_dim}, {c.iterations} iterations; speed-up on/off {report.speedup_on_vs_off:.2f}x)"
+    )
 
 
 def _rows(on) -> list[tuple[str, Callable]]:
@@ -25,18 +28,25 @@ def _rows(on) -> list[tuple[str, Callable]]:
         ("peak memory above baseline", lambda s: size(s.memory.peak_above_baseline_bytes)),
         ("pattern cache hits / misses", lambda s: f"{s.pattern_cache.hits} / {s.pattern_cache.misses}"),
         ("pattern cache hit rate", lambda s: f"{s.pattern_cache.hit_rate:.1%}"),
-        ("pattern cache evictions, entries, bytes",
-         lambda s: f"{s.pattern_cache.evictions}, {s.pattern_cache.entries}, {size(s.pattern_cache.bytes)}"),
+        (
+            "pattern cache evictions, entries, bytes",
+            lambda s: f"{s.pattern_cache.evictions}, {s.pattern_cache.entries}, {size(s.pattern_cache.bytes)}",
+        ),
         ("pool requests / reuses", lambda s: f"{s.memory_pool.requests} / {s.memory_pool.reuses}"),
         ("pool reuse rate", lambda s: f"{s.memory_pool.reuse_rate:.1%}"),
-        ("pool bytes held (peak)", lambda s: f"{size(s.memory_pool.bytes_held)} ({size(s.memory_pool.peak_bytes_held)})"),
+        (
+            "pool bytes held (peak)",
+            lambda s: f"{size(s.memory_pool.bytes_held)} ({size(s.memory_pool.peak_bytes_held)})",
+        ),
     ]
     if on.memory.cuda_allocator is not None:
         rows += [
             ("cuda allocated peak", lambda s: size(s.memory.cuda_allocator.allocated_bytes_all_peak)),
             ("cuda reserved peak", lambda s: size(s.memory.cuda_allocator.reserved_bytes_all_peak)),
-            ("cuda alloc retries / OOMs",
-             lambda s: f"{s.memory.cuda_allocator.num_alloc_retries} / {s.memory.cuda_allocator.num_ooms}"),
+            (
+                "cuda alloc retries / OOMs",
+                lambda s: f"{s.memory.cuda_allocator.num_alloc_retries} / {s.memory.cuda_allocator.num_ooms}",
+            ),
         ]
     rows.append(("backend", lambda s: literal(s.backend or "-")))
     if on.block_pattern is not None:
@@ -64,7 +74,9 @@ def profile_table(report: ProfileReport) -> Table:
     on, off = report.caches_on, report.caches_off
     for name, get in _rows(on):
         table.add_row(name, get(on), get(off))
-    table.caption = literal(f"memory: {on.memory.memory_method}" + (f"; trace: {report.trace_path}" if report.trace_path else ""))
+    table.caption = literal(
+        f"memory: {on.memory.memory_method}" + (f"; trace: {report.trace_path}" if report.trace_path else "")
+    )
     return table
 
 
@@ -78,5 +90,7 @@ def setting_line(report: ProfileReport, setting: SettingResult) -> str:
 def pattern_title(report: ProfileReport) -> str:
     """Title of the --show-pattern PNG."""
     p, bp = report.config.problem, report.block_pattern
-    return (f"{p.impl}\n{bp.description}, N={p.seq_len}{' causal' if p.causal else ''}; "
-            f"block density {bp.block_density:.3f}")
+    return (
+        f"{p.impl}\n{bp.description}, N={p.seq_len}{' causal' if p.causal else ''}; "
+        f"block density {bp.block_density:.3f}"
+    )

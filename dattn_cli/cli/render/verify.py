@@ -27,15 +27,26 @@ def verify_table(report: VerifyReport, details: bool = False) -> Table:
         if col == "impl":
             table.add_column(col, overflow="fold")
         else:
-            table.add_column(col, justify="left" if col in ("status", "pattern") else "right", no_wrap=True, min_width=len(col))
+            table.add_column(
+                col, justify="left" if col in ("status", "pattern") else "right", no_wrap=True, min_width=len(col)
+            )
     for impl, world, pattern in dict.fromkeys((r.impl, r.world_size, r.pattern) for r in report.results):
         rows = [r for r in report.results if (r.impl, r.world_size, r.pattern) == (impl, world, pattern)]
-        worst = {q: max((e.rel for r in rows for k, e in r.errors.items() if k == q or (q == "grads" and k.startswith("d"))),
-                        default=None) for q in ("out", "lse", "grads")}
+        worst = {
+            q: max(
+                (e.rel for r in rows for k, e in r.errors.items() if k == q or (q == "grads" and k.startswith("d"))),
+                default=None,
+            )
+            for q in ("out", "lse", "grads")
+        }
         bad = sum(not r.passed for r in rows)
-        table.add_row(_label(impl, world), literal(pattern or "-"), str(len(rows)),
-                      *(fmt_error(worst[q]) if worst[q] is not None else "-" for q in ("out", "lse", "grads")),
-                      "[green]ok[/]" if not bad else f"[red]{bad} failed[/]")
+        table.add_row(
+            _label(impl, world),
+            literal(pattern or "-"),
+            str(len(rows)),
+            *(fmt_error(worst[q]) if worst[q] is not None else "-" for q in ("out", "lse", "grads")),
+            "[green]ok[/]" if not bad else f"[red]{bad} failed[/]",
+        )
     return table
 
 
@@ -47,8 +58,13 @@ def _verify_cases(report: VerifyReport, details: bool) -> Table:
         grads = [e for k, e in r.errors.items() if k.startswith("d")]
         status = "[green]ok[/]" if r.passed else f"[red]FAIL[/] {literal(r.message or '')}".strip()
         table.add_row(
-            _label(r.impl, r.world_size), literal(r.pattern or "-"), literal(r.case), r.semantics,
-            "yes" if r.causal else "no", literal(r.backend), r.dtype,
+            _label(r.impl, r.world_size),
+            literal(r.pattern or "-"),
+            literal(r.case),
+            r.semantics,
+            "yes" if r.causal else "no",
+            literal(r.backend),
+            r.dtype,
             fmt_error(r.errors["out"].rel) if "out" in r.errors else "-",
             fmt_error(r.errors["lse"].rel) if "lse" in r.errors else "-",
             fmt_error(max(e.rel for e in grads)) if grads else "-",
@@ -60,8 +76,14 @@ def _verify_cases(report: VerifyReport, details: bool) -> Table:
 def check_line(r: CaseResult) -> str:
     """One finished check, for progress: "ImprovedDilatedAttention 'ragged N' longnet causal ok"."""
     label = r.impl if r.world_size == 1 else f"{r.impl} (p={r.world_size})"  # progress prints it literally
-    parts = [label, f"'{r.case}'", r.semantics, *([f"pattern {r.pattern}"] if r.pattern else []),
-             "causal" if r.causal else "non-causal", *([r.backend] if r.backend != "auto" else [])]
+    parts = [
+        label,
+        f"'{r.case}'",
+        r.semantics,
+        *([f"pattern {r.pattern}"] if r.pattern else []),
+        "causal" if r.causal else "non-causal",
+        *([r.backend] if r.backend != "auto" else []),
+    ]
     return " ".join(parts) + (" ok" if r.passed else " FAILED")
 
 
@@ -72,8 +94,10 @@ def verify_warnings(report: VerifyReport, details: bool = False, own: bool = Fal
     if own or details:
         lines += [f"skipped: {reason}" for reason in report.skipped]
     elif report.skipped:
-        lines.append(f"note: {len(report.skipped)} combinations of implementation, world size and case were "
-                     "skipped (--details lists them with the reason)")
+        lines.append(
+            f"note: {len(report.skipped)} combinations of implementation, world size and case were "
+            "skipped (--details lists them with the reason)"
+        )
     return lines
 
 
@@ -82,8 +106,11 @@ def _uncovered(report: VerifyReport) -> list[str]:
     for r in report.results:
         if r.uncovered_fraction > 0:
             seen[(r.case, r.semantics, r.pattern)] = r.uncovered_fraction
-    return [f"warning: case '{c}' ({s}{', pattern ' + p if p else ''}): {f:.0%} of (position, head) rows are kept "
-            "by no pair and output 0 (docs/semantics.md)" for (c, s, p), f in seen.items()]
+    return [
+        f"warning: case '{c}' ({s}{', pattern ' + p if p else ''}): {f:.0%} of (position, head) rows are kept "
+        "by no pair and output 0 (docs/semantics.md)"
+        for (c, s, p), f in seen.items()
+    ]
 
 
 def verify_summary(report: VerifyReport, own: bool = False) -> str:
@@ -98,9 +125,23 @@ def verify_summary(report: VerifyReport, own: bool = False) -> str:
 
 def _configuration(report: VerifyReport) -> str:
     """The user's configuration as checked: shape and pattern, semantics, causal."""
-    shapes = dict.fromkeys((r.batch, r.seq_len, heads_label(r.heads, r.kv_heads), r.head_dim,
-                            tuple(r.segment_lengths), tuple(r.dilation_rates)) for r in report.results)
+    shapes = dict.fromkeys(
+        (
+            r.batch,
+            r.seq_len,
+            heads_label(r.heads, r.kv_heads),
+            r.head_dim,
+            tuple(r.segment_lengths),
+            tuple(r.dilation_rates),
+        )
+        for r in report.results
+    )
     semantics = " and ".join(dict.fromkeys(r.semantics for r in report.results))
     causal = " and ".join(dict.fromkeys("causal" if r.causal else "non-causal" for r in report.results))
-    return "; ".join(f"B={b} N={n:,} {h} D={d}, segments {','.join(map(str, w))}, dilations {','.join(map(str, r))}"
-                     for b, n, h, d, w, r in shapes) + f", {semantics}, {causal}"
+    return (
+        "; ".join(
+            f"B={b} N={n:,} {h} D={d}, segments {','.join(map(str, w))}, dilations {','.join(map(str, r))}"
+            for b, n, h, d, w, r in shapes
+        )
+        + f", {semantics}, {causal}"
+    )

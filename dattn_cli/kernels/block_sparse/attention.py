@@ -19,21 +19,21 @@ keeps the block table the real sequence's (blocks of padding only attend nothing
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from .patterns import USES_SEGMENTS, BlockPattern
-from ..distributed.comm import CommStats, check_consistent, group_rank_size
 from ..dilated import AttentionCore
-from ..engine import BlockAttention, ViewAccess, block_attention
-from ..reference import block_sparse_reference, sliding_window_reference
-from ..documents import attend_documents, whole_sequence
+from ..distributed.comm import CommStats, check_consistent, group_rank_size
 from ..distributed.documents import sharded_documents
+from ..documents import attend_documents, whole_sequence
+from ..engine import BlockAttention, ViewAccess, block_attention
 from ..heads import expand_kv, kv_group
+from ..reference import block_sparse_reference, sliding_window_reference
 from ..validation import check_key_padding_mask, check_qkv
 from .flex import flex_block_mask, flex_compiles_on, flex_forward
 from .halo import HaloExchange, plan_halo
+from .patterns import USES_SEGMENTS, BlockPattern
 from .ring import BlockSparseExchange, RankPlan, plan_rank
 from .window import Window, sliding_window_attention
 
@@ -79,15 +79,31 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         use_pattern_cache: bool | None = None,
         enable_memory_pool: bool | None = None,
     ):
-        super().__init__(scale=scale, dropout=dropout, backend=backend, use_pattern_cache=use_pattern_cache,
-                         enable_memory_pool=enable_memory_pool)
+        super().__init__(
+            scale=scale,
+            dropout=dropout,
+            backend=backend,
+            use_pattern_cache=use_pattern_cache,
+            enable_memory_pool=enable_memory_pool,
+        )
         if pattern in USES_SEGMENTS and (segment_lengths is None or dilation_rates is None):
-            raise ValueError(f"pattern={pattern!r} needs segment_lengths and dilation_rates, e.g. [2048, 4096] and [1, 2]")
+            raise ValueError(
+                f"pattern={pattern!r} needs segment_lengths and dilation_rates, e.g. [2048, 4096] and [1, 2]"
+            )
         if semantics != "longnet" and pattern != "longnet":
             raise ValueError(f"semantics={semantics!r} only applies to pattern='longnet'; leave it at 'longnet'")
         self.pattern = BlockPattern(
-            pattern, block_size, window, global_blocks, levels, density,
-            tuple(segment_lengths or ()), tuple(dilation_rates or ()), semantics, window_left, window_right,
+            pattern,
+            block_size,
+            window,
+            global_blocks,
+            levels,
+            density,
+            tuple(segment_lengths or ()),
+            tuple(dilation_rates or ()),
+            semantics,
+            window_left,
+            window_right,
         )
         if executor not in EXECUTORS:
             raise ValueError(f"executor={executor!r} is unknown: use one of {', '.join(EXECUTORS)}")
@@ -106,7 +122,9 @@ class BlockSparseRingDilatedAttention(AttentionCore):
     # the pattern -------------------------------------------------------------------------------------
     def block_table(self, seq_len: int, num_heads: int) -> torch.Tensor:
         """(num_blocks, num_blocks) bool, True = attend; from the pattern cache."""
-        return self.cached(("block_table", self.pattern, seq_len, num_heads), lambda: self.pattern.table(seq_len, num_heads))
+        return self.cached(
+            ("block_table", self.pattern, seq_len, num_heads), lambda: self.pattern.table(seq_len, num_heads)
+        )
 
     def _shape(self, seq_len: int | None, num_heads: int | None) -> tuple[int, int]:
         if seq_len is None:
@@ -119,7 +137,9 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         """Active blocks / all blocks of the N x N block grid (default: the last call's shape)."""
         return self.block_table(*self._shape(seq_len, num_heads)).float().mean().item()
 
-    def element_density(self, seq_len: int | None = None, num_heads: int | None = None, is_causal: bool = False) -> float:
+    def element_density(
+        self, seq_len: int | None = None, num_heads: int | None = None, is_causal: bool = False
+    ) -> float:
         """Attended (query, key) pairs / N²: what the work really scales with (ragged and causal exact)."""
         n, h = self._shape(seq_len, num_heads)
         return self.pattern.pairs(n, h, is_causal) / (n * n)
@@ -129,25 +149,55 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         return num_heads * self.pattern.pairs(seq_len, num_heads, is_causal)
 
     def reference(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None, compute_dtype: torch.dtype = torch.float64,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        compute_dtype: torch.dtype = torch.float64,
         cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The dense reference with this module's block table (whole sequence), differentiable; with cu_seqlens
         one reference per document, each with its own length's table."""
         if cu_seqlens is not None:
-            return attend_documents(lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3],
-                                                              compute_dtype=compute_dtype), q, k, v, key_padding_mask,
-                                    cu_seqlens)
+            return attend_documents(
+                lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3], compute_dtype=compute_dtype),
+                q,
+                k,
+                v,
+                key_padding_mask,
+                cu_seqlens,
+            )
         if self.pattern.name == "sliding_window":
-            return sliding_window_reference(q, k, v, *self.pattern.token_window, is_causal, self.scale,
-                                            key_padding_mask=key_padding_mask, compute_dtype=compute_dtype)
+            return sliding_window_reference(
+                q,
+                k,
+                v,
+                *self.pattern.token_window,
+                is_causal,
+                self.scale,
+                key_padding_mask=key_padding_mask,
+                compute_dtype=compute_dtype,
+            )
         table = self.block_table(q.shape[1], q.shape[2])
-        return block_sparse_reference(q, k, v, table, self.block_size, is_causal, self.scale,
-                                      key_padding_mask=key_padding_mask, compute_dtype=compute_dtype)
+        return block_sparse_reference(
+            q,
+            k,
+            v,
+            table,
+            self.block_size,
+            is_causal,
+            self.scale,
+            key_padding_mask=key_padding_mask,
+            compute_dtype=compute_dtype,
+        )
 
     # execution -------------------------------------------------------------------------------------
-    def _choose_executor(self, q: torch.Tensor, world: int, need_grad: bool, need_lse: bool, masked: bool) -> tuple[str, str]:
+    def _choose_executor(
+        self, q: torch.Tensor, world: int, need_grad: bool, need_lse: bool, masked: bool
+    ) -> tuple[str, str]:
         if self.executor == "gather":
             return "gather", "requested"
         blockers = []
@@ -170,13 +220,21 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         if blockers:
             return "gather", "; ".join(blockers)
         if q.device.type == "cpu":
-            return "gather", ("on CPU the gather path was faster than compiled FlexAttention in "
-                              "benchmarks/block_sparse.py; executor='flex' forces it")
+            return "gather", (
+                "on CPU the gather path was faster than compiled FlexAttention in "
+                "benchmarks/block_sparse.py; executor='flex' forces it"
+            )
         return "flex", f"FlexAttention compiled for {q.device.type}"
 
     def forward_with_lse(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None, seq_len: int | None = None,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        seq_len: int | None = None,
         cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(out, lse) of this rank's shard (the whole sequence without a process group). cu_seqlens: packed
@@ -186,8 +244,14 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=True, seq_len=seq_len)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None, seq_len: int | None = None,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        seq_len: int | None = None,
         cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q, k, v: (batch, seq_len, heads, head_dim) (a shard of N/p in the ring form) -> out, same shape.
@@ -199,10 +263,14 @@ class BlockSparseRingDilatedAttention(AttentionCore):
 
     def _documents(self, q, k, v, is_causal, key_padding_mask, seq_len, cu_seqlens):
         if seq_len is not None:
-            raise ValueError("seq_len and cu_seqlens together: the documents give the lengths; with padded shards, "
-                             "end cu_seqlens at the padded length and mask the padding")
+            raise ValueError(
+                "seq_len and cu_seqlens together: the documents give the lengths; with padded shards, "
+                "end cu_seqlens at the padded length and mask the padding"
+            )
+
         def call(*x):
             return self._forward(*x[:3], is_causal, x[3], need_lse=True, local=True)
+
         _, world = group_rank_size(self.process_group)
         if world == 1:
             return attend_documents(call, q, k, v, key_padding_mask, cu_seqlens)
@@ -210,18 +278,23 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=True)
         config = f"{self.pattern}|{is_causal}|{k.shape[2]}|{key_padding_mask is not None}|documents"
         check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
-        return sharded_documents(call, q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats,
-                                 type(self).__name__)
+        return sharded_documents(
+            call, q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats, type(self).__name__
+        )
 
     def _real_length(self, seq_len: int | None, padded: int, masked: bool) -> int:
         if seq_len is None:
             return padded
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= padded:
-            raise ValueError(f"seq_len={seq_len!r} is not within the {padded} positions of the shards: pass the "
-                             "sequence length before padding")
+            raise ValueError(
+                f"seq_len={seq_len!r} is not within the {padded} positions of the shards: pass the "
+                "sequence length before padding"
+            )
         if seq_len < padded and not masked:
-            raise ValueError(f"seq_len={seq_len} leaves {padded - seq_len} padded positions unmasked: pass the "
-                             "key_padding_mask shard_sequence returned")
+            raise ValueError(
+                f"seq_len={seq_len} leaves {padded - seq_len} padded positions unmasked: pass the "
+                "key_padding_mask shard_sequence returned"
+            )
         return seq_len
 
     def _padded_table(self, seq_len: int, padded: int, num_heads: int) -> torch.Tensor:
@@ -236,6 +309,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             grown = torch.zeros(blocks, blocks, dtype=torch.bool)
             grown[: table.shape[0], : table.shape[0]] = table
             return grown
+
         return self.cached(("padded_block_table", self.pattern, seq_len, padded, num_heads), grow)
 
     def _forward(self, q, k, v, is_causal, key_padding_mask, need_lse, seq_len=None, local=False):
@@ -270,10 +344,13 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             scale = q.shape[-1] ** -0.5 if self.scale is None else float(self.scale)
             return flex_forward(q, *expand_kv(k, v, num_heads), mask, scale, need_lse=need_lse)
         if world > 1:
-            config = (f"{self.pattern}|{seq_len}|{is_causal}|{group}|{key_padding_mask is not None}|{self.dropout}|"
-                      f"{self.training}")
-            check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device,
-                             owner=self)
+            config = (
+                f"{self.pattern}|{seq_len}|{is_causal}|{group}|{key_padding_mask is not None}|{self.dropout}|"
+                f"{self.training}"
+            )
+            check_consistent(
+                self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self
+            )
             self.stats.call()
         backend, call, pool = self.prepare_call(q, is_causal, key_padding_mask is not None)
         key = ("block_plan", self.pattern, seq_len, padded, num_heads, bool(is_causal), rank, world, str(q.device))
@@ -291,13 +368,15 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             raise ValueError("pattern='sliding_window' runs on its banded executor: use executor='auto' or 'gather'")
         rank, world = (0, 1) if local else group_rank_size(self.process_group)
         batch, shard, heads, head_dim = q.shape
-        scale = head_dim ** -0.5 if self.scale is None else float(self.scale)
+        scale = head_dim**-0.5 if self.scale is None else float(self.scale)
         window = Window(*self.pattern.token_window, bool(is_causal), scale, q_start=rank * shard, k_start=rank * shard)
         self.last_shape, self.last_executor = (shard * world, heads), ("band", BAND_REASON)
         self.last_backend = ("band", "chunked matmuls of the banded executor")
         if world > 1:
             config = f"{self.pattern}|{is_causal}|{k.shape[2]}|{key_padding_mask is not None}"
-            check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
+            check_consistent(
+                self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self
+            )
             self.stats.call()
             plan = plan_halo(rank, world, shard, window.left, window.reach)
             k, v, key_padding_mask = HaloExchange.apply(k, v, key_padding_mask, plan, self.process_group, self.stats)
@@ -312,16 +391,29 @@ class BlockSparseRingDilatedAttention(AttentionCore):
     def comm_stats(self) -> dict[str, int]:
         return self.stats.snapshot()
 
-    def comm_volume(self, seq_len: int, num_heads: int, head_dim: int, batch: int, element_size: int,
-                    is_causal: bool = False, masked: bool = False, padded_len: int | None = None,
-                    num_kv_heads: int | None = None) -> dict[str, int]:
+    def comm_volume(
+        self,
+        seq_len: int,
+        num_heads: int,
+        head_dim: int,
+        batch: int,
+        element_size: int,
+        is_causal: bool = False,
+        masked: bool = False,
+        padded_len: int | None = None,
+        num_kv_heads: int | None = None,
+    ) -> dict[str, int]:
         """Bytes each rank sends and receives per forward and backward call: exactly the K/V rows (and
         key-mask values) of the blocks other ranks' queries use, and their dK/dV shares back, at the kv heads.
         padded_len: the padded length of the shards (shard_sequence), padding rows included; default seq_len."""
         rank, world = group_rank_size(self.process_group)
         if world == 1:
-            return {"forward_bytes_sent": 0, "forward_bytes_received": 0, "backward_bytes_sent": 0,
-                    "backward_bytes_received": 0}
+            return {
+                "forward_bytes_sent": 0,
+                "forward_bytes_received": 0,
+                "backward_bytes_sent": 0,
+                "backward_bytes_received": 0,
+            }
         padded = seq_len if padded_len is None else padded_len
         kv_heads = num_heads // kv_group(num_heads, num_heads if num_kv_heads is None else num_kv_heads)
         if self.pattern.name == "sliding_window":  # the halo rows (halo.py)
@@ -330,10 +422,21 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             row = batch * 2 * kv_heads * head_dim * element_size
             got, given = (sum(hi - lo for _, lo, hi in rows) for rows in (halo.receive, halo.send))
             mask = batch * element_size if masked else 0
-            return {"forward_bytes_sent": given * (row + mask), "forward_bytes_received": got * (row + mask),
-                    "backward_bytes_sent": got * row, "backward_bytes_received": given * row}
-        plan = plan_rank(self._padded_table(seq_len, padded, num_heads), padded, self.block_size, rank, world,
-                         is_causal, torch.device("cpu"))
+            return {
+                "forward_bytes_sent": given * (row + mask),
+                "forward_bytes_received": got * (row + mask),
+                "backward_bytes_sent": got * row,
+                "backward_bytes_received": given * row,
+            }
+        plan = plan_rank(
+            self._padded_table(seq_len, padded, num_heads),
+            padded,
+            self.block_size,
+            rank,
+            world,
+            is_causal,
+            torch.device("cpu"),
+        )
         per_row = batch * (2 * kv_heads * head_dim) * element_size
         mask_row = batch * element_size if masked else 0
         sent_rows = sum(rows.numel() for rows in plan.send.values())
@@ -350,10 +453,14 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         n = self.last_shape[0] if self.last_shape else None
         parts = [f"{type(self).__name__}: pattern {self.pattern.describe(n)}"]
         if self.last_shape:
-            parts.append(f"density {self.density():.4f} of blocks, {self.element_density():.4f} of (query, key) pairs "
-                         f"at N={self.last_shape[0]}")
+            parts.append(
+                f"density {self.density():.4f} of blocks, {self.element_density():.4f} of (query, key) pairs "
+                f"at N={self.last_shape[0]}"
+            )
         if self.last_executor:
-            parts.append(f"executor {self.executor} -> {self.last_executor[0]} on the last call ({self.last_executor[1]})")
+            parts.append(
+                f"executor {self.executor} -> {self.last_executor[0]} on the last call ({self.last_executor[1]})"
+            )
         else:
             parts.append(f"executor {self.executor} (flex or gather, chosen per call)")
         parts.append(self.describe_backend())

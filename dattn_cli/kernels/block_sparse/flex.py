@@ -44,11 +44,12 @@ def flex_block_mask(table: torch.Tensor, seq_len: int, block_size: int, causal: 
 
     kv_num, kv_idx = counts_and_indices(partial)
     full_num, full_idx = counts_and_indices(full)
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod,
-                                    seq_lengths=(seq_len, seq_len))
+    return BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(seq_len, seq_len)
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -77,7 +78,7 @@ def flex_compiles_on(device: torch.device) -> bool:
     return _flex_compiles_on(device.type)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _flex_compiles_on(device_type: str) -> bool:
     import importlib.util
     import shutil

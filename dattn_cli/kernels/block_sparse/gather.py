@@ -9,8 +9,8 @@ merged out and lse. `plan_parts` lists the calls (`Part`) against one source of 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -56,8 +56,15 @@ def _block_rows(position: int, block_size: int, total_rows: int) -> tuple[int, i
 
 
 def plan_parts(
-    table: torch.Tensor, query_blocks: Sequence[int], query_rows: int, source_blocks: Sequence[int],
-    source_rows: int, block_size: int, causal: bool, device: torch.device, source_id: int = 0,
+    table: torch.Tensor,
+    query_blocks: Sequence[int],
+    query_rows: int,
+    source_blocks: Sequence[int],
+    source_rows: int,
+    block_size: int,
+    causal: bool,
+    device: torch.device,
+    source_id: int = 0,
 ) -> tuple[Part, ...]:
     """The calls of `query_blocks` (global ids, local rows from 0) against a source holding the global key
     blocks `source_blocks` in order (rows position·block_size ...)."""
@@ -77,8 +84,10 @@ def plan_parts(
         if not positions:
             continue
         if positions[-1] - positions[0] + 1 == len(positions):  # contiguous: a slice, no copy
-            keys: KeyRows = slice(_block_rows(positions[0], block_size, source_rows)[0],
-                                  _block_rows(positions[-1], block_size, source_rows)[1])
+            keys: KeyRows = slice(
+                _block_rows(positions[0], block_size, source_rows)[0],
+                _block_rows(positions[-1], block_size, source_rows)[1],
+            )
         else:
             keys = torch.cat([torch.arange(*_block_rows(p, block_size, source_rows)) for p in positions]).to(device)
         parts.append(Part(queries, keys, False, seed))
@@ -105,7 +114,9 @@ def attend_parts_backward(attention: BlockAttention, parts, dout, q, out, lse, k
         qb, dob, ob, lb = (x[:, :, part.queries] for x in (q, dout, out, lse))
         kb, vb = _rows(k, part.keys), _rows(v, part.keys)
         pad = None if key_pad is None else _rows(key_pad, part.keys, 1)
-        dq_part, dk_part, dv_part = backend.backward(dob, qb, kb, vb, ob, lb, pad, attention._call(part.seed, part.causal))
+        dq_part, dk_part, dv_part = backend.backward(
+            dob, qb, kb, vb, ob, lb, pad, attention._call(part.seed, part.causal)
+        )
         dq[:, :, part.queries].add_(dq_part)
         _add_rows(dk, part.keys, dk_part)
         _add_rows(dv, part.keys, dv_part)

@@ -58,9 +58,13 @@ class HaloExchange(torch.autograd.Function):
     def forward(ctx, k, v, key_pad, plan: HaloPlan, group, stats: CommStats):
         ctx.plan, ctx.group, ctx.stats, ctx.shape = plan, group, stats, k.shape
         masked = key_pad is not None
-        sends = {r: _pack([x[:, lo - plan.start : hi - plan.start] for x in (k, v)],
-                          key_pad[:, lo - plan.start : hi - plan.start] if masked else None)
-                 for r, lo, hi in plan.send}
+        sends = {
+            r: _pack(
+                [x[:, lo - plan.start : hi - plan.start] for x in (k, v)],
+                key_pad[:, lo - plan.start : hi - plan.start] if masked else None,
+            )
+            for r, lo, hi in plan.send
+        }
         row = 2 * k.shape[0] * k[0, 0].numel() + (k.shape[0] if masked else 0)
         receives = {r: k.new_empty(row * (hi - lo)) for r, lo, hi in plan.receive}
         _exchange(sends, receives, group, stats, TAG_HALO, "forward")
@@ -68,8 +72,10 @@ class HaloExchange(torch.autograd.Function):
         before = [parts[r] for r, lo, _ in plan.receive if lo < plan.start]
         after = [parts[r] for r, lo, _ in plan.receive if lo >= plan.start]
         local = (k, v, key_pad)
-        ext = [torch.cat([p[i] for p in before] + [local[i]] + [p[i] for p in after], 1) if i < 2 or masked else None
-               for i in range(3)]
+        ext = [
+            torch.cat([p[i] for p in before] + [local[i]] + [p[i] for p in after], 1) if i < 2 or masked else None
+            for i in range(3)
+        ]
         if ext[2] is not None:
             ctx.mark_non_differentiable(ext[2])
         return tuple(ext)
@@ -97,7 +103,9 @@ class HaloExchange(torch.autograd.Function):
 
 
 def _pack(tensors: list[torch.Tensor], key_pad: torch.Tensor | None) -> torch.Tensor:
-    parts = [x.reshape(-1) for x in tensors] + ([key_pad.to(tensors[0].dtype).reshape(-1)] if key_pad is not None else [])
+    parts = [x.reshape(-1) for x in tensors] + (
+        [key_pad.to(tensors[0].dtype).reshape(-1)] if key_pad is not None else []
+    )
     return torch.cat(parts)
 
 

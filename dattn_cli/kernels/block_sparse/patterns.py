@@ -24,13 +24,13 @@ Density = active blocks / all blocks of the full N x N grid (causal calls use ab
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
-from ..reference import pair_offsets
 from ..pattern import validate_pattern
+from ..reference import pair_offsets
 
 PATTERNS = ("local", "dilated", "global_local", "hierarchical", "longnet", "sliding_window")
 TABLE_PATTERNS = PATTERNS[:-1]  # computed on whole blocks of their table; sliding_window is token-exact (window.py)
@@ -74,14 +74,22 @@ def hierarchical_blocks(num_blocks: int, window: int, levels: int) -> torch.Tens
 
 
 def longnet_cover(
-    seq_len: int, block_size: int, segment_lengths: Sequence[int], dilation_rates: Sequence[int],
-    num_heads: int, semantics: str,
+    seq_len: int,
+    block_size: int,
+    segment_lengths: Sequence[int],
+    dilation_rates: Sequence[int],
+    num_heads: int,
+    semantics: str,
 ) -> torch.Tensor:
     """Block pairs (I, J) holding some (query, key) pair of the dilated pattern, any head."""
     num_blocks = -(-seq_len // block_size)
     table = torch.zeros(num_blocks, num_blocks, dtype=torch.bool)
     positions = torch.arange(seq_len)
-    used = {(w, r, o) for h in range(num_heads) for w, r, o in pair_offsets(h, num_heads, segment_lengths, dilation_rates, semantics)}
+    used = {
+        (w, r, o)
+        for h in range(num_heads)
+        for w, r, o in pair_offsets(h, num_heads, segment_lengths, dilation_rates, semantics)
+    }
     for w, r, offset in sorted(used):
         w_hat = min(w, seq_len)
         kept = positions[(positions % w_hat) % r == offset]
@@ -96,7 +104,10 @@ def longnet_cover(
 
 
 def block_sparse_options(
-    pattern: str, segment_lengths: Sequence[int] = (), dilation_rates: Sequence[int] = (), semantics: str = "longnet",
+    pattern: str,
+    segment_lengths: Sequence[int] = (),
+    dilation_rates: Sequence[int] = (),
+    semantics: str = "longnet",
     **params,
 ) -> dict:
     """Constructor keywords of a block-sparse module for `pattern`, from a caller's general settings:
@@ -156,8 +167,12 @@ class BlockPattern:
             low = 1 if name == "block_size" else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0):
-            raise ValueError(f"window must be an integer >= 0 (blocks on each side of the diagonal), got {self.window!r}")
+        if self.window is not None and (
+            isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0
+        ):
+            raise ValueError(
+                f"window must be an integer >= 0 (blocks on each side of the diagonal), got {self.window!r}"
+            )
         if self.window is not None and self.name not in USES_WINDOW:
             raise ValueError(f"pattern={self.name!r} takes no window; pass window with one of {', '.join(USES_WINDOW)}")
         if self.density is not None:
@@ -187,8 +202,10 @@ class BlockPattern:
             if value is None:
                 continue
             if self.name != "sliding_window":
-                raise ValueError(f"{name} is a token window of pattern='sliding_window'; pattern={self.name!r} takes "
-                                 "window (blocks) instead")
+                raise ValueError(
+                    f"{name} is a token window of pattern='sliding_window'; pattern={self.name!r} takes "
+                    "window (blocks) instead"
+                )
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0 (tokens), got {value!r}")
 
@@ -223,14 +240,18 @@ class BlockPattern:
             else:
                 hi = mid
         candidates = {max(0, lo - 1), lo}
-        return min(candidates, key=lambda w: abs(self._window_table(num_blocks, w).float().mean().item() - self.density))
+        return min(
+            candidates, key=lambda w: abs(self._window_table(num_blocks, w).float().mean().item() - self.density)
+        )
 
     def table(self, seq_len: int, num_heads: int) -> torch.Tensor:
         """(num_blocks, num_blocks) bool on the CPU; ValueError past MAX_TABLE_BLOCKS blocks per side."""
         nb = self.num_blocks(seq_len)
         if nb > MAX_TABLE_BLOCKS:
-            raise ValueError(f"N={seq_len:,} in blocks of {self.block_size} is {nb:,} blocks per side: the block table "
-                             f"holds at most {MAX_TABLE_BLOCKS:,}; use a larger --block-size or a shorter --seq-len")
+            raise ValueError(
+                f"N={seq_len:,} in blocks of {self.block_size} is {nb:,} blocks per side: the block table "
+                f"holds at most {MAX_TABLE_BLOCKS:,}; use a larger --block-size or a shorter --seq-len"
+            )
         if self.name in USES_WINDOW:
             return self._window_table(nb, self.resolved_window(nb))
         if self.name == "sliding_window":
@@ -240,7 +261,9 @@ class BlockPattern:
             for w, r in zip(self.segment_lengths, self.dilation_rates):
                 table |= dilated_blocks(nb, -(-min(w, seq_len) // self.block_size), r)
             return table
-        return longnet_cover(seq_len, self.block_size, self.segment_lengths, self.dilation_rates, num_heads, self.semantics)
+        return longnet_cover(
+            seq_len, self.block_size, self.segment_lengths, self.dilation_rates, num_heads, self.semantics
+        )
 
     def pairs(self, seq_len: int, num_heads: int, causal: bool) -> int:
         """(query, key) pairs one (batch, head) attends: exact per token for sliding_window, by the table else."""
@@ -257,7 +280,11 @@ class BlockPattern:
         if self.name == "sliding_window":
             params += [f"l={self.token_window[0]}", f"r={self.token_window[1]}"]
         if self.name in USES_WINDOW:
-            params.append(f"d={self.density:g}" if self.density is not None else f"w={self.window if self.window is not None else 1}")
+            params.append(
+                f"d={self.density:g}"
+                if self.density is not None
+                else f"w={self.window if self.window is not None else 1}"
+            )
             if self.name == "global_local":
                 params.append(f"g={self.global_blocks}")
             if self.name == "hierarchical":

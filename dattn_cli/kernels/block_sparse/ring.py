@@ -55,10 +55,14 @@ def plan_rank(
         if blocks := used(rank, other):
             receive[other] = blocks
             rows = len(blocks) * block_size
-            remote[other] = plan_parts(table, mine, shard, blocks, rows, block_size, causal, device, source_id=1 + other)
+            remote[other] = plan_parts(
+                table, mine, shard, blocks, rows, block_size, causal, device, source_id=1 + other
+            )
         if blocks := used(other, rank):
             first = mine[0]
-            send[other] = torch.cat([torch.arange(*_block_rows(g - first, block_size, shard)) for g in blocks]).to(device)
+            send[other] = torch.cat([torch.arange(*_block_rows(g - first, block_size, shard)) for g in blocks]).to(
+                device
+            )
     return RankPlan(tuple(local), remote, receive, send)
 
 
@@ -117,10 +121,15 @@ class BlockSparseExchange:
         shares = {}
         for src, (kr, vr, pad) in self.received.items():  # remote shares first, so they travel during local work
             kr, vr = kv.unpack(kr, 1), kv.unpack(vr, 1)
-            dkr, dvr = torch.zeros(kr.shape, dtype=acc, device=kr.device), torch.zeros(vr.shape, dtype=acc, device=vr.device)
+            dkr, dvr = (
+                torch.zeros(kr.shape, dtype=acc, device=kr.device),
+                torch.zeros(vr.shape, dtype=acc, device=vr.device),
+            )
             attend_parts_backward(attention, self.plan.remote[src], dout, q, out, lse, kr, vr, pad, dq, dkr, dvr)
             shares[src] = torch.cat([kv.reduce(dkr, 1).reshape(-1), kv.reduce(dvr, 1).reshape(-1)])
-        home = {dst: dk.new_empty(2 * batch * kv.kv_count * rows.numel() * head_dim) for dst, rows in self.plan.send.items()}
+        home = {
+            dst: dk.new_empty(2 * batch * kv.kv_count * rows.numel() * head_dim) for dst, rows in self.plan.send.items()
+        }
         works = self._post(shares, home, TAG_HOME, "backward")
         attend_parts_backward(attention, self.plan.local, dout, q, out, lse, k, v, key_pad, dq, dk, dv)
         for work in works:

@@ -21,7 +21,6 @@ from .sequence_parallel import (
     attend_member_backward,
 )
 
-
 TAG_GATHER, TAG_SCATTER = 31, 32
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -28,8 +27,13 @@ class CommStats:
         self.reset()
 
     def reset(self) -> None:
-        self.counts = {"forward_bytes_sent": 0, "forward_bytes_received": 0,
-                       "backward_bytes_sent": 0, "backward_bytes_received": 0, "forward_calls": 0}
+        self.counts = {
+            "forward_bytes_sent": 0,
+            "forward_bytes_received": 0,
+            "backward_bytes_sent": 0,
+            "backward_bytes_received": 0,
+            "forward_calls": 0,
+        }
 
     def __getstate__(self):  # copies and pickles of a module carry the counts, not the lock
         return {"counts": self.snapshot()}
@@ -52,8 +56,9 @@ class CommStats:
             return dict(self.counts)
 
 
-def post_exchange(sends: dict[int, torch.Tensor], receives: dict[int, torch.Tensor], group, stats: "CommStats",
-                  tag: int, phase: str) -> list:
+def post_exchange(
+    sends: dict[int, torch.Tensor], receives: dict[int, torch.Tensor], group, stats: CommStats, tag: int, phase: str
+) -> list:
     """Post point-to-point sends to and receives from ranks of `group` (batch_isend_irecv), their bytes counted
     in `stats`; the works to wait on."""
     peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))

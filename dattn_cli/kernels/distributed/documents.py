@@ -76,9 +76,17 @@ def check_documents(group, name: str, spans: list[tuple[int, int]], device: torc
     check_consistent(group, name, (len(spans),), torch.int64, f"documents {digest}", device)
 
 
-def sharded_documents(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      key_padding_mask: torch.Tensor | None, cu_seqlens: torch.Tensor, group,
-                      stats: CommStats, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+def sharded_documents(
+    call: Call,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    cu_seqlens: torch.Tensor,
+    group,
+    stats: CommStats,
+    name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of this rank's shard of the packed documents (every rank's cu_seqlens checked the same; the
     module's call counted); `call` attends one whole document locally."""
     rank, world = group_rank_size(group)
@@ -92,10 +100,12 @@ def sharded_documents(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     width = max(sum(b - a for a, b in p) for p in pieces)
     gathered = None
     if width:
+
         def piece(x):
             rows = [x[:, :0]] + [x[:, local_rows(a, b)] for a, b in pieces[rank]]  # x[:, :0]: in x's graph even empty
             pad = x.new_zeros((x.shape[0], width - sum(r.shape[1] for r in rows), *x.shape[2:]))
             return torch.cat([*rows, pad], 1)
+
         gathered = _GatherPieces.apply(group, stats, piece(q), piece(k), piece(v))
         if key_padding_mask is not None:
             gathered_mask = _all_gather(piece(key_padding_mask.to(torch.uint8)), group, stats, "forward").bool()
@@ -105,7 +115,9 @@ def sharded_documents(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             continue
         if a >= base and b <= base + shard:  # inside this shard
             rows = local_rows(a, b)
-            out, lse = call(q[:, rows], k[:, rows], v[:, rows], None if key_padding_mask is None else key_padding_mask[:, rows])
+            out, lse = call(
+                q[:, rows], k[:, rows], v[:, rows], None if key_padding_mask is None else key_padding_mask[:, rows]
+            )
         else:
             whole = [_document_rows(g, pieces, a, b) for g in gathered]
             mask = None if key_padding_mask is None else _document_rows(gathered_mask, pieces, a, b)
@@ -131,5 +143,3 @@ def _document_rows(gathered: torch.Tensor, pieces: list[list[tuple[int, int]]], 
                 parts.append(gathered[s][:, at : at + hi - lo])
             at += hi - lo
     return torch.cat(parts, 1)
-
-

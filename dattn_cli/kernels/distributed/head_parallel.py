@@ -17,10 +17,10 @@ import math
 import torch
 import torch.distributed as dist
 
+from ..documents import document_spans
 from ..heads import expand_kv, kv_group
 from ..validation import check_key_padding_mask, check_qkv
 from .comm import CommStats, DistributedAttention, check_consistent, group_rank_size
-from ..documents import document_spans
 from .documents import check_documents
 
 
@@ -79,8 +79,9 @@ class HeadParallelDilatedAttention(DistributedAttention):
     def _run(self, q, k, v, is_causal, key_padding_mask, with_lse: bool, cu_seqlens=None):
         rank, world = group_rank_size(self.process_group)
         if world == 1:
-            return self.attention.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask,
-                                                   cu_seqlens=cu_seqlens)
+            return self.attention.forward_with_lse(
+                q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens
+            )
         check_qkv(q, k, v)
         batch, length, heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, length, q.device)
@@ -90,13 +91,15 @@ class HeadParallelDilatedAttention(DistributedAttention):
                 "use a head count divisible by the world size, or a sequence-parallel implementation"
             )
         k, v = spread_kv_heads(k, v, heads, world)
-        config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{k.shape[2]}|"
-                  f"{key_padding_mask is not None}|{cu_seqlens is not None}")
-        check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device,
-                         owner=self)
+        config = (
+            f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{k.shape[2]}|"
+            f"{key_padding_mask is not None}|{cu_seqlens is not None}"
+        )
+        check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
         if cu_seqlens is not None:
-            check_documents(self.process_group, type(self).__name__, document_spans(cu_seqlens, length * world, batch),
-                            q.device)
+            check_documents(
+                self.process_group, type(self).__name__, document_spans(cu_seqlens, length * world, batch), q.device
+            )
         self.stats.call()
         group, stats = self.process_group, self.stats
         qh, kh, vh = (_AllToAll.apply(x, True, group, stats) for x in (q, k, v))
@@ -108,7 +111,12 @@ class HeadParallelDilatedAttention(DistributedAttention):
             mask_bytes = key_padding_mask.numel() * key_padding_mask.element_size() * (world - 1)
             stats.add("forward", mask_bytes, mask_bytes)
         out, lse = self.attention.forward_with_lse(
-            qh, kh, vh, is_causal, key_padding_mask=full_mask, head_range=(rank * (heads // world), heads),
+            qh,
+            kh,
+            vh,
+            is_causal,
+            key_padding_mask=full_mask,
+            head_range=(rank * (heads // world), heads),
             cu_seqlens=cu_seqlens,
         )
         out = _AllToAll.apply(out.contiguous(), False, group, stats)
@@ -118,4 +126,7 @@ class HeadParallelDilatedAttention(DistributedAttention):
 
     def describe(self) -> str:
         rank, world = group_rank_size(self.process_group)
-        return f"HeadParallelDilatedAttention over {world} rank(s) (all-to-all seq<->heads); inner: " + self.attention.describe()
+        return (
+            f"HeadParallelDilatedAttention over {world} rank(s) (all-to-all seq<->heads); inner: "
+            + self.attention.describe()
+        )

@@ -15,21 +15,21 @@ Other shard lengths would split a segment unevenly over ranks; they are refused 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
 from ..backends import BACKENDS
 from ..documents import whole_sequence
-from .documents import sharded_documents
-from .comm import DistributedAttention, check_consistent, group_rank_size
-from ..heads import KVHeadSet, kv_group
 from ..engine import BlockAttention, ViewAccess, block_attention
+from ..heads import KVHeadSet, kv_group
 from ..pattern import Block, head_sets, pair_blocks, validate_pattern
 from ..validation import check_key_padding_mask, check_qkv
+from .comm import DistributedAttention, check_consistent, group_rank_size
+from .documents import sharded_documents
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,15 @@ class SpanningPair:
 
 
 def shard_plan(
-    seq_len: int, world: int, rank: int, num_heads: int, segment_lengths: Sequence[int],
-    dilation_rates: Sequence[int], semantics: str, name: str, kv_group: int = 1,
+    seq_len: int,
+    world: int,
+    rank: int,
+    num_heads: int,
+    segment_lengths: Sequence[int],
+    dilation_rates: Sequence[int],
+    semantics: str,
+    name: str,
+    kv_group: int = 1,
 ) -> tuple[list[Block], list[SpanningPair]]:
     """Local blocks (pairs inside the shard, and each spanning pair's own-rows block) and spanning pairs."""
     shard = seq_len // world
@@ -157,9 +164,19 @@ def shard_plan(
 
 
 def comm_volume(
-    strategy: str, seq_len: int, world: int, batch: int, num_heads: int, head_dim: int, element_bytes: int,
-    segment_lengths: Sequence[int], dilation_rates: Sequence[int], semantics: str = "longnet",
-    is_causal: bool = False, with_mask: bool = False, num_kv_heads: int | None = None,
+    strategy: str,
+    seq_len: int,
+    world: int,
+    batch: int,
+    num_heads: int,
+    head_dim: int,
+    element_bytes: int,
+    segment_lengths: Sequence[int],
+    dilation_rates: Sequence[int],
+    semantics: str = "longnet",
+    is_causal: bool = False,
+    with_mask: bool = False,
+    num_kv_heads: int | None = None,
 ) -> list[dict[str, int]]:
     """Closed-form bytes per rank (docs/communication.md) for strategy 'ring' or 'allgather'.
 
@@ -234,15 +251,22 @@ class SequenceParallelBase(DistributedAttention):
         return dist.get_global_rank(self.process_group, group_rank)
 
     def forward_with_lse(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(out, lse) of this rank's shard of the whole sequence; cu_seqlens: packed documents of the whole
         sequence, the same on every rank (distributed/documents.py)."""
         rank, world = group_rank_size(self.process_group)
         if world == 1:
-            return self.attention.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask,
-                                                   cu_seqlens=cu_seqlens)
+            return self.attention.forward_with_lse(
+                q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens
+            )
         check_qkv(q, k, v)
         batch, shard, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, shard, q.device)
@@ -251,10 +275,21 @@ class SequenceParallelBase(DistributedAttention):
             return self._documents(q, k, v, is_causal, key_padding_mask, cu_seqlens)
         group = kv_group(num_heads, k.shape[2])
         # GQA: the engine repeats k, v to H heads inside its autograd boundary; packed at the kv heads (heads.py)
-        local, spanning = shard_plan(shard * world, world, rank, num_heads, self.segment_lengths, self.dilation_rates,
-                                     self.semantics, name, group)
-        config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{group}|"
-                  f"{key_padding_mask is not None}|{self.attention.dropout}|{self.training}")
+        local, spanning = shard_plan(
+            shard * world,
+            world,
+            rank,
+            num_heads,
+            self.segment_lengths,
+            self.dilation_rates,
+            self.semantics,
+            name,
+            group,
+        )
+        config = (
+            f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{group}|"
+            f"{key_padding_mask is not None}|{self.attention.dropout}|{self.training}"
+        )
         check_consistent(self.process_group, name, tuple(q.shape), q.dtype, config, q.device, owner=self)
         self.stats.call()
         backend, call, pool = self.attention.prepare_call(q, is_causal, key_padding_mask is not None)
@@ -264,25 +299,42 @@ class SequenceParallelBase(DistributedAttention):
 
     def _documents(self, q, k, v, is_causal, key_padding_mask, cu_seqlens):
         """Packed documents: local calls, the rows of documents crossing shards all-gathered."""
-        config = (f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{k.shape[2]}|"
-                  f"{key_padding_mask is not None}|{self.attention.dropout}|{self.training}|documents")
+        config = (
+            f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{k.shape[2]}|"
+            f"{key_padding_mask is not None}|{self.attention.dropout}|{self.training}|documents"
+        )
         check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
-        return sharded_documents(lambda *x: self.attention.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3]),
-                                 q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats,
-                                 type(self).__name__)
+        return sharded_documents(
+            lambda *x: self.attention.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3]),
+            q,
+            k,
+            v,
+            key_padding_mask,
+            cu_seqlens,
+            self.process_group,
+            self.stats,
+            type(self).__name__,
+        )
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-        *, key_padding_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q, k, v: this rank's shard (batch, N/p, heads, head_dim) -> its output shard."""
         return self.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens)[0]
 
     def describe(self) -> str:
         _, world = group_rank_size(self.process_group)
-        return (f"{type(self).__name__} over {world} rank(s) ({self.strategy_summary}); "
-                f"single-shard engine: " + self.attention.describe())
-
+        return (
+            f"{type(self).__name__} over {world} rank(s) ({self.strategy_summary}); "
+            f"single-shard engine: " + self.attention.describe()
+        )
 
 
 def attend_member(attention: BlockAttention, plan: SpanningPair, member: int, rows: list, q, out, lse) -> None:
@@ -326,7 +378,9 @@ def attend_member_backward(
     return shares
 
 
-def add_home_shares(attention: BlockAttention, plan: SpanningPair, buffer: torch.Tensor, dk, dv, batch, head_dim) -> None:
+def add_home_shares(
+    attention: BlockAttention, plan: SpanningPair, buffer: torch.Tensor, dk, dv, batch, head_dim
+) -> None:
     """Add dK/dV shares of this rank's own kept rows, computed on other ranks, into its accumulators."""
     for block, kv, share in zip(plan.blocks(plan.index), plan.kv_sets, plan.unpack_grads(buffer, batch, head_dim)):
         if share is not None:  # kv-head sums, placed on the kept heads of the repeated K/V's gradient

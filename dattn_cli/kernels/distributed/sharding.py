@@ -16,7 +16,7 @@ those, and padding at the end keeps the result exact (docs/communication.md, "An
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -52,8 +52,9 @@ def _divisors(n: int) -> set[int]:
     return set(small) | {n // d for d in small}
 
 
-def padded_length(seq_len: int, world: int, segment_lengths: Sequence[int] | None = None,
-                  block_size: int | None = None) -> int:
+def padded_length(
+    seq_len: int, world: int, segment_lengths: Sequence[int] | None = None, block_size: int | None = None
+) -> int:
     """N' = world·L: the smallest L >= ceil(seq_len/world) whose shards align with every segment length and
     with block_size (each optional). One rank (world = 1) takes any N unpadded.
 
@@ -88,17 +89,22 @@ def _sequence_dim(x, dim: int) -> int:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x has shape {shape}: pass a tensor (batch, seq_len, ...) with the sequence at dim")
     if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
-        raise ValueError(f"dim={dim!r} is not a dimension of x with shape {tuple(x.shape)}: pass the sequence "
-                         "dimension (1 for (batch, seq_len, ...))")
+        raise ValueError(
+            f"dim={dim!r} is not a dimension of x with shape {tuple(x.shape)}: pass the sequence "
+            "dimension (1 for (batch, seq_len, ...))"
+        )
     dim %= x.dim()
     if dim == 0:
-        raise ValueError(f"dim=0 is the batch dimension of x with shape {tuple(x.shape)}: put the batch first and "
-                         "pass the sequence dimension (dim >= 1)")
+        raise ValueError(
+            f"dim=0 is the batch dimension of x with shape {tuple(x.shape)}: put the batch first and "
+            "pass the sequence dimension (dim >= 1)"
+        )
     return dim
 
 
-def rank_shard(x: torch.Tensor, rank: int, world: int, length: int, *, dim: int = 1,
-               key_padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rank_shard(
+    x: torch.Tensor, rank: int, world: int, length: int, *, dim: int = 1, key_padding_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rank `rank`'s `length` positions of x padded with zeros at the end to world·length, and the key padding
     mask of those positions (True = ignore): the user's `key_padding_mask` (batch, N), if any, with the
     padding added; None when nothing is padded and no mask is given (the same on every rank).
@@ -109,8 +115,10 @@ def rank_shard(x: torch.Tensor, rank: int, world: int, length: int, *, dim: int 
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
         raise ValueError(f"rank={rank!r} is not a rank of {world}: pass 0 .. {world - 1}")
     if world * length < seq_len:
-        raise ValueError(f"length={length}: {world} shards of {length} hold fewer than the N={seq_len} positions of "
-                         f"x; use padded_length(N, world, ...) // world")
+        raise ValueError(
+            f"length={length}: {world} shards of {length} hold fewer than the N={seq_len} positions of "
+            f"x; use padded_length(N, world, ...) // world"
+        )
     check_key_padding_mask(key_padding_mask, x.shape[0], seq_len, x.device)
     start = min(rank * length, seq_len)
     real = min((rank + 1) * length, seq_len) - start
@@ -130,8 +138,13 @@ def rank_shard(x: torch.Tensor, rank: int, world: int, length: int, *, dim: int 
 
 
 def shard_sequence(
-    x: torch.Tensor, group=None, *, segment_lengths: Sequence[int] | None = None, block_size: int | None = None,
-    dim: int = 1, key_padding_mask: torch.Tensor | None = None,
+    x: torch.Tensor,
+    group=None,
+    *,
+    segment_lengths: Sequence[int] | None = None,
+    block_size: int | None = None,
+    dim: int = 1,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """This rank's shard of the whole sequence x, for a distributed module over `group` (default: the world),
     and the key padding mask of its positions to pass the module as `key_padding_mask`.
@@ -153,8 +166,10 @@ def join_shards(shards: Sequence[torch.Tensor], seq_len: int, dim: int = 1) -> t
     dim = _sequence_dim(shards[0], dim)
     total = sum(s.shape[dim] for s in shards)
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= total:
-        raise ValueError(f"seq_len={seq_len!r} is not within the {total} positions of the {len(shards)} shards: pass "
-                         "the length before padding (the sequence length given to shard_sequence)")
+        raise ValueError(
+            f"seq_len={seq_len!r} is not within the {total} positions of the {len(shards)} shards: pass "
+            "the length before padding (the sequence length given to shard_sequence)"
+        )
     return torch.cat(list(shards), dim=dim).narrow(dim, 0, seq_len)
 
 
