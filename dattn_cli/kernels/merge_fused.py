@@ -82,6 +82,9 @@ def _launch(merge: bool, acc, lse, block, blse) -> bool:
 
     from .merge_triton import build
 
+    if acc.device.type != "cuda" and not knobs.runtime.interpret:
+        return False  # triton read TRITON_INTERPRET otherwise than _interpret
+
     rows = acc.numel() // d
     block_d = 1 << (d - 1).bit_length()
     block_r = max(1, min(64, 4096 // block_d))

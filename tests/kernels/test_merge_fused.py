@@ -166,3 +166,22 @@ def test_cuda_improved_fast_path_equals_torch_code(dtype, launches, monkeypatch)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     for f, p in zip(*results):
         torch.testing.assert_close(f.float(), p.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("block_dtype", "merge"), [("bf16", True), ("fp16", False)])
+def test_kernel_compiles_for_sm90_without_a_device(block_dtype, merge):
+    """The compiled (not interpreted) kernel builds down to an sm_90 cubin here, with triton's own ptxas."""
+    pytest.importorskip("triton.backends.nvidia")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from dattn_cli.kernels.merge_triton import build
+
+    kernel = build(False)
+    constexprs = {"MERGE": merge, "BLOCK_R": 64, "BLOCK_D": 64}
+    pointers = {"acc": "*fp32", "lse": "*fp32", "block": f"*{block_dtype}", "blse": "*fp32"}
+    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i64") for n in kernel.arg_names}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+    assert compiled.asm["cubin"]
