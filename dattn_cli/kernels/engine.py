@@ -22,7 +22,7 @@ import torch
 
 from .backends import BACKENDS, BlockCall
 from .heads import expand_kv, reduce_kv
-from .merge import merge_partial_
+from .merge import accumulate_, merge_partial_
 from .pattern import Block
 from .pool import MemoryPool
 
@@ -38,7 +38,7 @@ class RowAccess(Protocol):
         """acc[rows of block] += value (b, m, h, D)."""
 
     def adopt(self, block: Block, value: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
-        """`value` (b, m, h, ...) as the whole accumulator of `shape`, without a copy, or None."""
+        """`value` (b, m, h, ...) as the whole accumulator of `shape` (a view where possible), or None."""
 
     def release(self, *tensors: torch.Tensor) -> None:
         """Hand back scratch that `gather` took from the memory pool."""
@@ -106,7 +106,7 @@ class ViewAccess:
         )
 
     def add(self, acc, block, value):
-        block.view(acc).add_(_batch_segments(value, block))
+        accumulate_(block.view(acc), _batch_segments(value, block))
 
     def adopt(self, block, value, shape):
         # A block holding every row of every head (a pair with r = 1, N divisible by w) can hand its
@@ -119,12 +119,7 @@ class ViewAccess:
             and block.head_step == 1
             and block.num_heads == shape[2]
         )
-        if not covers:
-            return None
-        try:
-            return value.view(shape)
-        except RuntimeError:
-            return None
+        return value.reshape(shape) if covers else None  # a view where the layout allows (out is), else a copy
 
 
 class IndexAccess:
@@ -186,8 +181,8 @@ class BlockAttention:
     def _acc_dtype(self, like: torch.Tensor) -> torch.dtype:
         return torch.float64 if like.dtype == torch.float64 else torch.float32
 
-    def _accumulator(self, like: torch.Tensor, shape, fill: float) -> tuple[torch.Tensor, bool]:
-        """fp32 (or fp64) filled accumulator; from the pool when it is scratch (half inputs)."""
+    def _accumulator(self, like: torch.Tensor, shape, fill: float | None) -> tuple[torch.Tensor, bool]:
+        """fp32 (or fp64) accumulator, filled unless fill is None; from the pool when it is scratch (half inputs)."""
         dtype = self._acc_dtype(like)
         scratch = dtype != like.dtype and self.pool is not None
         acc = (
@@ -195,13 +190,18 @@ class BlockAttention:
             if scratch
             else torch.empty(shape, dtype=dtype, device=like.device)
         )
-        return acc.fill_(fill), scratch
+        return (acc if fill is None else acc.fill_(fill)), scratch
 
-    def _adopt(self, block, value, shape, like) -> torch.Tensor | None:
-        """The first block's own result as the accumulator, when it covers everything in its dtype."""
-        if value.dtype != self._acc_dtype(like):
+    def _adopt(self, block, value, shape, like) -> tuple[torch.Tensor, bool] | None:
+        """The first block's own result as the accumulator, when it covers everything: itself in the
+        accumulator's dtype, else cast into a new accumulator in one pass (not a fill and a merge or add)."""
+        whole = self.access.adopt(block, value, shape)
+        if whole is None:
             return None
-        return self.access.adopt(block, value, shape)
+        if whole.dtype == self._acc_dtype(like):
+            return whole, False
+        acc, scratch = self._accumulator(like, shape, None)
+        return acc.copy_(whole), scratch
 
     def _finish(self, acc: torch.Tensor, scratch: bool, dtype: torch.dtype) -> torch.Tensor:
         result = acc.to(dtype)
@@ -219,8 +219,10 @@ class BlockAttention:
             self.access.release(qb, kb, vb)
             block_out, block_lse = block_out.transpose(1, 2), block_lse.transpose(1, 2)
             if out is None:
-                out, lse = self._adopt(block, block_out, q.shape, q), self._adopt(block, block_lse, q.shape[:3], q)
-                if out is not None and lse is not None:
+                lse_acc = self._adopt(block, block_lse, q.shape[:3], q)
+                out_acc = lse_acc and self._adopt(block, block_out, q.shape, q)
+                if out_acc:
+                    (out, scratch), (lse, _) = out_acc, lse_acc
                     continue
                 out, scratch = self._accumulator(q, q.shape, 0.0)
                 lse, _ = self._accumulator(out, q.shape[:3], float("-inf"))
@@ -244,10 +246,10 @@ class BlockAttention:
             for j, (x, part) in enumerate(zip((q, k, v), parts)):
                 part = part.transpose(1, 2)
                 if grads[j] is None:
-                    adopted = self._adopt(block, part, x.shape, x)
-                    grads[j] = (adopted, False) if adopted is not None else self._accumulator(x, x.shape, 0.0)
-                    if adopted is not None:
+                    grads[j] = self._adopt(block, part, x.shape, x)
+                    if grads[j] is not None:
                         continue
+                    grads[j] = self._accumulator(x, x.shape, 0.0)
                 self.access.add(grads[j][0], block, part)
         for j, x in enumerate((q, k, v)):
             if grads[j] is None:

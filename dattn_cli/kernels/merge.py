@@ -7,11 +7,17 @@ Given (out_a, lse_a) over key set A and (out_b, lse_b) over key set B, the atten
 Every implementation uses it: dilated pairs, ring steps and gathered blocks alike. A key offered by two
 pairs appears in both partial results, which is exactly the count c_h(t, u) of docs/semantics.md.
 Rows with lse = −inf (no key yet) contribute nothing and never produce NaN.
+
+`merge_partial_` and `accumulate_` (the gradient shares' sum) each run as one fused Triton pass where
+merge_fused.py says it applies (CUDA, fp32 accumulators; DATTN_FUSED_MERGE=0 turns it off), and as the
+torch code below everywhere else.
 """
 
 from __future__ import annotations
 
 import torch
+
+from . import merge_fused
 
 NEG_INF = float("-inf")
 
@@ -22,6 +28,8 @@ def merge_partial_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor
     out, block_out: (..., D); lse, block_lse: (...). `out`/`lse` may be strided views into larger
     accumulators; `block_out` is consumed (scaled in place) to avoid a temporary.
     """
+    if merge_fused.merge_(out, lse, block_out, block_lse):
+        return
     new_lse = torch.logaddexp(lse, block_lse)
     # exp(x - (-inf)) would be NaN where both sides are empty: measure such rows against 0 instead.
     base = new_lse.masked_fill(new_lse == NEG_INF, 0.0)
@@ -30,6 +38,12 @@ def merge_partial_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor
     block_out.mul_(torch.exp(block_lse - base).unsqueeze(-1))
     out.mul_(torch.exp(lse - base).unsqueeze(-1)).add_(block_out)
     lse.copy_(new_lse)
+
+
+def accumulate_(acc: torch.Tensor, value: torch.Tensor) -> None:
+    """acc += value in place, value cast to acc's dtype; `acc` may be a strided view of an accumulator."""
+    if not merge_fused.accumulate_(acc, value):
+        acc.add_(value)
 
 
 def merge_partials(
