@@ -162,7 +162,7 @@ def sliding_window_call(module, q, k, v, is_causal, key_padding_mask, rank: int,
         raise ValueError(f"pattern={name!r} runs without dropout: use dropout=0.0 (or eval())")
     if module.executor == "flex":
         raise ValueError(f"pattern={name!r} runs on its banded executor: use executor='auto' or 'gather'")
-    batch, shard, heads, head_dim = q.shape
+    _, shard, heads, head_dim = q.shape
     scale = head_dim**-0.5 if module.scale is None else float(module.scale)
     start = rank * shard
     window = Window(*module.pattern.token_window, bool(is_causal), scale, q_start=start, k_start=start)
