@@ -44,12 +44,14 @@ class RowAccess(Protocol):
         """Hand back scratch that `gather` took from the memory pool."""
 
 
-class RemoteBlocks(Protocol):
-    """Blocks whose keys live on other ranks (sequence-parallel implementations).
+class KeyBlockExecutor(Protocol):
+    """Runs the key blocks beyond the engine's own `blocks`, into the same accumulators: the blocks whose keys
+    live on other ranks (the sequence-parallel exchanges; block-sparse's ring form, block_sparse/ring.py), or
+    every key block of a block table on one device (block_sparse/local.py).
 
-    `forward` merges their partial results into the fp32 accumulators (out, lse) of the local blocks;
+    `forward` merges their partial results into the fp32 accumulators (out, lse) of the engine's blocks;
     `backward` adds their gradient shares into the accumulators (dq, dk, dv), the shares of this rank's
-    keys computed elsewhere included. Both see the merged out and lse, as every local block does.
+    keys computed elsewhere included. Both see the merged out and lse, as every engine block does.
     """
 
     def forward(self, attention: BlockAttention, q, k, v, key_pad, out, lse) -> None: ...
@@ -165,7 +167,7 @@ class BlockAttention:
     backend: str
     call: BlockCall
     pool: MemoryPool | None = None
-    remote: RemoteBlocks | None = None
+    key_blocks: KeyBlockExecutor | None = None
 
     def _key_pad(self, key_pad: torch.Tensor | None, block: Block) -> torch.Tensor | None:
         if key_pad is None:
@@ -230,8 +232,8 @@ class BlockAttention:
         if out is None:  # no local block at all
             out, scratch = self._accumulator(q, q.shape, 0.0)
             lse, _ = self._accumulator(out, q.shape[:3], float("-inf"))
-        if self.remote is not None:
-            self.remote.forward(self, q, k, v, key_pad, out, lse)
+        if self.key_blocks is not None:
+            self.key_blocks.forward(self, q, k, v, key_pad, out, lse)
         return self._finish(out, scratch, q.dtype), lse
 
     def backward(self, dout, q, k, v, out, lse, key_pad=None):
@@ -254,8 +256,8 @@ class BlockAttention:
         for j, x in enumerate((q, k, v)):
             if grads[j] is None:
                 grads[j] = self._accumulator(x, x.shape, 0.0)
-        if self.remote is not None:
-            self.remote.backward(self, dout, q, k, v, out, lse, key_pad, [acc for acc, _ in grads])
+        if self.key_blocks is not None:
+            self.key_blocks.backward(self, dout, q, k, v, out, lse, key_pad, [acc for acc, _ in grads])
         return tuple(self._finish(acc, scratch, x.dtype) for (acc, scratch), x in zip(grads, (q, k, v)))
 
 

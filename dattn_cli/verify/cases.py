@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kernels.block_sparse.patterns import USES_SEGMENTS, USES_WINDOW
+from ..kernels.block_sparse.patterns import USES_SEGMENTS, USES_WINDOW, takes
 from ..kernels.registry import REGISTRY
 from ..workload.problem import Problem
 
@@ -109,7 +109,7 @@ def block_fields(pattern: str, token_window: tuple[int | None, int | None] | Non
     """Problem fields of a block-sparse check of `pattern`: 8-token blocks; a one-block window, one global
     block and two hierarchical levels for the patterns that take a window; sliding_window's token window."""
     window = 1 if pattern in USES_WINDOW else None
-    left, right = (token_window or VERIFY_TOKEN_WINDOW) if pattern == "sliding_window" else (None, None)
+    left, right = (token_window or VERIFY_TOKEN_WINDOW) if takes(pattern, "token_window") else (None, None)
     return dict(
         pattern=pattern,
         block_size=VERIFY_BLOCK_SIZE,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.block_sparse.patterns import takes
 from ..kernels.pattern import uncovered_fraction
 from ..kernels.registry import REGISTRY
 from ..workload.problem import Problem
@@ -41,14 +42,14 @@ class Grid:
 
     def variants(self, cases: list[Case], impl: str, world_size: int = 1) -> Iterator[Variant]:
         """Every combination that is legal and distinct: head_groups needs at least one head per pair;
-        of the block patterns only 'longnet' depends on the semantics."""
+        of the block patterns only those that take it (patterns.py: 'longnet') depend on the semantics."""
         patterns = self.patterns if REGISTRY[impl].block_sparse else [None]
         for case in cases:
             for sem in self.semantics:
                 if sem == "head_groups" and case.problem.heads < len(case.problem.segment_lengths):
                     continue
                 for pattern in patterns:
-                    if pattern is not None and pattern != "longnet" and sem != self.semantics[0]:
+                    if pattern is not None and not takes(pattern, "semantics") and sem != self.semantics[0]:
                         continue
                     base = for_impl(
                         case.problem,

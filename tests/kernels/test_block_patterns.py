@@ -1,11 +1,21 @@
 """Block patterns: each table is what its definition says, density parameters control density, and
-the longnet cover is exactly the block cover of the dilated pattern."""
+the longnet cover is exactly the block cover of the dilated pattern; a pattern is one PATTERN_TABLE entry."""
 
 import pytest
 import torch
 
-from dattn_cli.kernels.block_sparse.patterns import PATTERNS, BlockPattern, attended_pairs
+from dattn_cli.kernels import BlockSparseRingDilatedAttention
+from dattn_cli.kernels.block_sparse.patterns import (
+    PATTERN_TABLE,
+    PATTERNS,
+    BlockPattern,
+    PatternKind,
+    attended_pairs,
+    block_sparse_options,
+    takes,
+)
 from dattn_cli.kernels.reference import pair_counts
+from tests.conftest import rel_err
 
 
 def test_local_window_is_a_band():
@@ -107,3 +117,30 @@ def test_every_pattern_has_a_description():
 def test_window_is_refused_where_the_pattern_takes_none():
     with pytest.raises(ValueError, match="pattern='dilated' takes no window"):
         BlockPattern("dilated", window=2, segment_lengths=(8,), dilation_rates=(1,))
+
+
+def test_a_pattern_is_one_table_entry(monkeypatch):
+    """A pattern added to PATTERN_TABLE alone is checked, labelled, described, passed its options and run by
+    the module, exact against the dense reference."""
+
+    def backward_band(p, num_blocks, window):  # a window of key blocks before the query block only
+        d = torch.arange(num_blocks)[:, None] - torch.arange(num_blocks)[None, :]
+        return (d >= 0) & (d <= window)
+
+    monkeypatch.setitem(PATTERN_TABLE, "backward", PatternKind(("window",), backward_band))
+    pattern = BlockPattern("backward", block_size=4, window=2)
+    assert pattern.label() == "backward(w=2,b=4)" and pattern.describe() == "backward(window 2, block 4)"
+    assert takes("backward", "window") and not takes("backward", "segments")
+    assert torch.equal(pattern.table(40, 1), backward_band(pattern, 10, 2))
+    assert 0 < BlockPattern("backward", block_size=4, density=0.3).resolved_window(10) < 10
+    with pytest.raises(ValueError, match="pattern='backward' does not use segment_lengths"):
+        BlockPattern("backward", segment_lengths=(8,), dilation_rates=(1,))
+    with pytest.raises(ValueError, match="window_left is a token window of pattern='sliding_window'"):
+        BlockPattern("backward", window_left=3)
+    options = block_sparse_options("backward", [8], [1], "head_groups", window=1, global_blocks=2, levels=3)
+    assert options == {"pattern": "backward", "window": 1}
+    module = BlockSparseRingDilatedAttention(block_size=4, **options)
+    q, k, v = (torch.randn(2, 30, 2, 8, dtype=torch.float64) for _ in range(3))
+    out, lse = module.forward_with_lse(q, k, v)
+    ref, ref_lse = module.reference(q, k, v)
+    assert rel_err(out, ref) <= 1e-10 and rel_err(lse, ref_lse) <= 1e-6  # the reference returns lse in fp32

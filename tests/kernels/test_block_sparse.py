@@ -1,6 +1,7 @@
 """BlockSparseRingDilatedAttention against the dense reference with its block table: forward, lse and
 gradients for every pattern, causal or not, ragged N, key padding; empty rows give 0; FlexAttention's
-BlockMask encodes the same table; the plan gathers only active key blocks."""
+BlockMask encodes the same table; the plan gathers only active key blocks; on one device the single-device
+executor (local.py) runs it and nothing travels."""
 
 import itertools
 
@@ -14,6 +15,7 @@ from dattn_cli.kernels import (
     get_global_pattern_cache,
 )
 from dattn_cli.kernels.block_sparse.flex import flex_block_mask, flex_compiles_on, flex_forward
+from dattn_cli.kernels.block_sparse.local import plan_local
 from dattn_cli.kernels.block_sparse.patterns import TABLE_PATTERNS
 from dattn_cli.kernels.block_sparse.ring import plan_rank
 from tests.conftest import rel_err
@@ -73,13 +75,29 @@ def test_density_reports_blocks_and_elements():
 
 def test_gather_plan_uses_slices_for_contiguous_blocks_and_only_active_rows():
     table = make("dilated", segment_lengths=[64], dilation_rates=[2]).block_table(64, 1)
-    plan = plan_rank(table, 64, 8, 0, 1, False, torch.device("cpu"))
-    for part in plan.local:
+    parts = plan_local(table, 64, 8, False, torch.device("cpu"))
+    for part in parts:
         keys = torch.arange(64)[part.keys] if isinstance(part.keys, slice) else part.keys
         q_block = part.queries.start // 8
         assert set((keys // 8).tolist()) == set(table[q_block].nonzero().flatten().tolist())
-    local = plan_rank(make("local").block_table(64, 1), 64, 8, 0, 1, False, torch.device("cpu"))
-    assert all(isinstance(p.keys, slice) for p in local.local)
+    assert {p.queries.start // 8 for p in parts} == set(range(8))  # every query block has some key block
+    local = plan_local(make("local").block_table(64, 1), 64, 8, False, torch.device("cpu"))
+    assert all(isinstance(p.keys, slice) for p in local)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_device_runs_the_ring_form_calls_of_one_rank_and_moves_nothing(causal):
+    table = make("hierarchical").block_table(50, 1)
+    ring = plan_rank(table, 50, 8, 0, 1, causal, torch.device("cpu"))
+    local = plan_local(table, 50, 8, causal, torch.device("cpu"))
+    assert not ring.remote and not ring.send
+    assert [(p.queries, str(p.keys), p.causal, p.seed) for p in local] == [
+        (p.queries, str(p.keys), p.causal, p.seed) for p in ring.local
+    ]
+    module = make("hierarchical", executor="gather")
+    q = torch.randn(1, 50, 2, 8, requires_grad=True)
+    module(q, q, q, causal).sum().backward()
+    assert module.received_blocks() == {} and not any(module.comm_stats().values())
 
 
 def test_block_table_and_plan_are_cached_with_their_bytes():

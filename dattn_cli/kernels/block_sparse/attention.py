@@ -3,12 +3,15 @@
 Semantics: each query attends, in one softmax, every key of the key blocks its query block's row of
 the table marks (causal: none after it). Rows with no key output 0 with lse -inf.
 
-Two executors, chosen per call and reported by `describe()`:
+Two executors for the table patterns, chosen per call (flex.choose_executor) and reported by `describe()`:
 
 * flex   — FlexAttention with a `BlockMask` built from the table (flex.py): CUDA forward and
            backward; CPU forward only.
 * gather — each query block's active key blocks as backend calls, merged through the engine's
-           autograd boundary (gather.py).
+           autograd boundary (gather.py); on one device local.py runs them.
+
+A token-level pattern (sliding_window) runs on the banded executor instead (window.py; its ring form's halo
+exchange in halo.py).
 
 With a process group, the ring form (ring.py): each rank holds a contiguous shard of blocks and
 receives exactly the key blocks its queries use; it runs on the gather executor. Any N over any p:
@@ -18,7 +21,6 @@ keeps the block table the real sequence's (blocks of padding only attend nothing
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -31,15 +33,12 @@ from ..engine import BlockAttention, ViewAccess, block_attention
 from ..heads import expand_kv, kv_group
 from ..reference import block_sparse_reference, sliding_window_reference
 from ..validation import check_key_padding_mask, check_qkv
-from .flex import flex_block_mask, flex_compiles_on, flex_forward
-from .halo import HaloExchange, plan_halo
-from .patterns import USES_SEGMENTS, BlockPattern
+from .flex import EXECUTORS, choose_executor, flex_block_mask, flex_forward
+from .halo import plan_halo
+from .local import LocalBlocks, plan_local
+from .patterns import BlockPattern, patterns_taking, takes
 from .ring import BlockSparseExchange, RankPlan, plan_rank
-from .window import Window, sliding_window_attention
-
-EXECUTORS = ("auto", "flex", "gather")
-BAND_REASON = "a token window needs per-token masks: the banded executor, exact, O(N x window)"
-
+from .window import sliding_window_call
 
 # the module ------------------------------------------------------------------------------------------
 
@@ -86,24 +85,16 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             use_pattern_cache=use_pattern_cache,
             enable_memory_pool=enable_memory_pool,
         )
-        if pattern in USES_SEGMENTS and (segment_lengths is None or dilation_rates is None):
+        if takes(pattern, "segments") and (segment_lengths is None or dilation_rates is None):
             raise ValueError(
                 f"pattern={pattern!r} needs segment_lengths and dilation_rates, e.g. [2048, 4096] and [1, 2]"
             )
-        if semantics != "longnet" and pattern != "longnet":
-            raise ValueError(f"semantics={semantics!r} only applies to pattern='longnet'; leave it at 'longnet'")
+        if semantics != "longnet" and not takes(pattern, "semantics"):
+            shaped = " or ".join(repr(name) for name in patterns_taking("semantics"))
+            raise ValueError(f"semantics={semantics!r} only applies to pattern={shaped}; leave it at 'longnet'")
+        segments = (tuple(segment_lengths or ()), tuple(dilation_rates or ()))
         self.pattern = BlockPattern(
-            pattern,
-            block_size,
-            window,
-            global_blocks,
-            levels,
-            density,
-            tuple(segment_lengths or ()),
-            tuple(dilation_rates or ()),
-            semantics,
-            window_left,
-            window_right,
+            pattern, block_size, window, global_blocks, levels, density, *segments, semantics, window_left, window_right
         )
         if executor not in EXECUTORS:
             raise ValueError(f"executor={executor!r} is unknown: use one of {', '.join(EXECUTORS)}")
@@ -162,70 +153,20 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         """The dense reference with this module's block table (whole sequence), differentiable; with cu_seqlens
         one reference per document, each with its own length's table."""
         if cu_seqlens is not None:
-            return attend_documents(
-                lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3], compute_dtype=compute_dtype),
-                q,
-                k,
-                v,
-                key_padding_mask,
-                cu_seqlens,
-            )
-        if self.pattern.name == "sliding_window":
-            return sliding_window_reference(
-                q,
-                k,
-                v,
-                *self.pattern.token_window,
-                is_causal,
-                self.scale,
-                key_padding_mask=key_padding_mask,
-                compute_dtype=compute_dtype,
-            )
+
+            def document(q, k, v, key_padding_mask):
+                return self.reference(
+                    q, k, v, is_causal, key_padding_mask=key_padding_mask, compute_dtype=compute_dtype
+                )
+
+            return attend_documents(document, q, k, v, key_padding_mask, cu_seqlens)
+        options = dict(key_padding_mask=key_padding_mask, compute_dtype=compute_dtype)
+        if self.pattern.token_level:
+            return sliding_window_reference(q, k, v, *self.pattern.token_window, is_causal, self.scale, **options)
         table = self.block_table(q.shape[1], q.shape[2])
-        return block_sparse_reference(
-            q,
-            k,
-            v,
-            table,
-            self.block_size,
-            is_causal,
-            self.scale,
-            key_padding_mask=key_padding_mask,
-            compute_dtype=compute_dtype,
-        )
+        return block_sparse_reference(q, k, v, table, self.block_size, is_causal, self.scale, **options)
 
     # execution -------------------------------------------------------------------------------------
-    def _choose_executor(
-        self, q: torch.Tensor, world: int, need_grad: bool, need_lse: bool, masked: bool
-    ) -> tuple[str, str]:
-        if self.executor == "gather":
-            return "gather", "requested"
-        blockers = []
-        if world > 1:
-            blockers.append("the ring form receives key blocks from other ranks")
-        if masked:
-            blockers.append("a key_padding_mask is given")
-        if self.training and self.dropout > 0:
-            blockers.append("dropout is active")
-        if q.device.type == "cpu" and need_grad:
-            blockers.append("torch compiles FlexAttention on CPU for inference only")
-        if q.device.type == "cpu" and need_lse:
-            blockers.append("compiled CPU FlexAttention returns no logsumexp")
-        if not flex_compiles_on(q.device):
-            blockers.append(f"no compiler for FlexAttention on {q.device.type} (triton / a C++ compiler)")
-        if self.executor == "flex":
-            if blockers:
-                raise ValueError(f"executor='flex' cannot run this call: {'; '.join(blockers)}; use executor='auto'")
-            return "flex", "requested"
-        if blockers:
-            return "gather", "; ".join(blockers)
-        if q.device.type == "cpu":
-            return "gather", (
-                "on CPU the gather path was faster than compiled FlexAttention in "
-                "benchmarks/block_sparse.py; executor='flex' forces it"
-            )
-        return "flex", f"FlexAttention compiled for {q.device.type}"
-
     def forward_with_lse(
         self,
         q: torch.Tensor,
@@ -317,14 +258,13 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         check_qkv(q, k, v)
         batch, shard, num_heads, _ = q.shape
         check_key_padding_mask(key_padding_mask, batch, shard, q.device)
-        if self.pattern.name == "sliding_window":  # halos travel at the kv heads
-            world = 1 if local else group_rank_size(self.process_group)[1]
-            self._real_length(seq_len, shard * world, key_padding_mask is not None)  # padding must be masked
-            return self._sliding_window(q, k, v, is_causal, key_padding_mask, local)
-        group = kv_group(num_heads, k.shape[2])
-        # GQA: the engine (or flex below) computes at H heads, the ring sends at the kv heads (ring.py)
         rank, world = (0, 1) if local else group_rank_size(self.process_group)
         padded = shard * world
+        if self.pattern.token_level:
+            self._real_length(seq_len, padded, key_padding_mask is not None)  # padding must be masked
+            return sliding_window_call(self, q, k, v, is_causal, key_padding_mask, rank, world)
+        group = kv_group(num_heads, k.shape[2])
+        # GQA: the engine (or flex below) computes at H heads, the ring sends at the kv heads (ring.py)
         if world > 1 and shard % self.block_size:
             raise ValueError(
                 f"{type(self).__name__}: the shard length N/p = {shard} is not a multiple of block_size="
@@ -335,7 +275,9 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         self.last_shape = (seq_len, num_heads)
         table = self._padded_table(seq_len, padded, num_heads)
         need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-        executor, reason = self._choose_executor(q, world, need_grad, need_lse, key_padding_mask is not None)
+        dropout = self.training and self.dropout > 0
+        masked = key_padding_mask is not None
+        executor, reason = choose_executor(self.executor, q, world, need_grad, need_lse, masked, dropout)
         self.last_executor = (executor, reason)
         if executor == "flex":
             self.last_backend = ("flex_attention", "FlexAttention computes the whole pattern in one kernel")
@@ -354,34 +296,15 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             self.stats.call()
         backend, call, pool = self.prepare_call(q, is_causal, key_padding_mask is not None)
         key = ("block_plan", self.pattern, seq_len, padded, num_heads, bool(is_causal), rank, world, str(q.device))
-        plan = self.cached(key, lambda: plan_rank(table, padded, self.block_size, rank, world, is_causal, q.device))
-        self.last_plan = plan
-        exchange = BlockSparseExchange(plan, self.block_size, self.process_group, self.stats, group)
-        engine = BlockAttention([], ViewAccess(pool), backend, call, pool, exchange)
+        if world == 1:  # the single-device executor: every key block is here
+            parts = self.cached(key, lambda: plan_local(table, padded, self.block_size, is_causal, q.device))
+            self.last_plan, key_blocks = None, LocalBlocks(parts)
+        else:
+            plan = self.cached(key, lambda: plan_rank(table, padded, self.block_size, rank, world, is_causal, q.device))
+            self.last_plan = plan
+            key_blocks = BlockSparseExchange(plan, self.block_size, self.process_group, self.stats, group)
+        engine = BlockAttention([], ViewAccess(pool), backend, call, pool, key_blocks)
         return block_attention(q, k, v, key_padding_mask, engine)
-
-    def _sliding_window(self, q, k, v, is_causal, key_padding_mask, local):
-        """The token window on the banded executor; in the ring form with the halo rows of the neighbours."""
-        if self.training and self.dropout > 0:
-            raise ValueError("pattern='sliding_window' runs without dropout: use dropout=0.0 (or eval())")
-        if self.executor == "flex":
-            raise ValueError("pattern='sliding_window' runs on its banded executor: use executor='auto' or 'gather'")
-        rank, world = (0, 1) if local else group_rank_size(self.process_group)
-        batch, shard, heads, head_dim = q.shape
-        scale = head_dim**-0.5 if self.scale is None else float(self.scale)
-        window = Window(*self.pattern.token_window, bool(is_causal), scale, q_start=rank * shard, k_start=rank * shard)
-        self.last_shape, self.last_executor = (shard * world, heads), ("band", BAND_REASON)
-        self.last_backend = ("band", "chunked matmuls of the banded executor")
-        if world > 1:
-            config = f"{self.pattern}|{is_causal}|{k.shape[2]}|{key_padding_mask is not None}"
-            check_consistent(
-                self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self
-            )
-            self.stats.call()
-            plan = plan_halo(rank, world, shard, window.left, window.reach)
-            k, v, key_padding_mask = HaloExchange.apply(k, v, key_padding_mask, plan, self.process_group, self.stats)
-            window = dataclasses.replace(window, k_start=plan.start - plan.before)
-        return sliding_window_attention(q, k, v, key_padding_mask, window)
 
     # distributed accounting and reporting -----------------------------------------------------------
     def received_blocks(self) -> dict[int, tuple[int, ...]]:

@@ -2,7 +2,8 @@
 `BlockMask`, run by `torch.nn.attention.flex_attention` (compiled) for the whole pattern in one kernel.
 
 CUDA forward and backward; CPU forward only (torch compiles flex on CPU for inference, without the
-logsumexp). `flex_compiles_on` says whether a compiler for the device is present.
+logsumexp). `flex_compiles_on` says whether a compiler for the device is present; `choose_executor` picks
+flex or the gather executor (gather.py) for a call.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import functools
 import warnings
 
 import torch
+
+EXECUTORS = ("auto", "flex", "gather")
 
 
 def flex_block_mask(table: torch.Tensor, seq_len: int, block_size: int, causal: bool, device: torch.device):
@@ -86,3 +89,37 @@ def _flex_compiles_on(device_type: str) -> bool:
     if device_type == "cuda":
         return importlib.util.find_spec("triton") is not None
     return device_type == "cpu" and any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+
+
+def choose_executor(
+    requested: str, q: torch.Tensor, world: int, need_grad: bool, need_lse: bool, masked: bool, dropout: bool
+) -> tuple[str, str]:
+    """(executor, why) for one call of a block-sparse module asked for `requested` (EXECUTORS); dropout: active
+    in this call. ValueError when 'flex' is asked for and cannot run the call."""
+    if requested == "gather":
+        return "gather", "requested"
+    blockers = []
+    if world > 1:
+        blockers.append("the ring form receives key blocks from other ranks")
+    if masked:
+        blockers.append("a key_padding_mask is given")
+    if dropout:
+        blockers.append("dropout is active")
+    if q.device.type == "cpu" and need_grad:
+        blockers.append("torch compiles FlexAttention on CPU for inference only")
+    if q.device.type == "cpu" and need_lse:
+        blockers.append("compiled CPU FlexAttention returns no logsumexp")
+    if not flex_compiles_on(q.device):
+        blockers.append(f"no compiler for FlexAttention on {q.device.type} (triton / a C++ compiler)")
+    if requested == "flex":
+        if blockers:
+            raise ValueError(f"executor='flex' cannot run this call: {'; '.join(blockers)}; use executor='auto'")
+        return "flex", "requested"
+    if blockers:
+        return "gather", "; ".join(blockers)
+    if q.device.type == "cpu":
+        return "gather", (
+            "on CPU the gather path was faster than compiled FlexAttention in "
+            "benchmarks/block_sparse.py; executor='flex' forces it"
+        )
+    return "flex", f"FlexAttention compiled for {q.device.type}"

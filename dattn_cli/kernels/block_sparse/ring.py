@@ -67,7 +67,7 @@ def plan_rank(
 
 
 class BlockSparseExchange:
-    """RemoteBlocks of the block-sparse module (engine.py): the rank's own key blocks, then the key blocks
+    """KeyBlockExecutor (engine.py) of the block-sparse module: the rank's own key blocks, then the key blocks
     received from other ranks (ring form). Kept from forward to backward: the received blocks."""
 
     def __init__(self, plan: RankPlan, block_size: int, group, stats: CommStats, kv_group: int = 1):

@@ -9,15 +9,23 @@ outputs 0 with lse -inf.
 
 Positions are global: q row i is position q_start + i, k row j is position k_start + j (a rank of the
 ring form passes its shard with the halo rows around it, halo.py).
+
+`sliding_window_call` is the pattern's path through the block-sparse module (attention.py): the patterns
+with a token window (patterns.py, `token_level`) run here, not on the flex or gather executors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
+from ..distributed.comm import check_consistent
 from ..engine import block_attention
+from .halo import HaloExchange, plan_halo
+
+BAND_REASON = "a token window needs per-token masks: the banded executor, exact, O(N x window)"
 
 # Query rows per chunk: the window's width, between 16 and 64. Measured (N=4096, H=8, D=64, fp32, this CPU): a window
 # of 64 each side ran fastest at 64 rows (fwd 40 ms; 512 rows: 114 ms), one of 256 each side at 64 rows too (62 ms;
@@ -143,3 +151,29 @@ def window_pairs(seq_len: int, left: int, right: int, causal: bool) -> int:
     lo = (t - left).clamp(min=0)
     hi = (t + (0 if causal else right)).clamp(max=seq_len - 1)
     return int((hi - lo + 1).clamp(min=0).sum())
+
+
+def sliding_window_call(module, q, k, v, is_causal, key_padding_mask, rank: int, world: int):
+    """(out, lse) of the block-sparse `module`'s token-window pattern on this rank's shard q, k, v (B, L, H, D):
+    the banded executor; in the ring form (world > 1) with the halo rows of the neighbours (halo.py), which
+    travel at the kv heads."""
+    name = module.pattern.name
+    if module.training and module.dropout > 0:
+        raise ValueError(f"pattern={name!r} runs without dropout: use dropout=0.0 (or eval())")
+    if module.executor == "flex":
+        raise ValueError(f"pattern={name!r} runs on its banded executor: use executor='auto' or 'gather'")
+    _, shard, heads, head_dim = q.shape
+    scale = head_dim**-0.5 if module.scale is None else float(module.scale)
+    start = rank * shard
+    window = Window(*module.pattern.token_window, bool(is_causal), scale, q_start=start, k_start=start)
+    module.last_shape, module.last_executor = (shard * world, heads), ("band", BAND_REASON)
+    module.last_backend = ("band", "chunked matmuls of the banded executor")
+    if world > 1:
+        group = module.process_group
+        config = f"{module.pattern}|{is_causal}|{k.shape[2]}|{key_padding_mask is not None}"
+        check_consistent(group, type(module).__name__, tuple(q.shape), q.dtype, config, q.device, owner=module)
+        module.stats.call()
+        plan = plan_halo(rank, world, shard, window.left, window.reach)
+        k, v, key_padding_mask = HaloExchange.apply(k, v, key_padding_mask, plan, group, module.stats)
+        window = dataclasses.replace(window, k_start=plan.start - plan.before)
+    return sliding_window_attention(q, k, v, key_padding_mask, window)

@@ -25,7 +25,7 @@ TAG_GATHER, TAG_SCATTER = 31, 32
 
 
 class AllGatherExchange:
-    """RemoteBlocks of the all-gather strategy; keeps the gathered rows for its backward.
+    """KeyBlockExecutor (engine.py) of the all-gather strategy; keeps the gathered rows for its backward.
 
     A segment's g ranks exchange within the module's process group: with the collectives
     (all_gather_single / reduce_scatter_single) when they are the whole group, else point-to-point with

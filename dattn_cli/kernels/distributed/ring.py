@@ -36,7 +36,7 @@ TAG_KV, TAG_HOME = 11, 12
 
 
 class RingExchange:
-    """RemoteBlocks of the ring strategy (one object per forward call, kept for its backward)."""
+    """KeyBlockExecutor (engine.py) of the ring strategy (one object per forward call, kept for its backward)."""
 
     def __init__(self, module: SequenceParallelBase, spanning: list[SpanningPair], world: int):
         self.module = module

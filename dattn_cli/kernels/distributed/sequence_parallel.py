@@ -233,7 +233,7 @@ def ring_sends(a: int, t: int, g: int, causal: bool) -> bool:
 
 
 class SequenceParallelBase(DistributedAttention):
-    """Contiguous sequence shards in, shards out. Subclasses supply `exchange_class`, the RemoteBlocks
+    """Contiguous sequence shards in, shards out. Subclasses supply `exchange_class`, the KeyBlockExecutor
     strategy (ring rotation or all-gather) for the pairs whose segments span several ranks.
 
     Every transfer happens inside `process_group` (point-to-point between a segment's ranks, or a
