@@ -48,7 +48,7 @@ if [ "$DEVICE" = cuda ]; then BIG=1; else BIG=0; fi
 sizes() { [ "$BIG" = 1 ] && echo "$1" || echo "$2"; }   # sizes GPU CPU-check
 DTYPE=$(sizes bfloat16 float32)
 SHAPE="--batch 1 --heads 8 --head-dim 64 --segments 2048,4096,8192 --dilations 1,2,4"
-[ "$BIG" = 1 ] || SHAPE="--batch 1 --heads 2 --head-dim 16 --segments 256,512,1024 --dilations 1,2,4"
+[ "$BIG" = 1 ] || SHAPE="--batch 1 --heads 4 --head-dim 16 --segments 256,512,1024 --dilations 1,2,4"
 card() { [ "$BIG" = 1 ] && nvidia-smi --query-gpu=name --format=csv,noheader | head -1 || echo cpu; }
 # 80 GB: an H200 is held to 79 GiB, labelled as emulated; an 80 GB card runs as it is; the CPU check: 2 GiB
 memory_cap() {
@@ -130,10 +130,10 @@ fa4_rows() {   # FA4 on the module's blocks (its compile time: fa4_first_call_s,
 
 # --- 4: peers side by side, each its own line (one that cannot run says why and does not stop the others) -------
 peers_dense() { until_oom sdpa "$(sizes 64k 4k)" 20; until_oom cudnn "$(sizes 64k 4k)" 20; true; }
-peers_flex() { until_oom flex_dilated "$(sizes 64k 4k)" 30 --mode "$(sizes fwdbwd fwd)"; }
-peers_head_groups() {   # fkodom and the seed at --semantics head_groups, with ImprovedDilatedAttention beside them
-  for impl in ImprovedDilatedAttention fkodom seed flex_dilated_mask; do
-    until_oom "$impl" "$(sizes 64k 4k)" 30 --semantics head_groups --mode "$(sizes fwdbwd fwd)" \
+peers_flex() { until_oom flex_dilated "$(sizes 64k 1k)" 30 --mode "$(sizes fwdbwd fwd)"; }
+peers_head_groups() {   # fkodom and the seed at --semantics head_groups, beside dattn's and FlexAttention's (there c <= 1)
+  for impl in ImprovedDilatedAttention fkodom seed flex_dilated; do
+    until_oom "$impl" "$(sizes 64k 1k)" 30 --semantics head_groups --mode "$(sizes fwdbwd fwd)" \
       --out "$RESULTS/peers_head_groups_$impl.jsonl" 2>&1 | tee -a "$RESULTS/peers_head_groups.log" | tail -3
   done
   true
