@@ -150,13 +150,14 @@ verify_cudnn() { verify_kernel cudnn; }
 verify_fa2() { verify_kernel fa2; }
 verify_fa4() { verify_kernel fa4; }
 verify_features() {   # GQA, packed documents, the sliding window, block-sparse on FlexAttention (compiles: long cap)
-  local v="dattn verify --device $DEVICE --quick --dtype $DTYPE --world-size 1"
+  local v="dattn verify --device $DEVICE --quick --dtype $DTYPE --world-size 1 $SHAPE --seq-len $(sizes 8192 1024)"
   $v --kv-heads 2 --impl ImprovedDilatedAttention --impl DilatedAttention --json "$RESULTS/verify_gqa.json" || return 1
-  $v --documents "$(sizes 3000,5192 300,724)" --seq-len "$(sizes 8192 1024)" --impl ImprovedDilatedAttention \
-    --json "$RESULTS/verify_documents.json" || return 1
-  $v --impl BlockSparseRingDilatedAttention --pattern sliding_window --window-left "$(sizes 512 64)" \
+  $v --documents "$(sizes 3000,5192 300,724)" --impl ImprovedDilatedAttention --json "$RESULTS/verify_documents.json" \
+    || return 1
+  local b="dattn verify --device $DEVICE --quick --dtype $DTYPE --world-size 1 --seq-len $(sizes 8192 1024)"
+  $b --impl BlockSparseRingDilatedAttention --pattern sliding_window --window-left "$(sizes 512 64)" \
     --json "$RESULTS/verify_window.json" || return 1
-  $v --impl BlockSparseRingDilatedAttention --impl BlockSparseRingMultiheadDilatedAttention \
+  $b --impl BlockSparseRingDilatedAttention --impl BlockSparseRingMultiheadDilatedAttention \
     --json "$RESULTS/verify_flex.json"
 }
 compiled_op() {   # the compiled custom op measured on the device (torch.compile of the single-device call)

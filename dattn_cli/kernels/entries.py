@@ -6,6 +6,8 @@ is read; plugins register theirs the same way (registry.load_plugins).
 
 from __future__ import annotations
 
+import torch
+
 from .baselines import (
     CuDNNAttention,
     FA4Attention,
@@ -253,6 +255,7 @@ register(
         pairs=dense_pairs,
         memory_model="dense",
         devices=("cuda",),
+        probe=lambda: None if torch.backends.cudnn.is_available() else f"torch {torch.__version__} has no cuDNN",
         **_BASELINE,
     )
 )
