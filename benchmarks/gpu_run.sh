@@ -140,10 +140,16 @@ peers_head_groups() {   # fkodom and the seed at --semantics head_groups, beside
 }
 
 # --- 5: CUDA verify of the features, each block kernel forced in turn -----------------------------------------
-verify_kernel() {   # verify_kernel KERNEL: dattn verify --quick in bf16 and fp16 with DATTN_BLOCK_KERNEL=KERNEL
+SINGLE="--impl DilatedAttention --impl ImprovedDilatedAttention --impl MultiheadDilatedAttention --impl ImprovedMultiheadDilatedAttention"
+verify_kernel() {   # verify_kernel KERNEL: the single-device classes (the engine's block kernel) forced to KERNEL
   for dtype in $(sizes "bfloat16 float16" float32); do
-    DATTN_BLOCK_KERNEL=$1 dattn verify --device "$DEVICE" --quick --world-size 1 --dtype "$dtype" \
+    DATTN_BLOCK_KERNEL=$1 dattn verify --device "$DEVICE" --quick --world-size 1 --dtype "$dtype" $SINGLE \
       --json "$RESULTS/verify_${1}_$dtype.json" --junit "$RESULTS/verify_${1}_$dtype.xml" || return 1
+  done
+}
+verify_quick_all() {   # `dattn verify --device cuda --quick` as a user runs it: every default implementation
+  for dtype in $(sizes "bfloat16 float16" float32); do
+    dattn verify --device "$DEVICE" --quick --dtype "$dtype" --json "$RESULTS/verify_quick_$dtype.json" || return 1
   done
 }
 verify_cudnn() { verify_kernel cudnn; }
@@ -169,12 +175,12 @@ verify_1m() {   # issue 32 item 6: both single-device classes at 1M against a fl
     --dtype "$DTYPE" $SHAPE --json "$RESULTS/verify_1m.json"
 }
 
-export -f $(declare -F | awk '{print $3}'); export RESULTS DEVICE BIG DTYPE SHAPE SITE STEP_CAP
+export -f $(declare -F | awk '{print $3}'); export RESULTS DEVICE BIG DTYPE SHAPE SITE STEP_CAP SINGLE
 RANK1="env_info:30 tests_cuda:240 dense_blocks_1m:240"
 RANK2="oom_improved:300 plan_check:60"
 RANK3="fa4_stage_a:30 fa4_install:120 fa4_rows:300"
 RANK4="peers_dense:300 peers_flex:300 peers_head_groups:300"
-RANK5="verify_cudnn:300 verify_fa2:300 verify_fa4:300 verify_features:300 compiled_op:180 verify_1m:300 dense_blocks_more:300"
+RANK5="verify_cudnn:300 verify_fa2:300 verify_fa4:300 verify_features:300 compiled_op:180 verify_1m:300 dense_blocks_more:300 verify_quick_all:300"
 ALL="$RANK1 $RANK2 $RANK3 $RANK4 $RANK5"
 for item in ${*:-$ALL}; do
   name=${item%%:*}; cap=${item##*:}; [ "$cap" = "$name" ] && cap=$STEP_CAP
