@@ -110,14 +110,14 @@ fa4_install() {   # second call (set b carried): re-join the cut wheel, check ev
   sha256sum -c manifest.sha256 || return 1
   cd .. && local t0=$SECONDS
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .fa4_staged/*.whl || return 1
-  python3 - "$RESULTS/fa4_install.json" <<'EOF'
+  python3 - "$RESULTS/fa4_install.json" "$((SECONDS - t0))" <<'EOF'
 import json, sys, time
 t = time.perf_counter(); error = None
 try:
     import flash_attn.cute.interface  # noqa: F401
 except Exception as exc:
     error = f"{type(exc).__name__}: {exc}"
-json.dump({"import_s": time.perf_counter() - t, "error": error}, open(sys.argv[1], "w"))
+json.dump({"install_s": int(sys.argv[2]), "import_s": time.perf_counter() - t, "error": error}, open(sys.argv[1], "w"))
 print("flash_attn.cute import:", error or "ok")
 EOF
 }
