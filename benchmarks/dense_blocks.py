@@ -1,17 +1,19 @@
-"""ImprovedDilatedAttention against the dense kernel on the same blocks (issue 21, item 3).
+"""ImprovedDilatedAttention against the fastest dense kernel on the same blocks (issue 28, item 6a).
 
-For each N, the dilated module's fwd(+bwd) is timed, then the dense attention kernel alone on exactly the
+For each N, the dilated module's fwd(+bwd) is timed, then every dense attention kernel alone on exactly the
 blocks the module computes (kernels/pattern.py build_blocks: one (B*segments, heads, rows, D) problem per
-block, made contiguous beforehand, so no gather or merge is timed). Both are charged the same FLOPs
+block, made contiguous beforehand, so no gather or merge is timed). All are charged the same FLOPs
 (workload/counts.py: 4*D*pairs, x3.5 with backward), so
 
-    ratio = dense-on-blocks time / dilated time = dilated TFLOP/s / dense-on-blocks TFLOP/s
+    ratio_vs_fastest = module TFLOP/s / the fastest kernel's TFLOP/s on the blocks
 
-is the share of the kernel's speed the module keeps after its gathers, merges and launches. Two dense
-kernels are timed on the blocks: the backend the module used (its own call, returning the logsumexp) and
-PyTorch's F.scaled_dot_product_attention with its default kernel choice (FlashAttention-2/cuDNN on
-Hopper), the speed a faster block backend could reach. With --trace DIR, a torch.profiler table of the
-module's call is written where the ratio is below --trace-below.
+is the share of the best kernel's speed the module keeps after its gathers, merges and launches. Every kernel's
+figure is in the row as `<kernel>_blocks_tflops` (None with `<kernel>_blocks_error` where it cannot run here):
+the module's own block backend (`backend`), cudnn, fa2 (aten's FlashAttention-2 op), efficient, sdpa_default
+(F.scaled_dot_product_attention's own choice) and fa4 (flash_attn.cute). "Fastest" is the best of cudnn, fa4
+and fa2 (FASTEST_OF). Each kernel's first call (cuDNN's graph build, FA4's compile) is timed apart, as
+`<kernel>_first_call_s`, outside the samples. With --trace DIR, a torch.profiler table of the module's call is
+written per N.
 
     python benchmarks/dense_blocks.py --device cuda --dtype bfloat16 --seq-len 65536,1048576 --out r.jsonl
 """
@@ -19,6 +21,7 @@ module's call is written where the ratio is below --trace-below.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -75,16 +78,71 @@ def dense_backend_step(name: str, inputs, causal: bool, backward: bool):
     return step
 
 
-def dense_sdpa_step(inputs, causal: bool, backward: bool):
-    leaves = [[x.requires_grad_(backward) for x in (q, k, v)] + [dout] for q, k, v, dout in inputs]
+def sdpa_step(inputs, causal: bool, backward: bool, forced: str | None = None):
+    """F.scaled_dot_product_attention on every block (autograd for the backward); `forced`: the one SDPBackend
+    allowed (an input it cannot take raises instead of falling back to another kernel)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    leaves = [[x.detach().requires_grad_(backward) for x in (q, k, v)] + [dout] for q, k, v, dout in inputs]
+
+    def step():
+        with sdpa_kernel(getattr(SDPBackend, forced)) if forced else contextlib.nullcontext():
+            for q, k, v, dout in leaves:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                if backward:
+                    torch.autograd.grad(out, (q, k, v), dout)
+
+    return step
+
+
+def fa4_step(inputs, causal: bool, backward: bool):
+    """FlashAttention-4 on every block, fed (b, m, h, D) views of the (b, h, m, D) blocks (last dim contiguous)."""
+    from flash_attn.cute.interface import flash_attn_func
+
+    leaves = [
+        [x.detach().transpose(1, 2).requires_grad_(backward) for x in (q, k, v)] + [dout.transpose(1, 2)]
+        for q, k, v, dout in inputs
+    ]
 
     def step():
         for q, k, v, dout in leaves:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            out = flash_attn_func(q, k, v, causal=causal)
+            out = out[0] if isinstance(out, tuple) else out
             if backward:
                 torch.autograd.grad(out, (q, k, v), dout)
 
     return step
+
+
+# kernel -> (devices it is measured on, step maker); the module's own backend is added per row as "backend"
+KERNELS = {
+    "cudnn": (("cuda",), lambda i, c, b: sdpa_step(i, c, b, "CUDNN_ATTENTION")),
+    "fa2": (("cuda",), lambda i, c, b: sdpa_step(i, c, b, "FLASH_ATTENTION")),
+    "efficient": (("cuda", "cpu"), lambda i, c, b: sdpa_step(i, c, b, "EFFICIENT_ATTENTION")),
+    "sdpa_default": (("cuda", "cpu"), lambda i, c, b: sdpa_step(i, c, b)),
+    "fa4": (("cuda",), fa4_step),
+}
+FASTEST_OF = ("cudnn", "fa4", "fa2")
+
+
+def kernel_figures(name: str, make_step, args, inputs, flops: float, backward: bool) -> dict:
+    """`<name>_blocks_tflops`, `_blocks_ms` and `_first_call_s` (cuDNN graph build, FA4 compile: not in the
+    samples), or `<name>_blocks_error` where the kernel cannot run here."""
+    try:
+        step = make_step(inputs, args.causal, backward)
+        t0 = time.perf_counter()
+        step()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        seconds = timed(step, args.device, args.repeat, args.warmup)
+    except Exception as exc:  # not installed, not on this device, or the kernel refuses these blocks
+        return {f"{name}_blocks_tflops": None, f"{name}_blocks_error": f"{type(exc).__name__}: {str(exc)[:160]}"}
+    return {
+        f"{name}_blocks_tflops": flops / seconds / 1e12,
+        f"{name}_blocks_ms": seconds * 1e3,
+        f"{name}_first_call_s": first,
+    }
 
 
 def module_step(module, x, causal: bool, backward: bool):
@@ -109,48 +167,52 @@ def measure(args, seq_len: int) -> dict:
         t.requires_grad_(backward)
     row = {
         "seq_len": seq_len,
-        "batch": args.batch,
-        "heads": args.heads,
-        "head_dim": args.head_dim,
-        "segments": args.segments,
-        "dilations": args.dilations,
-        "dtype": args.dtype,
-        "mode": args.mode,
-        "causal": args.causal,
-        "device": device,
+        **{name: getattr(args, name) for name in ("batch", "heads", "head_dim", "segments", "dilations")},
+        **{name: getattr(args, name) for name in ("dtype", "mode", "causal", "device")},
         "blocks": len(blocks),
         "flops": flops,
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "card": torch.cuda.get_device_name() if device == "cuda" else None,
     }
     t_module = timed(module_step(module, x, args.causal, backward), device, args.repeat, args.warmup)
     backend = module.last_backend[0]
+    row.update(block_backend=backend, module_ms=t_module * 1e3, module_tflops=flops / t_module / 1e12)
+    if args.trace:
+        row["trace"] = write_trace(args, module, x, seq_len, backward)
     del x
     inputs = block_inputs(blocks, args.batch, args.head_dim, dtype, device)
-    t_blocks = timed(dense_backend_step(backend, inputs, args.causal, backward), device, args.repeat, args.warmup)
-    t_sdpa = timed(dense_sdpa_step(inputs, args.causal, backward), device, args.repeat, args.warmup)
-    row.update(
-        {
-            "block_backend": backend,
-            "module_ms": t_module * 1e3,
-            "dense_blocks_ms": t_blocks * 1e3,
-            "sdpa_blocks_ms": t_sdpa * 1e3,
-            "module_tflops": flops / t_module / 1e12,
-            "dense_blocks_tflops": flops / t_blocks / 1e12,
-            "sdpa_blocks_tflops": flops / t_sdpa / 1e12,
-            "ratio": t_blocks / t_module,
-            "ratio_vs_sdpa_default": t_sdpa / t_module,
-        }
-    )
-    if args.trace and row["ratio"] < args.trace_below:
-        row["trace"] = write_trace(args, module, seq_len, dtype, backward)
-    return row
+    make_backend = lambda i, c, b: dense_backend_step(backend, i, c, b)  # noqa: E731
+    row.update(kernel_figures("backend", make_backend, args, inputs, flops, backward))
+    for name, (devices, make_step) in KERNELS.items():
+        if name in args.kernels:
+            if device not in devices:
+                row.update({f"{name}_blocks_tflops": None, f"{name}_blocks_error": f"not measured on {device}"})
+            else:
+                row.update(kernel_figures(name, make_step, args, inputs, flops, backward))
+    return {**row, **ratios(row)}
 
 
-def write_trace(args, module, seq_len, dtype, backward) -> str:
+def ratios(row: dict) -> dict:
+    """The module against the fastest of FASTEST_OF that ran (else of every kernel that ran), and against each."""
+    ran = {k: row[f"{k}_blocks_tflops"] for k in ["backend", *KERNELS] if row.get(f"{k}_blocks_tflops")}
+    pool = {k: v for k, v in ran.items() if k in FASTEST_OF} or ran
+    if not pool:
+        return {"fastest_kernel": None, "ratio_vs_fastest": None}
+    fastest = max(pool, key=pool.get)
+    return {
+        "fastest_kernel": fastest,
+        "fastest_of": sorted(pool),
+        "fastest_blocks_tflops": pool[fastest],
+        "ratio_vs_fastest": row["module_tflops"] / pool[fastest],
+        **{f"ratio_vs_{k}": row["module_tflops"] / v for k, v in ran.items()},
+    }
+
+
+def write_trace(args, module, x, seq_len, backward) -> str:
+    """A torch.profiler table of one module call (after one untimed call), sorted by self time."""
     from torch.profiler import ProfilerActivity, profile
 
-    x = [torch.randn(args.batch, seq_len, args.heads, args.head_dim, dtype=dtype, device=args.device) for _ in range(4)]
-    for t in x[:3]:
-        t.requires_grad_(backward)
     step = module_step(module, x, args.causal, backward)
     step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
@@ -161,7 +223,7 @@ def write_trace(args, module, seq_len, dtype, backward) -> str:
     sort = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
     path = Path(args.trace) / f"dense_blocks_profile_{seq_len}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(prof.key_averages().table(sort_by=sort, row_limit=25))
+    path.write_text(prof.key_averages().table(sort_by=sort, row_limit=30))
     return str(path)
 
 
@@ -184,8 +246,10 @@ def main() -> int:
     ap.add_argument("--dilations", type=parse_list, default=[1, 2, 4])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--trace", help="folder for profiler tables of points below --trace-below")
-    ap.add_argument("--trace-below", type=float, default=0.8)
+    ap.add_argument("--trace", help="folder for a profiler table of the module's call at each N")
+    ap.add_argument(
+        "--kernels", type=lambda t: t.split(","), default=list(KERNELS), help=f"of {','.join(KERNELS)} (default all)"
+    )
     ap.add_argument("--out", help="JSONL file, one row per N (appended)")
     args = ap.parse_args()
     for seq_len in args.seq_len:

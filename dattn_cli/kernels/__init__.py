@@ -4,6 +4,7 @@ Layout: single-device kernels here (pattern, engine, backends, merge, dilated, m
 sequence/head-parallel forms in kernels/distributed/, block-sparse patterns and executors in
 kernels/block_sparse/; every one of them is described by one ImplSpec in registry.py."""
 
+from . import entries  # noqa: F401  (dattn's register() calls: the registry complete on import)
 from .block_sparse.attention import BlockSparseRingDilatedAttention
 from .block_sparse.patterns import PATTERNS, BlockPattern
 from .cache import PatternCache, get_global_pattern_cache, reset_global_pattern_cache

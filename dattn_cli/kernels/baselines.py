@@ -5,11 +5,14 @@
 * SDPAAttention       torch's fused scaled_dot_product_attention (full softmax attention)
 * MathAttention       the textbook form: N x N scores, softmax, weighted sum (what SDPA avoids)
 * FlashAttention      flash-attn's flash_attn_func (CUDA, half precision; optional extra)
+* FA4Attention        FlashAttention-4 (`flash_attn.cute`, PyPI flash-attn-4; CUDA sm90/sm100, half precision)
+* CuDNNAttention      scaled_dot_product_attention forced to the cuDNN kernel (CUDA; no fallback to another)
 * ReferenceAttention  the dense float64 dilated reference of kernels/reference.py, timed as a baseline
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -60,6 +63,39 @@ class FlashAttention(DenseBaseline):
         from flash_attn import flash_attn_func
 
         return flash_attn_func(q, k, v, causal=is_causal)
+
+
+class FA4Attention(DenseBaseline):
+    """FlashAttention-4's flash_attn_func: (B, N, H, D) in, GQA native (H a multiple of H_kv)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+        from flash_attn.cute.interface import flash_attn_func
+
+        out = flash_attn_func(q, k, v, causal=is_causal)
+        return out[0] if isinstance(out, tuple) else out  # (out, lse) in the versions that return both
+
+
+@functools.cache
+def fa4_import_error() -> str | None:
+    """Why flash_attn.cute does not import here (its CUTLASS DSL, CUDA bindings or torch), or None."""
+    try:
+        import flash_attn.cute.interface  # noqa: F401
+    except Exception as exc:  # an ImportError, or a compiled extension refusing this torch/driver
+        return f"flash_attn.cute does not import: {type(exc).__name__}: {str(exc)[:200]}"
+    return None
+
+
+class CuDNNAttention(DenseBaseline):
+    """torch's sdpa restricted to SDPBackend.CUDNN_ATTENTION: an input cuDNN cannot take raises, rather than
+    running another kernel under this name."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        k, v = expand_kv(k, v, q.shape[2])
+        t = lambda x: x.transpose(1, 2)  # noqa: E731
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return t(F.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=is_causal))
 
 
 class ReferenceAttention(nn.Module):

@@ -3,7 +3,8 @@
 Every command (verify, bench, profile, plan, impls) learns what an implementation is from its ImplSpec
 and from nothing else: how it splits work over ranks (strategy), where it runs, how to shard a problem
 for it, which pairs it computes (the FLOP hook), which memory model the planner uses for it, and how
-to construct it. Adding an implementation = its module + one `register(ImplSpec(...))` call: here for dattn's own, or in
+to construct it. Adding an implementation = its module + one `register(ImplSpec(...))` call: in entries.py for
+dattn's own (the package imports it with this module, so the registry is complete whenever it is imported), or in
 your module named in DATTN_PLUGINS (or a package's `dattn.implementations` entry point), which every
 dattn process, its measurement workers and ranks included, imports with this registry.
 
@@ -24,24 +25,11 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .baselines import FlashAttention, MathAttention, ReferenceAttention, SDPAAttention
-from .block_sparse.attention import BlockSparseRingDilatedAttention
-from .dilated import DilatedAttention, ImprovedDilatedAttention
-from .distributed.allgather import DistributedImprovedDilatedAttention
-from .distributed.head_parallel import HeadParallelDilatedAttention
-from .distributed.ring import RingDilatedAttention
 from .distributed.sharding import padded_length
-from .multihead import (
-    BlockSparseRingMultiheadDilatedAttention,
-    DistributedImprovedMultiheadDilatedAttention,
-    HeadParallelMultiheadDilatedAttention,
-    ImprovedMultiheadDilatedAttention,
-    MultiheadDilatedAttention,
-    RingMultiheadDilatedAttention,
-)
 from .pattern import attended_pairs, build_blocks
 
-Strategy = Literal["single", "ring", "allgather", "head_parallel", "block_sparse", "dense", "reference"]
+# "peer": another project's dilated attention (or FlexAttention with the pattern), measured beside dattn's
+Strategy = Literal["single", "ring", "allgather", "head_parallel", "block_sparse", "dense", "reference", "peer"]
 # Which of plan/memory.py's models counts its bytes: kept rows as strided views with pooled gathers
 # ("strided"), gathered by index one block at a time ("index_gather"), a fused dense kernel ("dense"),
 # N x N scores ("dense_scores"), the float64 reference ("reference"); None: the planner has no model.
@@ -148,6 +136,8 @@ class ImplSpec:
     backends: tuple[str, ...] = DILATED_BACKENDS  # attention backends it can run its blocks on
     requires: tuple[str, ...] = ()  # importable modules it needs
     install_hint: str = ""
+    # why it cannot run although its modules are found (e.g. an import that fails on this torch); None: it can
+    probe: Callable[[], str | None] | None = None
 
     def where(self) -> str:
         ranks = (
@@ -165,6 +155,8 @@ class ImplSpec:
         missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
         if missing:
             return f"needs {', '.join(missing)}: {self.install_hint or 'install it'}"
+        if self.probe is not None and (reason := self.probe()):
+            return reason
         if device_type == "cuda" and not torch.cuda.is_available():
             return "no CUDA device here"
         return None
@@ -176,192 +168,6 @@ REGISTRY: dict[str, ImplSpec] = {}
 def register(spec: ImplSpec) -> ImplSpec:
     REGISTRY[spec.name] = spec
     return spec
-
-
-def unregister(name: str) -> None:
-    REGISTRY.pop(name, None)
-
-
-_SEQUENCE_PARALLEL = dict(distributed=True, single_device=False, shard_rule=segment_aligned_shards)
-_HEAD_PARALLEL = dict(distributed=True, single_device=False, shard_rule=head_shards)
-_BLOCK_SPARSE = dict(
-    strategy="block_sparse",
-    pairs=block_sparse_pairs,
-    memory_model=None,
-    distributed=True,
-    block_sparse=True,
-    shard_rule=block_aligned_shards,
-)
-_BASELINE = dict(kind="core", baseline=True, backends=())
-
-register(
-    ImplSpec(
-        "DilatedAttention",
-        DilatedAttention,
-        "core",
-        "single",
-        "gather by index, backend per block, exact LSE merge",
-        memory_model="index_gather",
-    )
-)
-register(
-    ImplSpec(
-        "ImprovedDilatedAttention",
-        ImprovedDilatedAttention,
-        "core",
-        "single",
-        "strided views, pattern cache, memory pool",
-        preferred=True,
-    )
-)
-register(
-    ImplSpec(
-        "MultiheadDilatedAttention",
-        MultiheadDilatedAttention,
-        "multihead",
-        "single",
-        "projections around DilatedAttention",
-        memory_model="index_gather",
-    )
-)
-register(
-    ImplSpec(
-        "ImprovedMultiheadDilatedAttention",
-        ImprovedMultiheadDilatedAttention,
-        "multihead",
-        "single",
-        "projections around ImprovedDilatedAttention",
-        preferred=True,
-    )
-)
-register(
-    ImplSpec(
-        "RingDilatedAttention",
-        RingDilatedAttention,
-        "core",
-        "ring",
-        "contiguous shards; sparsified K/V rotated around each segment's ranks",
-        preferred=True,
-        **_SEQUENCE_PARALLEL,
-    )
-)
-register(
-    ImplSpec(
-        "RingMultiheadDilatedAttention",
-        RingMultiheadDilatedAttention,
-        "multihead",
-        "ring",
-        "projections around RingDilatedAttention",
-        preferred=True,
-        **_SEQUENCE_PARALLEL,
-    )
-)
-register(
-    ImplSpec(
-        "DistributedImprovedDilatedAttention",
-        DistributedImprovedDilatedAttention,
-        "core",
-        "allgather",
-        "contiguous shards; sparsified K/V all-gathered within each segment's ranks (LongNet)",
-        **_SEQUENCE_PARALLEL,
-    )
-)
-register(
-    ImplSpec(
-        "DistributedImprovedMultiheadDilatedAttention",
-        DistributedImprovedMultiheadDilatedAttention,
-        "multihead",
-        "allgather",
-        "projections around DistributedImprovedDilatedAttention",
-        **_SEQUENCE_PARALLEL,
-    )
-)
-register(
-    ImplSpec(
-        "HeadParallelDilatedAttention",
-        HeadParallelDilatedAttention,
-        "core",
-        "head_parallel",
-        "all-to-all sequence shards -> head shards, dilated attention on H/p heads, all-to-all back",
-        **_HEAD_PARALLEL,
-    )
-)
-register(
-    ImplSpec(
-        "HeadParallelMultiheadDilatedAttention",
-        HeadParallelMultiheadDilatedAttention,
-        "multihead",
-        "head_parallel",
-        "projections around HeadParallelDilatedAttention",
-        **_HEAD_PARALLEL,
-    )
-)
-register(
-    ImplSpec(
-        "BlockSparseRingDilatedAttention",
-        BlockSparseRingDilatedAttention,
-        "core",
-        summary="block patterns (local, dilated, global_local, hierarchical, longnet) on FlexAttention or "
-        "gathered key blocks; ring form sends only used key blocks",
-        **_BLOCK_SPARSE,
-    )
-)
-register(
-    ImplSpec(
-        "BlockSparseRingMultiheadDilatedAttention",
-        BlockSparseRingMultiheadDilatedAttention,
-        "multihead",
-        summary="projections around BlockSparseRingDilatedAttention",
-        **_BLOCK_SPARSE,
-    )
-)
-register(
-    ImplSpec(
-        "sdpa",
-        SDPAAttention,
-        strategy="dense",
-        summary="torch scaled_dot_product_attention, all pairs",
-        pairs=dense_pairs,
-        memory_model="dense",
-        **_BASELINE,
-    )
-)
-register(
-    ImplSpec(
-        "math",
-        MathAttention,
-        strategy="dense",
-        summary="N x N scores, softmax, weighted sum",
-        pairs=dense_pairs,
-        memory_model="dense_scores",
-        **_BASELINE,
-    )
-)
-register(
-    ImplSpec(
-        "flash",
-        FlashAttention,
-        strategy="dense",
-        summary="flash-attn flash_attn_func, all pairs",
-        pairs=dense_pairs,
-        memory_model="dense",
-        devices=("cuda",),
-        requires=("flash_attn",),
-        install_hint="pip install 'dattn[flash]'",
-        **_BASELINE,
-    )
-)
-register(
-    ImplSpec(
-        "reference",
-        ReferenceAttention,
-        strategy="reference",
-        summary="the dense float64 reference of the dilated pattern",
-        pairs=dense_pairs,
-        memory_model="reference",
-        **_BASELINE,
-    )
-)
 
 
 def get_implementation(name: str) -> ImplSpec:

@@ -76,3 +76,26 @@ def test_auto_with_a_group_but_no_process_group_initialised_says_so():
 def test_every_distributed_form_has_a_registered_multihead_wrapper():
     forms = lambda kind: {s.strategy for s in REGISTRY.values() if s.kind == kind and s.distributed}  # noqa: E731
     assert forms("core") == forms("multihead") == {"ring", "allgather", "head_parallel", "block_sparse"}
+
+
+def test_the_registry_is_complete_wherever_it_is_imported_from():
+    """dattn's entries live in kernels/entries.py; importing the registry module alone (as a plugin does) finds
+    them all, and entries cannot be taken back out (issue 31: no unregister)."""
+    import subprocess
+    import sys
+
+    code = "from dattn_cli.kernels.registry import REGISTRY; print(sorted(REGISTRY))"
+    names = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    for name in ("ImprovedDilatedAttention", "RingDilatedAttention", "sdpa", "flash4", "cudnn", "flex_dilated"):
+        assert repr(name) in names
+    from dattn_cli.kernels import registry
+
+    assert not hasattr(registry, "unregister")
+
+
+def test_a_spec_probe_says_why_it_cannot_run(monkeypatch):
+    from dattn_cli.kernels.registry import ImplSpec
+
+    spec = ImplSpec("Probed", DilatedAttention, "core", "single", "probed", probe=lambda: "built for another torch")
+    assert spec.unavailable("cpu") == "built for another torch"
+    assert ImplSpec("Fine", DilatedAttention, "core", "single", "fine", probe=lambda: None).unavailable("cpu") is None
