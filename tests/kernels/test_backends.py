@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from dattn_cli.kernels.backends import BACKENDS, BlockCall, batch_sliced
+from dattn_cli.kernels.backends import BACKENDS, BlockCall
+from dattn_cli.kernels.block_kernels import batch_sliced
 
 
 def _cpu_flash(q, k, v):
@@ -45,7 +46,7 @@ def test_batch_sliced_slice_smaller_than_one_item_still_progresses():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("causal", [False, True])
 def test_cuda_flash_op_sliced_equals_unsliced(monkeypatch, causal):
-    import dattn_cli.kernels.backends as backends
+    import dattn_cli.kernels.block_kernels as block_kernels
 
     q, k, v = _inputs("cuda", torch.bfloat16)
     dout = torch.randn_like(q)
@@ -53,7 +54,7 @@ def test_cuda_flash_op_sliced_equals_unsliced(monkeypatch, causal):
     sdpa = BACKENDS["sdpa"]
     out, lse = sdpa.forward(q, k, v, None, call)
     grads = sdpa.backward(dout, q, k, v, out, lse, None, call)
-    monkeypatch.setattr(backends, "FLASH_OP_MAX_ELEMENTS", 2 * q[0].numel())
+    monkeypatch.setattr(block_kernels, "FLASH_OP_MAX_ELEMENTS", 2 * q[0].numel())
     out2, lse2 = sdpa.forward(q, k, v, None, call)
     grads2 = sdpa.backward(dout, q, k, v, out2, lse2, None, call)
     for a, b in zip((out, lse, *grads), (out2, lse2, *grads2)):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dattn_cli.kernels import ImprovedDilatedAttention, dilated_attention_reference
-from dattn_cli.kernels.backends import flash_available
+from dattn_cli.kernels.backends import flash_usable
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -37,7 +37,7 @@ def test_sdpa_cuda(dtype, causal):
 
 
 @cuda
-@pytest.mark.skipif(not flash_available(), reason="needs flash-attn")
+@pytest.mark.skipif(not flash_usable("cuda"), reason="needs flash-attn")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_cuda(dtype, causal):
