@@ -16,25 +16,15 @@ says whether a strided block reaches its kernel as a view (`takes_view`, the rul
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from .block_kernels import KERNELS, flash_installs, half_without_mask, key_bias, note_used, takes_view
+from .block_kernels import KERNELS, BlockCall, MathBackend, half_without_mask, note_used, takes_view
+from .flash_kernels import flash_installs
 from .kernel_choice import choose_kernel
 
+__all__ = ["BACKENDS", "BlockCall", "MathBackend", "available_backends", "check_backend", "resolve_backend"]
+
 NEG_INF = float("-inf")
-MATH_SCORE_BUDGET_BYTES = 1 << 28
-
-
-@dataclass(frozen=True)
-class BlockCall:
-    """What one backend call needs besides the tensors."""
-
-    causal: bool
-    scale: float
-    dropout_p: float = 0.0
-    seed: int = 0
 
 
 def _rows_without_keys(key_pad: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -47,74 +37,10 @@ def _rows_without_keys(key_pad: torch.Tensor, causal: bool) -> torch.Tensor:
     return dead.unsqueeze(1)
 
 
-class MathBackend:
-    name = "math"
-
-    def takes_view(self, x: torch.Tensor, masked: bool) -> bool:
-        return takes_view("math", x)
-
-    def _chunks(self, q: torch.Tensor):
-        b, h, m, _ = q.shape
-        per_item = max(1, h * m * m * 4 * 3)
-        step = max(1, MATH_SCORE_BUDGET_BYTES // per_item)
-        return [slice(i, min(b, i + step)) for i in range(0, b, step)]
-
-    def _scores(self, q, k, key_pad, call: BlockCall, rows: slice) -> torch.Tensor:
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        s = torch.matmul(q[rows].to(acc), k[rows].to(acc).transpose(-1, -2)).mul_(call.scale)
-        bias = key_bias(None if key_pad is None else key_pad[rows], acc)
-        if bias is not None:
-            s.add_(bias)
-        if call.causal:
-            m = q.shape[2]
-            s.masked_fill_(torch.ones(m, m, dtype=torch.bool, device=q.device).triu_(1), NEG_INF)
-        return s
-
-    def _dropout_scale(self, shape, call: BlockCall, rows: slice, device) -> torch.Tensor:
-        gen = torch.Generator(device=device)
-        gen.manual_seed(call.seed + rows.start)
-        keep = torch.rand(shape, generator=gen, device=device) >= call.dropout_p
-        return keep.float() / (1.0 - call.dropout_p)
-
-    def forward(self, q, k, v, key_pad, call: BlockCall):
-        out = torch.empty_like(q)
-        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        lse = torch.empty(q.shape[:3], dtype=lse_dtype, device=q.device)
-        for rows in self._chunks(q):
-            s = self._scores(q, k, key_pad, call, rows)
-            block_lse = torch.logsumexp(s, dim=-1, keepdim=True)
-            p = torch.exp(s - block_lse.masked_fill(block_lse == NEG_INF, 0.0))
-            if call.dropout_p > 0:
-                p.mul_(self._dropout_scale(p.shape, call, rows, q.device))
-            out[rows] = torch.matmul(p, v[rows].to(p.dtype)).to(q.dtype)
-            lse[rows] = block_lse.squeeze(-1)
-        return out, lse
-
-    def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        for rows in self._chunks(q):
-            s = self._scores(q, k, key_pad, call, rows)
-            row_lse = lse[rows].unsqueeze(-1).to(s.dtype)
-            p = torch.exp(s - row_lse.masked_fill(row_lse == NEG_INF, float("inf")))
-            do, o = dout[rows].to(s.dtype), out[rows].to(s.dtype)
-            dp = torch.matmul(do, v[rows].to(s.dtype).transpose(-1, -2))
-            if call.dropout_p > 0:
-                keep = self._dropout_scale(p.shape, call, rows, q.device)
-                dv[rows] = torch.matmul((p * keep).transpose(-1, -2), do).to(v.dtype)
-                dp.mul_(keep)
-            else:
-                dv[rows] = torch.matmul(p.transpose(-1, -2), do).to(v.dtype)
-            delta = (do * o).sum(-1, keepdim=True)
-            ds = p.mul_(dp.sub_(delta)).mul_(call.scale)
-            dq[rows] = torch.matmul(ds, k[rows].to(s.dtype)).to(q.dtype)
-            dk[rows] = torch.matmul(ds.transpose(-1, -2), q[rows].to(s.dtype)).to(k.dtype)
-        return dq, dk, dv
-
-
 def _run(name: str):
     """The kernel object of `name` (math: the math backend), noted as used."""
     note_used(name)
-    return BACKENDS["math"] if name == "math" else KERNELS[name]
+    return KERNELS[name]
 
 
 class SdpaBackend:
@@ -169,7 +95,7 @@ class FlashBackend:
         return _run(self.kernel(q, False)).backward(dout, q, k, v, out, lse, None, call)
 
 
-BACKENDS = {"math": MathBackend(), "sdpa": SdpaBackend(), "flash": FlashBackend()}
+BACKENDS = {"math": KERNELS["math"], "sdpa": SdpaBackend(), "flash": FlashBackend()}
 
 
 def flash_usable(device: torch.device | str) -> bool:

@@ -10,15 +10,14 @@ Kernel names are short and stable (bench rows, `dattn env` and `dattn impls` rec
               one when seq % 128 == 64 (pytorch#196678). A call that fails runs the fa2 op instead, said once.
 * fa4         FlashAttention-4, `flash_attn.cute` (PyPI flash-attn-4), CUDA fp16/bf16, no mask
 * flash-attn2 the flash-attn 2 package (`flash_attn.flash_attn_interface`), CUDA fp16/bf16, no mask
-* math        backends.MathBackend (plain matmuls)
+* math        MathBackend: plain matmuls, any device, any dtype, dropout; chunked over b to bound scores
 
-Which one a block gets is kernel_choice.py's business; `takes_view` is the one rule for strided blocks.
+fa4 and flash-attn2 live in flash_kernels.py. Which kernel a block gets is kernel_choice.py's business;
+`takes_view` is the one rule for strided blocks.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import logging
 import os
 import warnings
@@ -27,7 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .flash_kernels import Fa4, FlashAttn2
+
 NEG_INF = float("-inf")
+MATH_SCORE_BUDGET_BYTES = 1 << 28
 aten = torch.ops.aten
 log = logging.getLogger(__name__)
 
@@ -37,28 +39,6 @@ KERNEL_NAMES = ("cudnn", "fa2", "fa4", "flash-attn2", "efficient", "cpu-flash", 
 # H200, torch 2.11; 2**31 ran): its offsets overflow int32 there, so larger calls go in batch slices (the
 # cuDNN op is sliced alike).
 FLASH_OP_MAX_ELEMENTS = 1 << 28
-
-
-# --- which flash packages are installed (the one detection) ------------------------------------------------
-@dataclass(frozen=True)
-class FlashInstall:
-    """What is importable: FlashAttention-2 (`flash_attn.flash_attn_interface`, the flash-attn package) and
-    FlashAttention-4 (`flash_attn.cute`, the flash-attn-4 package). Either can exist without the other."""
-
-    fa2: bool
-    fa4: bool
-
-
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a parent package that fails to import, or one without a spec
-        return False
-
-
-def flash_installs() -> FlashInstall:
-    """The one flash detection: an install with only `flash_attn.cute` is FlashAttention-4, not 2."""
-    return FlashInstall(fa2=_importable("flash_attn.flash_attn_interface"), fa4=_importable("flash_attn.cute"))
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
@@ -150,6 +130,80 @@ def takes_view(kernel: str, x: torch.Tensor) -> bool:
 
 
 # --- the kernels ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BlockCall:
+    """What one backend call needs besides the tensors."""
+
+    causal: bool
+    scale: float
+    dropout_p: float = 0.0
+    seed: int = 0
+
+
+class MathBackend:
+    name = "math"
+
+    def takes_view(self, x: torch.Tensor, masked: bool) -> bool:
+        return takes_view("math", x)
+
+    def _chunks(self, q: torch.Tensor):
+        b, h, m, _ = q.shape
+        per_item = max(1, h * m * m * 4 * 3)
+        step = max(1, MATH_SCORE_BUDGET_BYTES // per_item)
+        return [slice(i, min(b, i + step)) for i in range(0, b, step)]
+
+    def _scores(self, q, k, key_pad, call: BlockCall, rows: slice) -> torch.Tensor:
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        s = torch.matmul(q[rows].to(acc), k[rows].to(acc).transpose(-1, -2)).mul_(call.scale)
+        bias = key_bias(None if key_pad is None else key_pad[rows], acc)
+        if bias is not None:
+            s.add_(bias)
+        if call.causal:
+            m = q.shape[2]
+            s.masked_fill_(torch.ones(m, m, dtype=torch.bool, device=q.device).triu_(1), NEG_INF)
+        return s
+
+    def _dropout_scale(self, shape, call: BlockCall, rows: slice, device) -> torch.Tensor:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(call.seed + rows.start)
+        keep = torch.rand(shape, generator=gen, device=device) >= call.dropout_p
+        return keep.float() / (1.0 - call.dropout_p)
+
+    def forward(self, q, k, v, key_pad, call: BlockCall):
+        out = torch.empty_like(q)
+        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        lse = torch.empty(q.shape[:3], dtype=lse_dtype, device=q.device)
+        for rows in self._chunks(q):
+            s = self._scores(q, k, key_pad, call, rows)
+            block_lse = torch.logsumexp(s, dim=-1, keepdim=True)
+            p = torch.exp(s - block_lse.masked_fill(block_lse == NEG_INF, 0.0))
+            if call.dropout_p > 0:
+                p.mul_(self._dropout_scale(p.shape, call, rows, q.device))
+            out[rows] = torch.matmul(p, v[rows].to(p.dtype)).to(q.dtype)
+            lse[rows] = block_lse.squeeze(-1)
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        for rows in self._chunks(q):
+            s = self._scores(q, k, key_pad, call, rows)
+            row_lse = lse[rows].unsqueeze(-1).to(s.dtype)
+            p = torch.exp(s - row_lse.masked_fill(row_lse == NEG_INF, float("inf")))
+            do, o = dout[rows].to(s.dtype), out[rows].to(s.dtype)
+            dp = torch.matmul(do, v[rows].to(s.dtype).transpose(-1, -2))
+            if call.dropout_p > 0:
+                keep = self._dropout_scale(p.shape, call, rows, q.device)
+                dv[rows] = torch.matmul((p * keep).transpose(-1, -2), do).to(v.dtype)
+                dp.mul_(keep)
+            else:
+                dv[rows] = torch.matmul(p.transpose(-1, -2), do).to(v.dtype)
+            delta = (do * o).sum(-1, keepdim=True)
+            ds = p.mul_(dp.sub_(delta)).mul_(call.scale)
+            dq[rows] = torch.matmul(ds, k[rows].to(s.dtype)).to(q.dtype)
+            dk[rows] = torch.matmul(ds.transpose(-1, -2), q[rows].to(s.dtype)).to(k.dtype)
+        return dq, dk, dv
+
+
 class CpuFlash:
     name = "cpu-flash"
 
@@ -305,106 +359,7 @@ class Cudnn:
         return fa2()
 
 
-def _accepted(fn, options: dict) -> dict:
-    """The options fn's signature names (the flash packages' keyword sets differ across releases)."""
-    names = inspect.signature(fn).parameters
-    return {name: value for name, value in options.items() if name in names}
-
-
-def fa4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None):
-    """FlashAttention-4 (`flash_attn.cute.flash_attn_func`) on (B, N, H, D) fp16/bf16 CUDA tensors (k, v may have
-    fewer heads: GQA) -> (out (B, N, H, D), lse (B, H, N) fp32, natural log). Differentiable (FA4's own
-    autograd). `scale` None: D ** -0.5. Raises ImportError without flash-attn-4. The first call of a shape
-    compiles FA4's kernels (seconds): time it apart."""
-    from flash_attn.cute import flash_attn_func
-
-    options = _accepted(flash_attn_func, {"softmax_scale": scale, "causal": causal, "return_lse": True})
-    result = flash_attn_func(q, k, v, **options)
-    return result[0], result[1]
-
-
-class Fa4:
-    """FlashAttention-4 through its forward and backward entry points (`flash_attn.cute.interface`:
-    `_flash_attn_fwd(q, k, v, softmax_scale=, causal=, return_lse=True)` -> (out, lse, ...) and
-    `_flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=, causal=)` -> (dq, dk, dv)); layout (b, m, h, D),
-    lse (b, h, m) fp32 natural log, so the backward takes the merged out and lse as every kernel does."""
-
-    name = "fa4"
-
-    def forward(self, q, k, v, key_pad, call):
-        from flash_attn.cute.interface import _flash_attn_fwd
-
-        options = _accepted(_flash_attn_fwd, {"softmax_scale": call.scale, "causal": call.causal, "return_lse": True})
-        result = _flash_attn_fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **options)
-        return result[0].transpose(1, 2), result[1]
-
-    def backward(self, dout, q, k, v, out, lse, key_pad, call):
-        from flash_attn.cute.interface import _flash_attn_bwd
-
-        t = lambda x: x.transpose(1, 2)  # noqa: E731
-        options = _accepted(_flash_attn_bwd, {"softmax_scale": call.scale, "causal": call.causal})
-        dq, dk, dv = _flash_attn_bwd(t(q), t(k), t(v), t(out), t(dout), lse.float().contiguous(), **options)[:3]
-        return t(dq), t(dk), t(dv)
-
-
-class FlashAttn2:
-    """The flash-attn 2 package. Its layout is (b, m, h, D); lse is (b, h, m).
-
-    Forward uses the public `flash_attn_func(..., return_attn_probs=True)`. Backward needs the internal
-    `_flash_attn_backward` (to pass the merged out and lse); its keyword set differs across flash-attn 2.x
-    releases, so the optional arguments are matched to its signature.
-    """
-
-    name = "flash-attn2"
-    _OPTIONAL = {
-        "window_size": (-1, -1),
-        "window_size_left": -1,
-        "window_size_right": -1,
-        "softcap": 0.0,
-        "alibi_slopes": None,
-        "deterministic": False,
-        "rng_state": None,
-    }
-
-    def forward(self, q, k, v, key_pad, call):
-        from flash_attn.flash_attn_interface import flash_attn_func
-
-        out, lse, _ = flash_attn_func(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            dropout_p=0.0,
-            softmax_scale=call.scale,
-            causal=call.causal,
-            return_attn_probs=True,
-        )
-        return out.transpose(1, 2), lse
-
-    def backward(self, dout, q, k, v, out, lse, key_pad, call):
-        from flash_attn.flash_attn_interface import _flash_attn_backward
-
-        t = lambda x: x.transpose(1, 2).contiguous()  # noqa: E731
-        dq, dk, dv = (torch.empty_like(t(x)) for x in (q, k, v))
-        optional = _accepted(_flash_attn_backward, self._OPTIONAL)
-        _flash_attn_backward(
-            t(dout),
-            t(q),
-            t(k),
-            t(v),
-            t(out),
-            lse.contiguous(),
-            dq,
-            dk,
-            dv,
-            dropout_p=0.0,
-            softmax_scale=call.scale,
-            causal=call.causal,
-            **optional,
-        )
-        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
-
-
-KERNELS = {k.name: k for k in (CpuFlash(), Efficient(), Fa2Op(), Cudnn(), Fa4(), FlashAttn2())}
+KERNELS = {k.name: k for k in (MathBackend(), CpuFlash(), Efficient(), Fa2Op(), Cudnn(), Fa4(), FlashAttn2())}
 
 
 def half_without_mask(q: torch.Tensor, masked: bool) -> bool:

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import torch
 
-from .block_kernels import KERNELS, flash_installs
+from .block_kernels import KERNELS, BlockCall
+from .flash_kernels import flash_installs
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,8 @@ def ensure_probed(device: str, dtype: str | torch.dtype, head_dim: int) -> None:
     if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or head_dim % 8 or head_dim > 256:
         return
     choose_kernel("auto", device, dtype, head_dim)
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()  # the probe's blocks are not the point's memory
 
 
 def measure_kernel(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> dict:
@@ -271,9 +274,7 @@ def _block_inputs(block, device, dtype, head_dim, seed=0):
 
 
 def _run_kernel(name, q, k, v, dout, causal):
-    from .backends import BACKENDS, BlockCall
-
-    kernel = BACKENDS["math"] if name == "math" else KERNELS[name]
+    kernel = KERNELS[name]
     call = BlockCall(causal=causal, scale=q.shape[-1] ** -0.5)
     out, lse = kernel.forward(q, k, v, None, call)
     return (out, lse, *kernel.backward(dout, q, k, v, out, lse, None, call))

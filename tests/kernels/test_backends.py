@@ -1,4 +1,4 @@
-"""Backend helpers: batch slicing of the fused ops (the CUDA flash op past 2**31 elements)."""
+"""Backend helpers: batch slicing of the fused ops (the CUDA flash and cuDNN ops past 2**31 elements)."""
 
 import pytest
 import torch
@@ -44,10 +44,12 @@ def test_batch_sliced_slice_smaller_than_one_item_still_progresses():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kernel", ["fa2", "cudnn"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_cuda_flash_op_sliced_equals_unsliced(monkeypatch, causal):
+def test_cuda_flash_op_sliced_equals_unsliced(monkeypatch, kernel, causal):
     import dattn_cli.kernels.block_kernels as block_kernels
 
+    monkeypatch.setenv("DATTN_BLOCK_KERNEL", kernel)
     q, k, v = _inputs("cuda", torch.bfloat16)
     dout = torch.randn_like(q)
     call = BlockCall(causal=causal, scale=0.25)
