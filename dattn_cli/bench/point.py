@@ -82,9 +82,8 @@ def _stepper(sweep: Sweep, problem: Problem, group: Any, flush: ColdCache) -> tu
     import torch
 
     if sweep.cuda:  # the block-kernel probe (kernels/kernel_choice.py) runs here, before any call of the point
-        ensure_probed(
-            problem.device, {"bf16": "bfloat16", "fp16": "float16"}.get(problem.amp, problem.dtype), problem.head_dim
-        )
+        dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(problem.amp, problem.dtype)
+        ensure_probed(problem.device, dtype, problem.head_dim, problem.backend)
     call = build_call(problem, *_shard(problem, group))
 
     def step() -> float:

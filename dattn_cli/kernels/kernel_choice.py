@@ -224,15 +224,22 @@ def choose_kernel(family: str, device: torch.device, dtype: torch.dtype, head_di
     return chosen
 
 
-def ensure_probed(device: str, dtype: str | torch.dtype, head_dim: int) -> None:
-    """Probe now (outside any timed call) where a CUDA call of this dtype and head dim will choose a kernel."""
+def ensure_probed(device: str, dtype: str | torch.dtype, head_dim: int, backend: str = "auto") -> str | None:
+    """Before a measurement, outside any timed call: probe where a CUDA call of this dtype and head dim will choose
+    a kernel, then run `backend`'s kernel once on a small block, causal and not, so that this process has built
+    what it builds on first use (FA4 compiles, cuDNN builds graphs). Returns that kernel; None: no choice here."""
     device = torch.device(device)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or head_dim % 8 or head_dim > 256:
-        return
-    choose_kernel("auto", device, dtype, head_dim)
-    if torch.cuda.is_initialized():
-        torch.cuda.empty_cache()  # the probe's blocks are not the point's memory
+        return None
+    if backend not in FAMILIES:
+        return None
+    kernel = choose_kernel(backend, device, dtype, head_dim)
+    with contextlib.suppress(Exception):  # a kernel that cannot run says so in the call itself
+        for causal in (False, True):
+            _run_kernel(kernel, *_block_inputs(CHECK_BLOCK, device, dtype, head_dim), causal)
+    torch.cuda.empty_cache()  # the probe's blocks are not the point's memory
+    return kernel
 
 
 def measure_kernel(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> dict:

@@ -145,13 +145,18 @@ def test_dattn_block_kernel_forces_a_kernel(fake_gpu, monkeypatch):
     assert kc.forced_kernel() is None
 
 
-def test_ensure_probed_probes_only_where_a_choice_is_open(fake_gpu):
-    kc.ensure_probed("cpu", "bfloat16", 64)
-    kc.ensure_probed("cuda", "float32", 64)
-    kc.ensure_probed("cuda", "bfloat16", 60)
-    assert fake_gpu.calls == []
-    kc.ensure_probed("cuda", "bfloat16", 64)
-    assert fake_gpu.calls == ["cudnn", "fa2", "fa4"]
+def test_ensure_probed_probes_only_where_a_choice_is_open_and_warms_the_kernel(fake_gpu, monkeypatch):
+    warmed = []
+    monkeypatch.setattr(kc, "_block_inputs", lambda *a, **k: [None] * 4)
+    monkeypatch.setattr(kc, "_run_kernel", lambda name, q, k, v, dout, causal: warmed.append((name, causal)))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    assert kc.ensure_probed("cpu", "bfloat16", 64) is None
+    assert kc.ensure_probed("cuda", "float32", 64) is None
+    assert kc.ensure_probed("cuda", "bfloat16", 60) is None
+    assert kc.ensure_probed("cuda", "bfloat16", 64, backend="math") is None
+    assert fake_gpu.calls == [] and warmed == []
+    assert kc.ensure_probed("cuda", "bfloat16", 64, backend="sdpa") == "cudnn"
+    assert fake_gpu.calls == ["cudnn", "fa2", "fa4"] and warmed == [("cudnn", False), ("cudnn", True)]
 
 
 def test_an_unwritable_cache_warns_once_and_keeps_the_probe_in_memory(tmp_path, monkeypatch):
