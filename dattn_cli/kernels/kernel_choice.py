@@ -201,27 +201,33 @@ def fastest(entry: dict, candidates: tuple[str, ...]) -> str | None:
 
 
 def choose_kernel(family: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
-    """The kernel of `family` (sdpa, flash or auto) for CUDA half-precision blocks without a mask."""
+    """The kernel of `family` (sdpa, flash or auto) for CUDA half-precision blocks without a mask (memoised per
+    process: blocks ask for every call)."""
     forced = forced_kernel()
+    device = torch.device(device)
+    memo = (family, device.index, dtype, head_dim, forced)
+    if memo in _CHOICE:
+        return _CHOICE[memo]
     if forced is not None:
         if not available(forced):
             raise ValueError(f"DATTN_BLOCK_KERNEL={forced} is not available here: install it or unset the variable")
-        return forced
-    device = torch.device(device)
-    memo = (family, device.index, dtype, head_dim)
-    if memo in _CHOICE:
-        return _CHOICE[memo]
+        chosen = forced
+    else:
+        chosen = _measured_choice(family, device, dtype, head_dim)
+    _CHOICE[memo] = chosen
+    return chosen
+
+
+def _measured_choice(family: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
     candidates = tuple(k for k in FAMILIES[family] if available(k))
     if not candidates:
         raise ValueError(f"backend={family!r} has no kernel here: install flash-attn-4 or flash-attn, or use 'sdpa'")
-    chosen = candidates[0]
-    if len(candidates) > 1:
-        everything = tuple(k for k in FAMILIES["auto"] if available(k))
-        facts = probe_facts(torch.cuda.get_device_name(device), dtype, head_dim)
-        entry = probe_entry(facts, everything, lambda name: measure_kernel(name, device, dtype, head_dim))
-        chosen = fastest(entry, candidates) or ("fa2" if "fa2" in candidates else candidates[0])
-    _CHOICE[memo] = chosen
-    return chosen
+    if len(candidates) == 1:
+        return candidates[0]
+    everything = tuple(k for k in FAMILIES["auto"] if available(k))
+    facts = probe_facts(torch.cuda.get_device_name(device), dtype, head_dim)
+    entry = probe_entry(facts, everything, lambda name: measure_kernel(name, device, dtype, head_dim))
+    return fastest(entry, candidates) or ("fa2" if "fa2" in candidates else candidates[0])
 
 
 def ensure_probed(device: str, dtype: str | torch.dtype, head_dim: int, backend: str = "auto") -> str | None:
