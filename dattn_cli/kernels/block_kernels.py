@@ -170,6 +170,7 @@ class MathBackend:
         return keep.float() / (1.0 - call.dropout_p)
 
     def forward(self, q, k, v, key_pad, call: BlockCall):
+        note_used(self.name)  # the math backend is called directly, not through a dispatcher
         out = torch.empty_like(q)
         lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         lse = torch.empty(q.shape[:3], dtype=lse_dtype, device=q.device)

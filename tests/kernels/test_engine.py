@@ -47,3 +47,14 @@ def test_views_and_copies_of_dilated_blocks_give_the_same_result(monkeypatch, ba
     assert sum(seen["copy"]) > sum(seen["view"])
     for a, b in zip(results["view"], results["copy"]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend, kernel", [("math", "math"), ("sdpa", "cpu-flash"), ("auto", "cpu-flash")])
+def test_the_kernels_a_call_ran_on_are_recorded(backend, kernel):
+    from dattn_cli.kernels.block_kernels import kernels_used, reset_kernels_used
+
+    reset_kernels_used()
+    _run(backend, torch.float32, causal=False)
+    assert kernels_used() == kernel
+    reset_kernels_used()
+    assert kernels_used() is None
