@@ -41,12 +41,14 @@ def _accepted(fn, options: dict) -> dict:
 def fa4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None):
     """FlashAttention-4 (`flash_attn.cute.flash_attn_func`) on (B, N, H, D) fp16/bf16 CUDA tensors (k, v may have
     fewer heads: GQA) -> (out (B, N, H, D), lse (B, H, N) fp32, natural log). Differentiable (FA4's own
-    autograd). `scale` None: D ** -0.5. Raises ImportError without flash-attn-4. The first call of a shape
-    compiles FA4's kernels (seconds): time it apart."""
+    autograd). `scale` None: D ** -0.5. Raises ImportError without flash-attn-4. The first call per dtype, head dim
+    and causal flag compiles FA4's kernels (seconds to a minute): time it apart."""
     from flash_attn.cute import flash_attn_func
 
     options = _accepted(flash_attn_func, {"softmax_scale": scale, "causal": causal, "return_lse": True})
     result = flash_attn_func(q, k, v, **options)
+    if isinstance(result, torch.Tensor) or result[1] is None:
+        raise RuntimeError("this flash-attn-4 returns no logsumexp: install a release with return_lse")
     return result[0], result[1]
 
 
@@ -63,6 +65,8 @@ class Fa4:
 
         options = _accepted(_flash_attn_fwd, {"softmax_scale": call.scale, "causal": call.causal, "return_lse": True})
         result = _flash_attn_fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **options)
+        if result[1] is None:
+            raise RuntimeError("this flash-attn-4 returns no logsumexp: install a release with return_lse")
         return result[0].transpose(1, 2), result[1]
 
     def backward(self, dout, q, k, v, out, lse, key_pad, call):
