@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..kernels.block_kernels import kernels_used, reset_kernels_used
 from ..kernels.distributed.sharding import padding_mask
+from ..kernels.kernel_choice import ensure_probed
 from ..kernels.registry import shard_call_options, shard_length
 from ..runtime.limits import address_space_capped, cap_address_space
 from ..runtime.measure import (
@@ -79,6 +81,9 @@ def _stepper(sweep: Sweep, problem: Problem, group: Any, flush: ColdCache) -> tu
     on every rank); and the module. `flush` runs before each call (ColdCache)."""
     import torch
 
+    if sweep.cuda:  # the block-kernel probe (kernels/kernel_choice.py) runs here, before any call of the point
+        dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(problem.amp, problem.dtype)
+        ensure_probed(problem.device, dtype, problem.head_dim, problem.backend)
     call = build_call(problem, *_shard(problem, group))
 
     def step() -> float:
@@ -190,6 +195,7 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
     returns_memory = not sweep.cuda and return_freed_memory()  # before the first allocation (module docstring)
     torch.manual_seed(sweep.seed)
     cold = ColdCache(sweep)
+    reset_kernels_used()
     step, module = _stepper(sweep, problem, group, cold)
     if sweep.cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -209,6 +215,7 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
         **timing_fields(problem, times, sweep, stopped_by, probes.fields()),
         "warmup_calls": warmup_calls,
         "warmup_settled": warm,
+        "block_kernel": kernels_used(),
     }
     if problem.target != "attention":
         result["params"] = sum(p.numel() for p in module.parameters())

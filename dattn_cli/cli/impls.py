@@ -19,7 +19,9 @@ def availability(spec) -> dict:
     }
 
 
-def record(spec) -> dict:
+def record(spec, kernels: dict[str, str] | None = None) -> dict:
+    """The registry entry as JSON; `kernels`: what each backend's blocks run on here (block_kernels)."""
+    kernels = kernels or {}
     return {
         "name": spec.name,
         "kind": spec.kind,
@@ -29,6 +31,7 @@ def record(spec) -> dict:
         "distributed": spec.distributed,
         "single_device": spec.single_device,
         "backends": list(spec.backends),
+        "block_kernels": {b: kernels[b] for b in spec.backends if b in kernels},
         "devices": list(spec.devices),
         "where": spec.where(),
         "summary": spec.summary,
@@ -39,10 +42,14 @@ def record(spec) -> dict:
 
 def impls(json_out: JsonOption = None) -> None:
     """The registry: name, kind, strategy, baseline, backends, where it runs, and whether it runs here (and why not)."""
+    import torch
+
+    from ..kernels.kernel_choice import expected_kernels
     from ..kernels.registry import REGISTRY
 
-    entries = [record(spec) for spec in REGISTRY.values()]
+    kernels = expected_kernels(torch.cuda.is_available())
+    entries = [record(spec, kernels) for spec in REGISTRY.values()]
     if json_out != "-":
-        stdout.print(impls_table(entries))
+        stdout.print(impls_table(entries, kernels))
     if json_out:
         emit_json(json_out, entries)

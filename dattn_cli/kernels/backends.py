@@ -5,38 +5,26 @@ Each backend offers `forward` and `backward`. The backward takes the *merged* ou
 result (the technique ring attention uses); see engine.py.
 
 * math  — plain PyTorch matmuls, any device, any dtype, dropout; chunked over b to bound scores.
-* sdpa  — PyTorch's fused kernels through the aten ops that return the logsumexp.
-* flash — the flash-attn package (CUDA, fp16/bf16), when installed.
+* sdpa  — PyTorch's fused kernels through the aten ops that return the logsumexp: cpu-flash on CPU; on CUDA
+          cuDNN or FlashAttention-2 for fp16/bf16 without a mask (the faster by a cached probe), else the
+          memory-efficient kernel.
+* flash — the flash packages (CUDA, fp16/bf16, no mask): FlashAttention-4 or flash-attn 2, when installed.
+
+The kernels themselves are in block_kernels.py, the choice among them in kernel_choice.py. Each backend also
+says whether a strided block reaches its kernel as a view (`takes_view`, the rule in block_kernels.takes_view).
 """
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import torch
 
+from .block_kernels import KERNELS, BlockCall, MathBackend, half_without_mask, note_used, takes_view
+from .flash_kernels import flash_installs
+from .kernel_choice import choose_kernel
+
+__all__ = ["BACKENDS", "BlockCall", "MathBackend", "available_backends", "check_backend", "resolve_backend"]
+
 NEG_INF = float("-inf")
-MATH_SCORE_BUDGET_BYTES = 1 << 28
-
-
-@dataclass(frozen=True)
-class BlockCall:
-    """What one backend call needs besides the tensors."""
-
-    causal: bool
-    scale: float
-    dropout_p: float = 0.0
-    seed: int = 0
-
-
-def _key_bias(key_pad: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """(b, m) bool, True = ignore → additive (b, 1, 1, m) bias."""
-    if key_pad is None:
-        return None
-    bias = torch.zeros(key_pad.shape, dtype=dtype, device=key_pad.device).masked_fill(key_pad, NEG_INF)
-    return bias[:, None, None, :]
 
 
 def _rows_without_keys(key_pad: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -49,134 +37,31 @@ def _rows_without_keys(key_pad: torch.Tensor, causal: bool) -> torch.Tensor:
     return dead.unsqueeze(1)
 
 
-class MathBackend:
-    name = "math"
-
-    def _chunks(self, q: torch.Tensor):
-        b, h, m, _ = q.shape
-        per_item = max(1, h * m * m * 4 * 3)
-        step = max(1, MATH_SCORE_BUDGET_BYTES // per_item)
-        return [slice(i, min(b, i + step)) for i in range(0, b, step)]
-
-    def _scores(self, q, k, key_pad, call: BlockCall, rows: slice) -> torch.Tensor:
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        s = torch.matmul(q[rows].to(acc), k[rows].to(acc).transpose(-1, -2)).mul_(call.scale)
-        bias = _key_bias(None if key_pad is None else key_pad[rows], acc)
-        if bias is not None:
-            s.add_(bias)
-        if call.causal:
-            m = q.shape[2]
-            s.masked_fill_(torch.ones(m, m, dtype=torch.bool, device=q.device).triu_(1), NEG_INF)
-        return s
-
-    def _dropout_scale(self, shape, call: BlockCall, rows: slice, device) -> torch.Tensor:
-        gen = torch.Generator(device=device)
-        gen.manual_seed(call.seed + rows.start)
-        keep = torch.rand(shape, generator=gen, device=device) >= call.dropout_p
-        return keep.float() / (1.0 - call.dropout_p)
-
-    def forward(self, q, k, v, key_pad, call: BlockCall):
-        out = torch.empty_like(q)
-        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        lse = torch.empty(q.shape[:3], dtype=lse_dtype, device=q.device)
-        for rows in self._chunks(q):
-            s = self._scores(q, k, key_pad, call, rows)
-            block_lse = torch.logsumexp(s, dim=-1, keepdim=True)
-            p = torch.exp(s - block_lse.masked_fill(block_lse == NEG_INF, 0.0))
-            if call.dropout_p > 0:
-                p.mul_(self._dropout_scale(p.shape, call, rows, q.device))
-            out[rows] = torch.matmul(p, v[rows].to(p.dtype)).to(q.dtype)
-            lse[rows] = block_lse.squeeze(-1)
-        return out, lse
-
-    def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        for rows in self._chunks(q):
-            s = self._scores(q, k, key_pad, call, rows)
-            row_lse = lse[rows].unsqueeze(-1).to(s.dtype)
-            p = torch.exp(s - row_lse.masked_fill(row_lse == NEG_INF, float("inf")))
-            do, o = dout[rows].to(s.dtype), out[rows].to(s.dtype)
-            dp = torch.matmul(do, v[rows].to(s.dtype).transpose(-1, -2))
-            if call.dropout_p > 0:
-                keep = self._dropout_scale(p.shape, call, rows, q.device)
-                dv[rows] = torch.matmul((p * keep).transpose(-1, -2), do).to(v.dtype)
-                dp.mul_(keep)
-            else:
-                dv[rows] = torch.matmul(p.transpose(-1, -2), do).to(v.dtype)
-            delta = (do * o).sum(-1, keepdim=True)
-            ds = p.mul_(dp.sub_(delta)).mul_(call.scale)
-            dq[rows] = torch.matmul(ds, k[rows].to(s.dtype)).to(q.dtype)
-            dk[rows] = torch.matmul(ds.transpose(-1, -2), q[rows].to(s.dtype)).to(k.dtype)
-        return dq, dk, dv
-
-
-# aten's FlashAttention-2 op hit an illegal address on tensors of 2**32 elements (N = 8M, H = 8, D = 64 on an
-# H200, torch 2.11; 2**31 ran): its offsets overflow int32 there, so larger calls go in batch slices.
-FLASH_OP_MAX_ELEMENTS = 1 << 28
-
-
-def batch_sliced(op, tensors: Sequence[torch.Tensor], max_elements: int | None = None) -> tuple:
-    """op(*tensors) computed over slices of dim 0 with at most max_elements per tensor, the outputs written into
-    tensors laid out like the first slice's (so a (b, h, m, D) view of (b, m, h, D) memory stays one)."""
-    b = tensors[0].shape[0]
-    max_elements = FLASH_OP_MAX_ELEMENTS if max_elements is None else max_elements
-    step = max(1, max_elements // max(1, max(t[0].numel() for t in tensors)))
-    if step >= b:
-        return tuple(op(*tensors))
-    results = None
-    for start in range(0, b, step):
-        part = op(*(t[start : start + step] for t in tensors))
-        if results is None:
-            results = [_empty_like_batched(x, b) for x in part]
-        for full, piece in zip(results, part):
-            full[start : start + step].copy_(piece)
-    return tuple(results)
-
-
-def _empty_like_batched(x: torch.Tensor, b: int) -> torch.Tensor:
-    """An empty tensor of batch b with x's dimension order in memory."""
-    order = sorted(range(x.dim()), key=lambda i: -x.stride(i)) if x.dim() else []
-    if order and order[0] != 0:
-        order = [0] + [i for i in order if i != 0]
-    shape = (b, *x.shape[1:])
-    full = torch.empty([shape[i] for i in order], dtype=x.dtype, device=x.device)
-    return full.permute([order.index(i) for i in range(x.dim())])
-
-
-def _flash_op_applies(q: torch.Tensor, key_pad: torch.Tensor | None) -> bool:
-    """aten's FlashAttention-2 op: CUDA, fp16/bf16, no mask, head dim a multiple of 8 up to 256."""
-    d = q.shape[-1]
-    return q.is_cuda and key_pad is None and q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0 and d <= 256
+def _run(name: str):
+    """The kernel object of `name` (math: the math backend), noted as used."""
+    note_used(name)
+    return KERNELS[name]
 
 
 class SdpaBackend:
-    """PyTorch's fused attention: the CPU flash kernel; on CUDA aten's FlashAttention-2 op for fp16/bf16
-    without a mask, else the memory-efficient kernel (the fused CUDA kernel that takes an additive mask);
-    each returns the logsumexp the merge needs."""
+    """PyTorch's fused attention: the CPU flash kernel; on CUDA, for fp16/bf16 without a mask, the faster of the
+    cuDNN and FlashAttention-2 ops by the probe (kernel_choice.py), else the memory-efficient kernel (the fused
+    CUDA kernel that takes an additive mask); each returns the logsumexp the merge needs."""
 
     name = "sdpa"
 
+    def kernel(self, q: torch.Tensor, masked: bool) -> str:
+        if not q.is_cuda:
+            return "cpu-flash"
+        if half_without_mask(q, masked):
+            return choose_kernel("sdpa", q.device, q.dtype, q.shape[-1])
+        return "efficient"
+
+    def takes_view(self, x: torch.Tensor, masked: bool) -> bool:
+        return takes_view(self.kernel(x, masked), x)
+
     def forward(self, q, k, v, key_pad, call: BlockCall):
-        bias = _key_bias(key_pad, q.dtype)
-        if _flash_op_applies(q, key_pad):
-
-            def flash(q, k, v):
-                return torch.ops.aten._scaled_dot_product_flash_attention(
-                    q, k, v, 0.0, call.causal, False, scale=call.scale
-                )[:2]
-
-            return batch_sliced(flash, (q, k, v))
-        if q.is_cuda:
-            if bias is not None:
-                bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-            out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-                q, k, v, bias, True, 0.0, call.causal, scale=call.scale
-            )
-            lse = lse[..., : q.shape[2]]
-        else:
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, 0.0, call.causal, attn_mask=bias, scale=call.scale
-            )
+        out, lse = _run(self.kernel(q, key_pad is not None)).forward(q, k, v, key_pad, call)
         if key_pad is not None:  # the fused kernels report lse 0 for a row whose every key is masked
             dead = _rows_without_keys(key_pad, call.causal)
             lse = lse.masked_fill(dead, NEG_INF)
@@ -184,136 +69,43 @@ class SdpaBackend:
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
-        bias = _key_bias(key_pad, q.dtype)
         lse = lse.masked_fill(lse == NEG_INF, float("inf")).contiguous()  # empty rows: p = 0
-        if _flash_op_applies(q, key_pad):
-            unused = torch.empty(0, dtype=torch.int64, device=q.device)  # philox state: read only with dropout
-
-            def flash_backward(dout, q, k, v, out, lse):
-                return torch.ops.aten._scaled_dot_product_flash_attention_backward(
-                    dout,
-                    q,
-                    k,
-                    v,
-                    out,
-                    lse,
-                    None,
-                    None,
-                    q.shape[2],
-                    k.shape[2],
-                    0.0,
-                    call.causal,
-                    unused,
-                    unused,
-                    scale=call.scale,
-                )
-
-            return batch_sliced(flash_backward, (dout, q, k, v, out, lse))
-        if q.is_cuda:
-            # The memory-efficient backward reads `out` as if laid out (b, m, h, D) contiguously (its delta
-            # pass takes the row stride as h * D), so the gathered, strided rows are copied into that layout.
-            out, dout = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (out, dout))
-            m = q.shape[2]
-            padded = torch.nn.functional.pad(lse, (0, -(-m // 32) * 32 - m))
-            if bias is not None:
-                bias = bias.expand(q.shape[0], q.shape[1], m, k.shape[2])
-            zero = torch.zeros((), dtype=torch.int64, device=q.device)
-            dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-                dout,
-                q,
-                k,
-                v,
-                bias,
-                out,
-                padded,
-                zero,
-                zero,
-                0.0,
-                [True, True, True, False],
-                call.causal,
-                scale=call.scale,
-            )
-            return dq, dk, dv
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse, 0.0, call.causal, attn_mask=bias, scale=call.scale
-        )
+        return _run(self.kernel(q, key_pad is not None)).backward(dout, q, k, v, out, lse, key_pad, call)
 
 
 class FlashBackend:
-    """flash-attn 2 (CUDA, fp16/bf16). Its layout is (b, m, h, D); lse is (b, h, m).
-
-    Forward uses the public `flash_attn_func(..., return_attn_probs=True)`. Backward needs the
-    internal `_flash_attn_backward` (to pass the merged out and lse); its keyword set differs across
-    flash-attn 2.x releases, so the optional arguments are matched to its signature.
-    """
+    """The flash packages (CUDA, fp16/bf16, no mask): FlashAttention-4 (`flash_attn.cute`) or the flash-attn 2
+    package, the faster by the probe where both are installed (block_kernels.py runs them)."""
 
     name = "flash"
-    _OPTIONAL = {
-        "window_size": (-1, -1),
-        "window_size_left": -1,
-        "window_size_right": -1,
-        "softcap": 0.0,
-        "alibi_slopes": None,
-        "deterministic": False,
-        "rng_state": None,
-    }
+
+    def kernel(self, q: torch.Tensor, masked: bool) -> str:
+        return choose_kernel("flash", q.device, q.dtype, q.shape[-1])
+
+    def takes_view(self, x: torch.Tensor, masked: bool) -> bool:
+        return takes_view(self.kernel(x, masked), x)
 
     def forward(self, q, k, v, key_pad, call: BlockCall):
         if key_pad is not None:  # refused before the import, so the message is the same with or without flash-attn
             raise NotImplementedError("the flash backend takes no key_padding_mask; use backend='sdpa' or 'math'")
-        from flash_attn import flash_attn_func
-
-        out, lse, _ = flash_attn_func(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            dropout_p=0.0,
-            softmax_scale=call.scale,
-            causal=call.causal,
-            return_attn_probs=True,
-        )
-        return out.transpose(1, 2), lse
+        return _run(self.kernel(q, False)).forward(q, k, v, None, call)
 
     def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
-        import inspect
-
-        from flash_attn.flash_attn_interface import _flash_attn_backward
-
-        t = lambda x: x.transpose(1, 2).contiguous()  # noqa: E731
-        dq, dk, dv = (torch.empty_like(t(x)) for x in (q, k, v))
-        names = inspect.signature(_flash_attn_backward).parameters
-        optional = {name: value for name, value in self._OPTIONAL.items() if name in names}
-        _flash_attn_backward(
-            t(dout),
-            t(q),
-            t(k),
-            t(v),
-            t(out),
-            lse.contiguous(),
-            dq,
-            dk,
-            dv,
-            dropout_p=0.0,
-            softmax_scale=call.scale,
-            causal=call.causal,
-            **optional,
-        )
-        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+        lse = lse.masked_fill(lse == NEG_INF, float("inf")).contiguous()  # empty rows: p = 0
+        return _run(self.kernel(q, False)).backward(dout, q, k, v, out, lse, None, call)
 
 
-BACKENDS = {"math": MathBackend(), "sdpa": SdpaBackend(), "flash": FlashBackend()}
+BACKENDS = {"math": KERNELS["math"], "sdpa": SdpaBackend(), "flash": FlashBackend()}
 
 
-def flash_available() -> bool:
-    return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+def flash_usable(device: torch.device | str) -> bool:
+    """The flash backend can run on `device`: CUDA and a flash package (FA4 or FA2) installed."""
+    installs = flash_installs()
+    return torch.device(device).type == "cuda" and torch.cuda.is_available() and (installs.fa2 or installs.fa4)
 
 
 def available_backends(device: torch.device | str) -> list[str]:
-    device = torch.device(device)
-    names = ["math", "sdpa"]
-    if device.type == "cuda" and flash_available():
-        names.append("flash")
-    return names
+    return ["math", "sdpa", *(["flash"] if flash_usable(device) else [])]
 
 
 def check_backend(requested: str, dropout_active: bool) -> None:
@@ -327,14 +119,20 @@ def check_backend(requested: str, dropout_active: bool) -> None:
 
 
 def resolve_backend(
-    requested: str, device: torch.device, dtype: torch.dtype, dropout_active: bool, key_padding: bool
+    requested: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    dropout_active: bool,
+    key_padding: bool,
+    head_dim: int | None = None,
 ) -> tuple[str, str]:
-    """Pick the backend for one call: (name, reason)."""
+    """Pick the backend for one call: (name, reason). With `head_dim`, `auto` on CUDA fp16/bf16 without a mask
+    takes the backend of the fastest kernel of all (kernel_choice.choose_kernel, probed once and cached)."""
     check_backend(requested, dropout_active)
     if requested != "auto":
-        if requested == "flash" and not (device.type == "cuda" and flash_available()):
+        if requested == "flash" and not flash_usable(device):
             raise ValueError(
-                "backend='flash' needs CUDA and the flash-attn package: install dattn[flash] or use 'auto'"
+                "backend='flash' needs CUDA and flash-attn-4 or flash-attn: install dattn[flash] or use 'auto'"
             )
         if requested == "flash" and key_padding:
             raise ValueError("backend='flash' takes no key_padding_mask: use backend='sdpa' or 'auto'")
@@ -343,6 +141,11 @@ def resolve_backend(
         return "math", "dropout is active in training; only the math backend applies it exactly"
     if dtype == torch.float64 and device.type == "cuda":
         return "math", "float64 input; the fused CUDA kernels do not take float64"
-    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and flash_available() and not key_padding:
-        return "flash", "CUDA half precision with flash-attn installed"
+    half = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and not key_padding
+    if half and head_dim is not None and head_dim % 8 == 0 and head_dim <= 256:
+        kernel = choose_kernel("auto", device, dtype, head_dim)
+        backend = "flash" if kernel in ("fa4", "flash-attn2") else "sdpa"
+        return backend, f"CUDA half precision: block kernel {kernel}, the fastest measured (or DATTN_BLOCK_KERNEL)"
+    if half and flash_usable(device):
+        return "flash", "CUDA half precision with a flash package installed"
     return "sdpa", f"fused PyTorch attention on {device.type}"

@@ -67,7 +67,7 @@ class AttentionCore(nn.Module):
     def prepare_call(self, q: torch.Tensor, is_causal: bool, masked: bool) -> tuple[str, BlockCall, MemoryPool | None]:
         """The backend for this call (recorded for describe()), the per-call options and the scratch pool."""
         dropout_active = self.training and self.dropout > 0
-        backend, reason = resolve_backend(self.backend, q.device, q.dtype, dropout_active, masked)
+        backend, reason = resolve_backend(self.backend, q.device, q.dtype, dropout_active, masked, q.shape[-1])
         self.last_backend = (backend, reason)
         call = BlockCall(
             causal=bool(is_causal),

@@ -14,7 +14,8 @@ Two ways to reach a block's rows (`RowAccess`):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,8 +29,8 @@ from .pool import MemoryPool
 
 
 class RowAccess(Protocol):
-    def gather(self, x: torch.Tensor, block: Block) -> torch.Tensor:
-        """(B, N, H, ...) -> (B*S, m, H_block, ...), a view where possible."""
+    def gather(self, x: torch.Tensor, block: Block, takes_view: Callable[[torch.Tensor], bool] | None = None):
+        """(B, N, H, ...) -> (B*S, m, H_block, ...), a view where possible (and where `takes_view` accepts it)."""
 
     def merge(self, out, lse, block: Block, block_out, block_lse) -> None:
         """Merge a block's (out (b, m, h, D), lse (b, m, h)) into the (B, N, H, ...) accumulators."""
@@ -75,18 +76,18 @@ def _batch_segments(x: torch.Tensor, block: Block) -> torch.Tensor:
 class ViewAccess:
     """Rows as strided views: merge and gradient sums in place, no scatter.
 
-    The fused CPU kernel runs measurably faster on contiguous (b, h, m, D) blocks than on the widely
-    strided views of a dilated pair (r > 1), so those blocks are copied into scratch buffers from the
-    memory pool and released after the call; r = 1 blocks are passed as views.
+    r = 1 blocks are passed as views. The widely strided views of a dilated pair (r > 1) are passed as views
+    where the block's kernel takes them (`takes_view`: the backend's, from block_kernels.takes_view), else
+    copied into (b, h, m, D) scratch buffers from the memory pool and released after the call.
     """
 
     def __init__(self, pool: MemoryPool | None = None):
         self.pool = pool
         self._lent: dict[int, torch.Tensor] = {}
 
-    def gather(self, x, block):
+    def gather(self, x, block, takes_view=None):
         view = block.view(x).flatten(0, 1)  # a view unless B > 1 and a ragged tail splits (B, S)
-        if block.rate == 1 or view.dim() != 4:
+        if block.rate == 1 or view.dim() != 4 or (takes_view is not None and takes_view(view)):
             return view
         b, m, h, d = view.shape
         if self.pool is None:
@@ -136,7 +137,7 @@ class IndexAccess:
     def _flat(self, x):
         return x.flatten(1, 2)
 
-    def gather(self, x, block):
+    def gather(self, x, block, takes_view=None):
         rows = self._flat(x).index_select(1, self._idx(block))
         return rows.view(x.shape[0] * block.num_segments, block.rows, block.num_heads, *x.shape[3:])
 
@@ -213,10 +214,11 @@ class BlockAttention:
 
     def forward(self, q, k, v, key_pad=None) -> tuple[torch.Tensor, torch.Tensor]:
         backend = BACKENDS[self.backend]
+        takes = functools.partial(backend.takes_view, masked=key_pad is not None)
         out = lse = None
         scratch = False
         for i, block in enumerate(self.blocks):
-            qb, kb, vb = (self.access.gather(x, block).transpose(1, 2) for x in (q, k, v))
+            qb, kb, vb = (self.access.gather(x, block, takes).transpose(1, 2) for x in (q, k, v))
             block_out, block_lse = backend.forward(qb, kb, vb, self._key_pad(key_pad, block), self._call(i))
             self.access.release(qb, kb, vb)
             block_out, block_lse = block_out.transpose(1, 2), block_lse.transpose(1, 2)
@@ -238,10 +240,11 @@ class BlockAttention:
 
     def backward(self, dout, q, k, v, out, lse, key_pad=None):
         backend = BACKENDS[self.backend]
+        takes = functools.partial(backend.takes_view, masked=key_pad is not None)
         grads: list[tuple[torch.Tensor, bool] | None] = [None, None, None]
         dout = dout.to(q.dtype)
         for i, block in enumerate(self.blocks):
-            qb, kb, vb, dob, ob = (self.access.gather(x, block).transpose(1, 2) for x in (q, k, v, dout, out))
+            qb, kb, vb, dob, ob = (self.access.gather(x, block, takes).transpose(1, 2) for x in (q, k, v, dout, out))
             lb = self.access.gather(lse, block).transpose(1, 2)
             parts = backend.backward(dob, qb, kb, vb, ob, lb, self._key_pad(key_pad, block), self._call(i))
             self.access.release(qb, kb, vb, dob, ob)

@@ -13,6 +13,9 @@ import torch
 from pydantic import BaseModel
 
 from .. import __version__
+from ..kernels.flash_kernels import flash_installs
+from ..kernels.kernel_choice import available as kernel_available
+from ..kernels.kernel_choice import cached_choices, forced_kernel
 from .contention import load_average
 from .gpustate import nvml_ask, nvml_device, nvml_state
 
@@ -45,6 +48,11 @@ class EnvironmentInfo(BaseModel):
     nvidia_devices: list[Device]
     nvml_status: str
     backends: dict[str, bool]
+    # the block kernels (kernels/kernel_choice.py): what DATTN_BLOCK_KERNEL forces (None: the probe) and the
+    # probes cached for this torch, cuDNN and flash packages, each with its choice per backend, every kernel's
+    # steady ms and its compile seconds (block_kernel_compile_s: the first call's extra time; FA4 compiles then)
+    block_kernel_forced: str | None = None
+    block_kernels: list[dict] | None = None
     # what decides whether two runs' timings are comparable (dattn compare reads these)
     hostname: str | None = None
     load_average: list[float] | None = None  # 1, 5, 15 minutes, when the record was taken
@@ -151,16 +159,27 @@ def _text(value) -> str | None:
 
 
 def _backends() -> dict[str, bool]:
+    installs = flash_installs()
     return {
         "math": True,
         "sdpa": hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"),
-        "flash (flash-attn)": importlib.util.find_spec("flash_attn") is not None and torch.cuda.is_available(),
+        "cudnn attention": torch.cuda.is_available() and kernel_available("cudnn"),
+        "flash-attn 2": installs.fa2,
+        "flash-attn 4 (flash_attn.cute)": installs.fa4,
         "triton": importlib.util.find_spec("triton") is not None,
         "flex_attention": importlib.util.find_spec("torch.nn.attention.flex_attention") is not None,
         "torch.distributed": torch.distributed.is_available(),
         "gloo": torch.distributed.is_available() and torch.distributed.is_gloo_available(),
         "nccl": torch.distributed.is_available() and torch.distributed.is_nccl_available(),
     }
+
+
+def _block_kernels() -> dict:
+    try:
+        forced = forced_kernel()
+    except ValueError as exc:
+        forced = f"invalid: {exc}"
+    return {"block_kernel_forced": forced, "block_kernels": cached_choices()}
 
 
 def collect_environment() -> EnvironmentInfo:
@@ -179,5 +198,6 @@ def collect_environment() -> EnvironmentInfo:
         nvidia_devices=devices,
         nvml_status=status,
         backends=_backends(),
+        **_block_kernels(),
         **comparability_facts(),
     )

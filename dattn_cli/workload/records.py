@@ -119,6 +119,9 @@ class BenchRow(BaseModel):
     gpu_after: dict | None = None
     throttled: bool = False  # CUDA: a clock-limiting throttle reason before or after the point
     interleaved: bool = False  # timed round-robin with the other lines at this N (bench --interleave)
+    # the fused kernels the point's blocks ran on, '+'-joined in first-use order (kernels/block_kernels.py names:
+    # cudnn, fa2, fa4, flash-attn2, efficient, cpu-flash, math); None: no block kernel (baselines, older reports)
+    block_kernel: str | None = None
     # measurement settings (None in reports written before they were recorded: read from the environment
     # record the sweep wrote before its rows, see rows_with_settings)
     repeat: int | None = None

@@ -46,6 +46,7 @@ def test_real_point_measures_everything(impl, mode):
     assert row["flops"] == flops_for(impl, c, 512) and row["tflops"] > 0
     assert row["peak_mem_bytes"] > 512 * 2 * 16 * 4 * 3  # at least the three inputs
     assert row["mem_method"] == CPU_MEM_METHOD
+    assert row["block_kernel"] == ("cpu-flash" if "Dilated" in impl else None)  # the dense baselines use none
 
 
 def test_flop_convention():

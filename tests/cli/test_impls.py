@@ -3,6 +3,8 @@
 import importlib.util
 import json
 
+import torch
+
 from dattn_cli.kernels.registry import REGISTRY
 from tests.cli.test_verify_env import run_cli
 
@@ -31,6 +33,9 @@ def test_impls_json_lists_the_registry_with_availability(capsys):
         and "cpu" in by_name["ImprovedDilatedAttention"]["available_on"]
     )
     assert by_name["RingDilatedAttention"]["where"] == REGISTRY["RingDilatedAttention"].where()
+    if not torch.cuda.is_available():  # what each backend's blocks run on here (kernels/kernel_choice.py)
+        assert by_name["ImprovedDilatedAttention"]["block_kernels"] == {"math": "math", "sdpa": "cpu-flash"}
+        assert by_name["sdpa"]["block_kernels"] == {}
     flash = by_name["flash"]
     assert flash["devices"] == ["cuda"] and "cpu" not in flash["available_on"]
     reason = REGISTRY["flash"].unavailable("cuda")

@@ -1,9 +1,10 @@
-"""Backend helpers: batch slicing of the fused ops (the CUDA flash op past 2**31 elements)."""
+"""Backend helpers: batch slicing of the fused ops (the CUDA flash and cuDNN ops past 2**31 elements)."""
 
 import pytest
 import torch
 
-from dattn_cli.kernels.backends import BACKENDS, BlockCall, batch_sliced
+from dattn_cli.kernels.backends import BACKENDS, BlockCall
+from dattn_cli.kernels.block_kernels import batch_sliced
 
 
 def _cpu_flash(q, k, v):
@@ -43,17 +44,19 @@ def test_batch_sliced_slice_smaller_than_one_item_still_progresses():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kernel", ["fa2", "cudnn"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_cuda_flash_op_sliced_equals_unsliced(monkeypatch, causal):
-    import dattn_cli.kernels.backends as backends
+def test_cuda_flash_op_sliced_equals_unsliced(monkeypatch, kernel, causal):
+    import dattn_cli.kernels.block_kernels as block_kernels
 
+    monkeypatch.setenv("DATTN_BLOCK_KERNEL", kernel)
     q, k, v = _inputs("cuda", torch.bfloat16)
     dout = torch.randn_like(q)
     call = BlockCall(causal=causal, scale=0.25)
     sdpa = BACKENDS["sdpa"]
     out, lse = sdpa.forward(q, k, v, None, call)
     grads = sdpa.backward(dout, q, k, v, out, lse, None, call)
-    monkeypatch.setattr(backends, "FLASH_OP_MAX_ELEMENTS", 2 * q[0].numel())
+    monkeypatch.setattr(block_kernels, "FLASH_OP_MAX_ELEMENTS", 2 * q[0].numel())
     out2, lse2 = sdpa.forward(q, k, v, None, call)
     grads2 = sdpa.backward(dout, q, k, v, out2, lse2, None, call)
     for a, b in zip((out, lse, *grads), (out2, lse2, *grads2)):

@@ -73,3 +73,31 @@ def test_a_cpu_only_torch_gives_no_cuda_index(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", nvml_with_devices(devices=2))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert [d.cuda_index for d in collect_environment().nvidia_devices] == [None, None]
+
+
+def test_the_record_holds_the_block_kernel_choice_and_the_cached_probes(monkeypatch, tmp_path):
+    """`dattn env`: DATTN_BLOCK_KERNEL, and each cached probe for this torch with its choice per backend, timings
+    and compile seconds (kernels/kernel_choice.py); the table shows them."""
+    import json
+
+    from dattn_cli.cli.render.env import env_table
+    from dattn_cli.kernels import kernel_choice
+
+    monkeypatch.setenv("DATTN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DATTN_BLOCK_KERNEL", "fa2")
+    facts = {"gpu": "NVIDIA H100 80GB HBM3", **kernel_choice.versions(), "dtype": "bfloat16", "head_dim": 64}
+    kernels = {"cudnn": {"ms": 1.0, "compile_s": 0.2}, "fa2": {"ms": 1.4, "compile_s": 0.0}}
+    entry = {"facts": facts, "kernels": kernels, "probed_at": "2026-11-26T15:00:00+00:00"}
+    other = {**entry, "facts": {**facts, "torch": "1.0"}}  # another torch's probe: not this one's
+    entries = {kernel_choice.probe_key(facts): entry, kernel_choice.probe_key(other["facts"]): other}
+    (tmp_path / "block_kernels.json").write_text(json.dumps({"format": kernel_choice.CACHE_FORMAT, "entries": entries}))
+    info = collect_environment()
+    assert info.block_kernel_forced == "fa2"
+    (probe,) = info.block_kernels
+    assert (probe["sdpa"], probe["flash"], probe["auto"]) == ("cudnn", None, "cudnn")
+    assert probe["timings_ms"] == {"cudnn": 1.0, "fa2": 1.4} and probe["compile_s"]["cudnn"] == 0.2
+    rows = dict(zip(*(list(column.cells) for column in env_table(info).columns)))
+    assert rows["block kernel forced"] == "fa2"
+    assert "sdpa -> cudnn" in rows["block kernel (NVIDIA H100 80GB HBM3, bfloat16, D=64)"]
+    monkeypatch.setenv("DATTN_BLOCK_KERNEL", "nonsense")
+    assert collect_environment().block_kernel_forced.startswith("invalid: DATTN_BLOCK_KERNEL='nonsense'")

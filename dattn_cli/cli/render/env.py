@@ -39,9 +39,31 @@ def env_table(info: EnvironmentInfo) -> Table:
             )
         )
     rows.append(("backends", ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in info.backends.items())))
+    rows.extend(block_kernel_rows(info))
     for k, v in rows:  # what the machine reports (CPU and GPU names) is text, not markup
         table.add_row(escape(k), escape(str(v)))
     return table
+
+
+def block_kernel_rows(info: EnvironmentInfo) -> list[tuple[str, str]]:
+    """What the blocks' kernel choice is here: forced by DATTN_BLOCK_KERNEL, or each cached probe's choice per
+    backend with the kernels' steady ms and compile seconds."""
+    rows = [("block kernel forced", info.block_kernel_forced or "no (DATTN_BLOCK_KERNEL unset: the probe decides)")]
+    for c in info.block_kernels or []:
+        chosen = ", ".join(f"{family} -> {c.get(family) or '-'}" for family in ("sdpa", "flash", "auto"))
+        timings = ", ".join(
+            f"{name} {ms:.3g} ms" if ms is not None else f"{name} failed" for name, ms in c["timings_ms"].items()
+        )
+        compile_s = ", ".join(f"{name} {s:g} s" for name, s in c["compile_s"].items() if s)
+        rows.append(
+            (
+                f"block kernel ({c['gpu']}, {c['dtype']}, D={c['head_dim']})",
+                f"{chosen}; fwd+bwd {timings}" + (f"; compile {compile_s}" if compile_s else ""),
+            )
+        )
+    if not info.block_kernels:
+        rows.append(("block kernel probes", "none cached for this torch (cpu: sdpa -> cpu-flash)"))
+    return rows
 
 
 def profiles_table(profiles: dict[str, HardwareProfile]) -> Table:
@@ -62,8 +84,9 @@ def profiles_table(profiles: dict[str, HardwareProfile]) -> Table:
     return table
 
 
-def impls_table(entries: list[dict]) -> Table:
-    """One row per registry entry (cli/impls.py's records); why an entry cannot run here goes below."""
+def impls_table(entries: list[dict], kernels: dict[str, str] | None = None) -> Table:
+    """One row per registry entry (cli/impls.py's records); why an entry cannot run here goes below, with the
+    kernel each block backend runs on here (`kernels`)."""
     table = Table(
         title="dattn impls: the registry (verify, bench, profile and plan take these as --impl)",
         box=box.SIMPLE_HEAD,
@@ -85,5 +108,8 @@ def impls_table(entries: list[dict]) -> Table:
             escape(e["where"]),
             here,
         )
-    table.caption = "not here: " + "; ".join(reasons) if reasons else None
+    lines = ["not here: " + "; ".join(reasons)] if reasons else []
+    if kernels:
+        lines.append("block kernels here: " + ", ".join(f"{b} -> {escape(k)}" for b, k in kernels.items()))
+    table.caption = "\n".join(lines) or None
     return table
