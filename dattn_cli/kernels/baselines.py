@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .flash_kernels import flash_installs
 from .heads import expand_kv
 from .reference import dilated_attention_reference
 
@@ -69,10 +70,16 @@ class FA4Attention(DenseBaseline):
     """FlashAttention-4's flash_attn_func: (B, N, H, D) in, GQA native (H a multiple of H_kv)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
-        from flash_attn.cute.interface import flash_attn_func
+        from .flash_kernels import fa4_attention
 
-        out = flash_attn_func(q, k, v, causal=is_causal)
-        return out[0] if isinstance(out, tuple) else out  # (out, lse) in the versions that return both
+        return fa4_attention(q, k, v, causal=is_causal)[0]
+
+
+def fa2_missing() -> str | None:
+    """Why the flash baseline cannot run: flash-attn 2 is absent (an install with only flash_attn.cute is FA4)."""
+    if flash_installs().fa2:
+        return None
+    return "needs flash_attn.flash_attn_interface (FlashAttention-2; only flash_attn.cute is here): pip install 'dattn[flash]'"
 
 
 @functools.cache

@@ -15,6 +15,7 @@ from .baselines import (
     MathAttention,
     ReferenceAttention,
     SDPAAttention,
+    fa2_missing,
     fa4_import_error,
 )
 from .block_sparse.attention import BlockSparseRingDilatedAttention
@@ -216,6 +217,7 @@ register(
         memory_model="dense",
         devices=("cuda",),
         requires=("flash_attn",),
+        probe=fa2_missing,
         install_hint="pip install 'dattn[flash]'",
         **_BASELINE,
     )
@@ -240,7 +242,6 @@ register(
         pairs=dense_pairs,
         memory_model="dense",
         devices=("cuda",),
-        requires=("flash_attn",),
         install_hint="pip install flash-attn-4 (CUDA 12.9+ or 13, sm90/sm100)",
         probe=fa4_import_error,
         **_BASELINE,
