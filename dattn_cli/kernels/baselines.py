@@ -79,7 +79,9 @@ def fa2_missing() -> str | None:
     """Why the flash baseline cannot run: flash-attn 2 is absent (an install with only flash_attn.cute is FA4)."""
     if flash_installs().fa2:
         return None
-    return "needs flash_attn.flash_attn_interface (FlashAttention-2; only flash_attn.cute is here): pip install 'dattn[flash]'"
+    return "needs flash_attn.flash_attn_interface (FlashAttention-2; only FA4's flash_attn.cute is here): " + (
+        "pip install 'dattn[flash]'"
+    )
 
 
 @functools.cache
