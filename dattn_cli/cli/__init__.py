@@ -6,7 +6,8 @@ saying what was kept, no traceback). Progress goes to stderr; tables to stdout, 
 `--csv -` puts machine output on stdout.
 
 Layout: app.py (the Typer app, --config/--debug/--version), commands.py (the app with its commands; loaded by
-main, after its signal handlers), options.py (every option, once), one module per command, render/ (the tables).
+main, after its signal handlers), build.py (each command's options, made from the Problem's fields and
+options.py, the options that are not Problem fields), one module per command, render/ (the tables).
 """
 
 from __future__ import annotations

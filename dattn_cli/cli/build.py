@@ -62,14 +62,19 @@ def generated(command: str, model: type = Problem) -> Callable[[Callable], Calla
 def model_values(command: str, given: dict[str, Any], model: type) -> dict[str, Any]:
     """The options of `command` given for fields of `model`, their text parsed; one left unset (None) is left
     out, so the field keeps the model's default."""
-    values = {}
-    for name, value in given.items():
-        if name in model.model_fields and value is not None:
-            values[name] = parse_option(command, name, value)
-    return values
+    options = options_of(command, model)
+    return {
+        name: _parsed(options[name], value)
+        for name, value in given.items()
+        if name in model.model_fields and value is not None
+    }
 
 
-def parse_option(command: str, name: str, value: Any) -> Any:
+def parse_option(command: str, name: str, value: Any, model: type = Problem) -> Any:
     """The value of parameter `name` of `command` from its text (unchanged where the option has no parser)."""
-    key, form, _, _ = options_of(command)[name]
+    return _parsed(options_of(command, model)[name], value)
+
+
+def _parsed(option: tuple[str, Cli, Any, Any], value: Any) -> Any:
+    key, form, _, _ = option
     return form.parse(value, form.option(key)) if form.parse and value is not None else value
