@@ -10,13 +10,15 @@ from typing import Any
 import typer
 
 from .attach import agreed_exit_code, joined
-from .build import generated, model_values, options_of, parse_option
-from .options import typed
+from .build import generated, model_values, options_of, parameters, parse_option
 from .render.common import emit, emit_csv, machine_output, note, progress, set_quiet, stdout
 from .render.verify import check_line, verify_summary, verify_table, verify_warnings
 
 # verify's Problem options that set what each check varies; every other one given is your configuration
-AXES = ("impl", "backend", "device", "dtype", "semantics", "causal", "pattern", "window_left", "window_right")
+AXES = (
+    *("impl", "backend", "device", "dtype", "semantics", "causal", "pattern", "window_left", "window_right"),
+    "world_size",
+)
 OUTPUTS = ("json_out", "csv_out", "junit", "markdown")  # rank 0's alone when attached
 
 
@@ -26,13 +28,11 @@ def _cases(full: bool, given: dict[str, Any]) -> tuple[list, bool]:
     from ..verify import case_matrix, own_cases
     from ..workload import Problem
 
-    options = options_of("verify")
+    options, defaults = options_of("verify"), {p.name: p.default for p in parameters("verify")}
     own = {
         name: given[name]
-        for name, (key, form, annotation, default) in options.items()
-        if name in Problem.model_fields
-        and name not in (*AXES, "world_size")
-        and given[name] != typed(key, form, annotation, default)[1]
+        for name in options
+        if name in Problem.model_fields and name not in AXES and given[name] != defaults[name]
     }
     if not own:
         return case_matrix(full), False
