@@ -55,7 +55,7 @@ def config_default_map(ctx: typer.Context, data: dict, path: Path) -> dict:
 def _by_name(command: str, params: list) -> dict:
     """A command's parameters by parameter name, by option name (seq_len for --seq-len) and by a deprecated
     option name (plan's memory for --max-memory)."""
-    from . import DEPRECATED
+    from .deprecated import DEPRECATED
 
     found = {p.name: p for p in params}
     found.update({opt[2:].replace("-", "_"): p for p in params for opt in getattr(p, "opts", ()) if opt[:2] == "--"})
