@@ -6,7 +6,9 @@ saying what was kept, no traceback). Progress goes to stderr; tables to stdout, 
 `--csv -` puts machine output on stdout.
 
 Layout: app.py (the Typer app, --config/--debug/--version), commands.py (the app with its commands; loaded by
-main, after its signal handlers), options.py (every option, once), one module per command, render/ (the tables).
+main, after its signal handlers), build.py (each command's options, made from the Problem's fields and
+options.py, the options that are not Problem fields), deprecated.py (old option names), one module per
+command, render/ (the tables).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from typing import Any
 
 from ..runtime.signals import Interrupted, ignore_stopping_signals, raising_interrupted, take_pending
+from .deprecated import rename_deprecated
 
 __all__ = ["app", "main"]
 
@@ -57,30 +60,6 @@ def _one_line(exc: Exception) -> str:
     if len(message) > MESSAGE_LIMIT:
         message = message[: MESSAGE_LIMIT - 300] + " ... " + message[-295:]
     return message
-
-
-# Old option names, still accepted for a while: each use prints one deprecation line on stderr. --nproc and
-# --start also collided with torchrun's own options (--nproc-per-node, --start-method) under torchrun.
-DEPRECATED = {
-    "bench": {"--seq-lens": "--seq-len", "--nproc": "--world-size", "--start": "--start-seq-len"},
-    "plan": {"--memory": "--max-memory"},  # --devices is plan's own name again (--target model --devices N)
-}
-ROOT_OPTIONS_WITH_VALUES = ("--config",)
-
-
-def rename_deprecated(args: list[str]) -> list[str]:
-    """args with deprecated option names replaced by the current ones, a note on stderr for each."""
-    i = 0
-    while i < len(args) and args[i].startswith("-"):
-        i += 2 if args[i] in ROOT_OPTIONS_WITH_VALUES else 1
-    renames = DEPRECATED.get(args[i], {}) if i < len(args) else {}
-    out = list(args)
-    for j in range(i + 1, len(out)):
-        name, eq, value = out[j].partition("=")
-        if name in renames:
-            print(f"dattn: note: {name} is deprecated, use {renames[name]}", file=sys.stderr)
-            out[j] = renames[name] + eq + value
-    return out
 
 
 def _run(args: list[str]) -> int:

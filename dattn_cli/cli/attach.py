@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..runtime.attach import World, detect, join
 
 
@@ -45,3 +47,15 @@ def agreed_exit_code(world: World | None, code: int, timeout_s: float = 60.0) ->
 
     codes = exchange("exit", code, world, timeout_s)
     return max(1 if isinstance(c, RankSilent) else int(c) for c in codes)
+
+
+def joined(o: Any, world_size: int | None, outputs: tuple[str, ...]) -> World | None:
+    """The launcher's world for a command's options `o` (None: ranks are spawned here); on a rank other than 0,
+    `o` made quiet and its `outputs` unset: only rank 0 prints and writes."""
+    cuda = (o.device or "").startswith("cuda")
+    world = attached_world(o.attach, o.master_addr, o.master_port, world_size, cuda, o.dist_timeout)
+    if world is not None and world.rank != 0:
+        o.quiet = True
+        for name in outputs:
+            setattr(o, name, None)
+    return world

@@ -39,15 +39,7 @@ def config_default_map(ctx: typer.Context, data: dict, path: Path) -> dict:
             raise ValueError(f"--config {path}: unknown command {shown(command)}; use one of {', '.join(commands)}")
         if not isinstance(options, dict):
             raise ValueError(f"--config {path}: '{command}' must map option names to values")
-        params = {p.name: p for p in sub.params}  # by parameter name, and by option name (seq_len for --seq-len)
-        params.update(
-            {
-                opt.lstrip("-").replace("-", "_"): p
-                for p in sub.params
-                for opt in getattr(p, "opts", ())
-                if opt.startswith("--")
-            }
-        )
+        params = _by_name(command, sub.params)
         entry = {}
         for key, value in options.items():
             param = params.get(str(key).lstrip("-").replace("-", "_"))
@@ -58,6 +50,19 @@ def config_default_map(ctx: typer.Context, data: dict, path: Path) -> dict:
             entry[param.name] = _value(param, value, f"--config {path}: '{command}' option {key}")
         default_map[command] = entry
     return default_map
+
+
+def _by_name(command: str, params: list) -> dict:
+    """A command's parameters by parameter name, by option name (seq_len for --seq-len) and by a deprecated
+    option name (plan's memory for --max-memory)."""
+    from .deprecated import DEPRECATED
+
+    found = {p.name: p for p in params}
+    found.update({opt[2:].replace("-", "_"): p for p in params for opt in getattr(p, "opts", ()) if opt[:2] == "--"})
+    for old, new in DEPRECATED.get(command, {}).items():
+        if (param := found.get(new[2:].replace("-", "_"))) is not None:
+            found.setdefault(old[2:].replace("-", "_"), param)
+    return found
 
 
 def _value(param, value: object, where: str) -> object:

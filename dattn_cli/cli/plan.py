@@ -4,47 +4,13 @@ the planner checked or calibrated against bench rows."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import typer
 
-from .options import (
-    DEFAULT_MODE,
-    AmpOption,
-    BatchOption,
-    CalibrateOption,
-    CausalOption,
-    CheckOption,
-    CheckpointingOption,
-    CsvOption,
-    DevicesOption,
-    DilationsOption,
-    DocumentsOption,
-    DTypeOption,
-    EmbedDimOption,
-    FailIfInfeasibleOption,
-    HeadDimOption,
-    HeadsOption,
-    ImplOption,
-    JsonOption,
-    KernelOption,
-    KVHeadsOption,
-    LayersOption,
-    MaxSeqOption,
-    MemoryOption,
-    MinDevicesOption,
-    ModeOption,
-    OptimizerOption,
-    ProfileOption,
-    SaveOption,
-    SegmentsOption,
-    SemanticsOption,
-    SeqLenOption,
-    SequenceParallelOption,
-    TargetOption,
-    VocabSizeOption,
-    ZeroOption,
-    check_ranks,
-)
+from .build import generated, model_values
+from .options import check_ranks
 from .render.common import emit_csv, emit_json, machine_output, note, stdout
 from .render.plan import check_table, plan_table
 
@@ -192,112 +158,63 @@ def _model_advice(solve, problem, hw, training) -> str:
         return str(exc)
 
 
-def _lengths(seq_len: str, documents: str | None, devices: int, max_seq: bool, min_devices: bool) -> dict:
-    """N, or with --documents their sum and the lengths (one device: each document one engine call)."""
-    from ..workload import parse_int_list, parse_seq_len
-
-    if documents is None:
-        return {"seq_len": parse_seq_len(seq_len)}
+def _lengths(values: dict, devices: int, max_seq: bool, min_devices: bool) -> dict:
+    """With --documents, N is their sum (one device: each document one engine call)."""
+    if values.get("documents") is None:
+        return values
     if devices > 1:
         raise ValueError("--documents: the planner models packed documents on one device; drop --world-size")
     if max_seq or min_devices:
         raise ValueError("--documents fix N (their sum): drop --max-seq/--min-devices")
-    docs = parse_int_list(documents, "--documents")
-    return {"seq_len": sum(docs), "documents": docs}
+    return {**values, "seq_len": sum(values["documents"])}
 
 
-def plan(
-    impl: ImplOption = None,
-    seq_len: SeqLenOption = "64k",
-    batch: BatchOption = 1,
-    heads: HeadsOption = 8,
-    kv_heads: KVHeadsOption = None,
-    head_dim: HeadDimOption = 64,
-    documents: DocumentsOption = None,
-    dtype: DTypeOption = "float32",
-    mode: ModeOption = DEFAULT_MODE,
-    segments: SegmentsOption = "2048,4096,8192",
-    dilations: DilationsOption = "1,2,4",
-    semantics: SemanticsOption = "longnet",
-    causal: CausalOption = False,
-    target: TargetOption = "attention",
-    embed_dim: EmbedDimOption = None,
-    layers: LayersOption = 12,
-    vocab_size: VocabSizeOption = 50304,
-    checkpointing: CheckpointingOption = False,
-    amp: AmpOption = None,
-    devices: DevicesOption = 1,
-    sequence_parallel: SequenceParallelOption = 1,
-    zero: ZeroOption = 0,
-    optimizer: OptimizerOption = "adamw",
-    profile: ProfileOption = "cpu-host",
-    memory: MemoryOption = None,
-    kernel: KernelOption = "auto",
-    max_seq: MaxSeqOption = False,
-    min_devices: MinDevicesOption = False,
-    check: CheckOption = None,
-    calibrate: CalibrateOption = None,
-    fail_if_infeasible: FailIfInfeasibleOption = False,
-    save: SaveOption = None,
-    json_out: JsonOption = None,
-    csv_out: CsvOption = None,
-) -> None:
-    """Predict memory per device and time per call from a stated model (docs/plan.md), or check it against bench rows.
+def _problem(o: SimpleNamespace):
+    """(the Problem, a model's training layout or None); for a model the Problem is one replica's sequence."""
+    from ..workload import Problem
 
-    Default --impl: ImprovedDilatedAttention, or ImprovedMultiheadDilatedAttention for --target layer|model.
-    """
-    machine_output(json_out, csv_out)
-    _check_files(check, calibrate, save, json_out, csv_out)
-    from ..plan import solve
-    from ..workload import Problem, parse_int_list
-
-    hw = _hardware(profile, memory)
-    if devices < 1:
-        raise ValueError(f"--world-size must be >= 1, got {devices}")
-    if save is not None and calibrate is None:
-        raise ValueError("--save goes with --calibrate REPORT.jsonl")
-    if calibrate is not None:
-        return _calibrate(hw, calibrate, save)
-    if check is not None:
-        return _check(hw, check, json_out, csv_out)
-    if target == "attention":
-        check_ranks([impl or DEFAULT_IMPL[target]], devices, "--world-size")
-    training = _training(target, devices, sequence_parallel, zero, optimizer)
+    if o.target == "attention":
+        check_ranks([o.impl or DEFAULT_IMPL[o.target]], o.world_size, "--world-size")
+    training = _training(o.target, o.world_size, o.sequence_parallel, o.zero, o.optimizer)
     if training is not None:
-        devices = 1  # the Problem is one replica's sequence; training.devices carries the layout
-        impl = impl or ("RingMultiheadDilatedAttention" if sequence_parallel > 1 else None)
-    problem = Problem(
-        impl=impl or DEFAULT_IMPL[target],
-        **_lengths(seq_len, documents, devices, max_seq, min_devices),
-        batch=batch,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        dtype=dtype,
-        mode=mode,
-        segment_lengths=parse_int_list(segments, "--segments"),
-        dilation_rates=parse_int_list(dilations, "--dilations"),
-        semantics=semantics,
-        causal=causal,
-        world_size=devices,
-        target=target,
-        embed_dim=embed_dim,
-        layers=layers,
-        vocab_size=vocab_size,
-        checkpointing=checkpointing,
-        amp=amp,
-        backend=kernel,
-    )
+        o.world_size = 1  # training.devices carries the layout
+        o.impl = o.impl or ("RingMultiheadDilatedAttention" if o.sequence_parallel > 1 else None)
+    o.impl = o.impl or DEFAULT_IMPL[o.target]
+    problem = Problem(**_lengths(model_values("plan", vars(o), Problem), o.world_size, o.max_seq, o.min_devices))
     if training is not None:
         from ..plan.parallel import check_impl
 
         check_impl(problem, training)
-    result, solved = _solve(problem, hw, max_seq, min_devices, training)
+    return problem, training
+
+
+@generated("plan")
+def plan(**given: Any) -> None:
+    """Predict memory per device and time per call from a stated model (docs/plan.md), or check it against bench rows.
+
+    Default --impl: ImprovedDilatedAttention, or ImprovedMultiheadDilatedAttention for --target layer|model.
+    """
+    o = SimpleNamespace(**given)
+    machine_output(o.json_out, o.csv_out)
+    _check_files(o.check, o.calibrate, o.save, o.json_out, o.csv_out)
+    from ..plan import solve
+
+    hw = _hardware(o.profile, o.max_memory)
+    if o.world_size < 1:
+        raise ValueError(f"--world-size must be >= 1, got {o.world_size}")
+    if o.save is not None and o.calibrate is None:
+        raise ValueError("--save goes with --calibrate REPORT.jsonl")
+    if o.calibrate is not None:
+        return _calibrate(hw, o.calibrate, o.save)
+    if o.check is not None:
+        return _check(hw, o.check, o.json_out, o.csv_out)
+    problem, training = _problem(o)
+    result, solved = _solve(problem, hw, o.max_seq, o.min_devices, training)
     advice = (
         solve.chunk_advice(result.problem, hw, result.devices)
         if training is None
         else _model_advice(solve, result.problem, hw, training)
     )
-    _emit(result, solved, advice, solve.headroom(result, hw, training), json_out, csv_out)
-    if fail_if_infeasible and not result.feasible:
+    _emit(result, solved, advice, solve.headroom(result, hw, training), o.json_out, o.csv_out)
+    if o.fail_if_infeasible and not result.feasible:
         raise typer.Exit(code=1)

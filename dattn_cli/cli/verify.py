@@ -4,90 +4,44 @@ case matrix or on the user's own configuration (any shape or pattern option give
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, get_args
+from types import SimpleNamespace
+from typing import Any
 
 import typer
 
-from .attach import agreed_exit_code, attached_world
-from .options import (
-    AttachOption,
-    BackendsOption,
-    BatchOption,
-    BothOption,
-    CausalFilterOption,
-    CsvOption,
-    DetailsOption,
-    DeviceOption,
-    DilationsOption,
-    DistTimeoutOption,
-    DocumentsOption,
-    DTypeOption,
-    FullOption,
-    HeadDimOption,
-    HeadsOption,
-    ImplsOption,
-    JsonOption,
-    JunitOption,
-    KVHeadsOption,
-    MarkdownOption,
-    MasterAddrOption,
-    MasterPortOption,
-    PatternsOption,
-    QuietOption,
-    SeedOption,
-    SegmentsOption,
-    SemanticsSetOption,
-    SeqLenOption,
-    WindowLeftOption,
-    WindowRightOption,
-    WorldSizeOption,
-)
+from .attach import agreed_exit_code, joined
+from .build import generated, model_values, options_of, parameters, parse_option
 from .render.common import emit, emit_csv, machine_output, note, progress, set_quiet, stdout
 from .render.verify import check_line, verify_summary, verify_table, verify_warnings
 
-
-def unset(alias: Any) -> Any:
-    """`alias` (Annotated[type, typer.Option]) taking None for 'not given'."""
-    base, *metadata = get_args(alias)
-    return Annotated[(base | None, *metadata)]
-
-
-# Shape and pattern options: not given = the built-in case matrix; any given = that one configuration.
-OwnSeqLen, OwnBatch, OwnHeads, OwnHeadDim = (
-    unset(SeqLenOption),
-    unset(BatchOption),
-    unset(HeadsOption),
-    unset(HeadDimOption),
+# verify's Problem options that set what each check varies; every other one given is your configuration
+AXES = (
+    *("impl", "backend", "device", "dtype", "semantics", "causal", "pattern", "window_left", "window_right"),
+    "world_size",
 )
-OwnSegments, OwnDilations, OwnKVHeads = unset(SegmentsOption), unset(DilationsOption), unset(KVHeadsOption)
-OwnSemantics = unset(SemanticsSetOption)  # not given: both on the case matrix, longnet on your configuration
+OUTPUTS = ("json_out", "csv_out", "junit", "markdown")  # rank 0's alone when attached
 
 
-def _cases(full: bool, shape: dict[str, Any]) -> tuple[list, bool]:
-    """(the cases to check, whether they are the user's own configuration)."""
+def _cases(full: bool, given: dict[str, Any]) -> tuple[list, bool]:
+    """(the cases to check, whether they are the user's own configuration): the case matrix, or one case of
+    the Problem options given (a value other than the option's default)."""
     from ..verify import case_matrix, own_cases
-    from ..workload import parse_int_list, parse_seq_lens
+    from ..workload import Problem
 
-    given = {name: value for name, value in shape.items() if value is not None}
-    if not given:
+    options, defaults = options_of("verify"), {p.name: p.default for p in parameters("verify")}
+    own = {
+        name: given[name]
+        for name in options
+        if name in Problem.model_fields and name not in AXES and given[name] != defaults[name]
+    }
+    if not own:
         return case_matrix(full), False
     if full:
-        raise ValueError(
-            "--full checks the built-in case matrix; drop it to check your configuration "
-            f"({', '.join('--' + n.replace('_', '-') for n in given)})"
-        )
-    documents = parse_int_list(shape["documents"], "--documents") if shape["documents"] is not None else None
-    seq_lens = parse_seq_lens(shape["seq_len"]) if shape["seq_len"] is not None else None
-    return own_cases(
-        seq_lens or ([sum(documents)] if documents else None),
-        documents=documents,
-        batch=shape["batch"],
-        heads=shape["heads"],
-        kv_heads=shape["kv_heads"],
-        head_dim=shape["head_dim"],
-        segment_lengths=parse_int_list(shape["segments"], "--segments") if shape["segments"] is not None else None,
-        dilation_rates=parse_int_list(shape["dilations"], "--dilations") if shape["dilations"] is not None else None,
-    ), True
+        named = ", ".join(options[name][1].option(options[name][0]) for name in own)
+        raise ValueError(f"--full checks the built-in case matrix; drop it to check your configuration ({named})")
+    values = model_values("verify", own, Problem)
+    seq_lens, documents = values.pop("seq_len", None), values.get("documents")
+    return own_cases(seq_lens or ([sum(documents)] if documents else None), **values), True
 
 
 def _axes(own: bool, semantics: str | None, causal: bool | None, both: bool) -> dict[str, list]:
@@ -150,39 +104,28 @@ def _note_distributed(impl: list[str] | None, world_sizes: list[int]) -> None:
         )
 
 
-def verify(
-    impl: ImplsOption = None,
-    backend: BackendsOption = None,
-    device: DeviceOption = "cpu",
-    dtype: DTypeOption = "float32",
-    seq_len: OwnSeqLen = None,
-    batch: OwnBatch = None,
-    heads: OwnHeads = None,
-    kv_heads: OwnKVHeads = None,
-    head_dim: OwnHeadDim = None,
-    documents: DocumentsOption = None,
-    segments: OwnSegments = None,
-    dilations: OwnDilations = None,
-    semantics: OwnSemantics = None,
-    causal: CausalFilterOption = None,
-    both: BothOption = False,
-    pattern: PatternsOption = None,
-    window_left: WindowLeftOption = None,
-    window_right: WindowRightOption = None,
-    full: FullOption = False,
-    seed: SeedOption = 0,
-    world_size: WorldSizeOption = "1",
-    dist_timeout: DistTimeoutOption = 120.0,
-    attach: AttachOption = None,
-    master_addr: MasterAddrOption = None,
-    master_port: MasterPortOption = None,
-    json_out: JsonOption = None,
-    csv_out: CsvOption = None,
-    junit: JunitOption = None,
-    markdown: MarkdownOption = None,
-    details: DetailsOption = False,
-    quiet: QuietOption = False,
-) -> None:
+def _checks(o: SimpleNamespace, world, world_sizes: list[int], cases: list, own: bool):
+    from ..verify import OWN_PATTERNS, collect_checks
+
+    window = (o.window_left, o.window_right)
+    return collect_checks(
+        o.impl,
+        world_sizes=world_sizes,
+        dist_timeout_s=o.dist_timeout,
+        dtype=o.dtype,
+        attached=world,
+        **_axes(own, o.semantics, o.causal, o.both),
+        backends=o.backend,
+        device=o.device,
+        seed=o.seed,
+        cases=cases,
+        **({"patterns": o.pattern} if o.pattern else {"patterns": OWN_PATTERNS} if own else {}),
+        token_window=window if window != (None, None) else None,
+    )
+
+
+@generated("verify")
+def verify(**given: Any) -> None:
     """Equivalence of every implementation against the dense reference, forward and gradients.
 
     Default: the built-in case matrix (--quick, or --full).
@@ -196,60 +139,24 @@ def verify(
 
     Default --impl: every single-device implementation, or every distributed one with --world-size > 1.
     """
-    from ..workload import parse_int_list
-
-    world_sizes = parse_int_list(world_size, "--world-size")
-    world = attached_world(
-        attach,
-        master_addr,
-        master_port,
-        world_sizes[0] if len(world_sizes) == 1 else None,
-        device.startswith("cuda"),
-        dist_timeout,
-    )
-    if world is not None:  # only rank 0 prints and writes
+    o = SimpleNamespace(**given)
+    world_sizes = parse_option("verify", "world_size", o.world_size)
+    world = joined(o, world_sizes[0] if len(world_sizes) == 1 else None, OUTPUTS)
+    if world is not None:
         world_sizes = [world.world_size]
-        quiet, json_out, csv_out, junit, markdown = (
-            (quiet, json_out, csv_out, junit, markdown) if world.rank == 0 else (True, None, None, None, None)
-        )
-    machine_output(json_out, csv_out, junit, markdown)
-    set_quiet(quiet)
-    from ..verify import OWN_PATTERNS, collect_checks, run_checks
+    machine_output(o.json_out, o.csv_out, o.junit, o.markdown)
+    set_quiet(o.quiet)
+    from ..verify import run_checks
 
-    cases, own = _cases(
-        full,
-        dict(
-            seq_len=seq_len,
-            batch=batch,
-            heads=heads,
-            kv_heads=kv_heads,
-            head_dim=head_dim,
-            segments=segments,
-            dilations=dilations,
-            documents=documents,
-        ),
-    )
-    checks = collect_checks(
-        impl,
-        world_sizes=world_sizes,
-        dist_timeout_s=dist_timeout,
-        dtype=dtype,
-        attached=world,
-        **_axes(own, semantics, causal, both),
-        backends=backend,
-        device=device,
-        seed=seed,
-        cases=cases,
-        **({"patterns": pattern} if pattern else {"patterns": OWN_PATTERNS} if own else {}),
-        token_window=(window_left, window_right) if window_left is not None or window_right is not None else None,
-    )
+    cases, own = _cases(o.full, given)
+    checks = _checks(o, world, world_sizes, cases, own)
     if own:
-        _note_slow_reference(cases, device)
-        _note_distributed(impl, world_sizes)
+        _note_slow_reference(cases, o.device)
+        _note_distributed(o.impl, world_sizes)
     with progress() as bar:
         task = bar.add_task("verify", total=checks.total)
         report = run_checks(checks, on_result=lambda r: bar.update(task, advance=1, description=check_line(r)))
     if world is None or world.rank == 0:
-        _show(report, details, own, json_out, csv_out, junit, markdown)
-    if (code := agreed_exit_code(world, 0 if report.passed else 1, dist_timeout)) != 0:
+        _show(report, o.details, own, o.json_out, o.csv_out, o.junit, o.markdown)
+    if (code := agreed_exit_code(world, 0 if report.passed else 1, o.dist_timeout)) != 0:
         raise typer.Exit(code=code)

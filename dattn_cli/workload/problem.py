@@ -1,22 +1,45 @@
 """The one model of the problem: what attention call (or block, or model step) is verified, measured,
 profiled or planned. verify, bench, profile and plan all describe their work as a Problem; a bench
-sweep and a profile run add their measurement settings to it (bench/sweep_config.py, profile/config.py).
+sweep and a profile run add their measurement settings to it (bench/config.py, profile/config.py).
+Each field carries its command-line option (`Cli`, workload/option.py): cli/build.py makes the commands'
+options from them.
 
 A bad field is refused with one sentence naming the command-line option and the fix. Sizes have stated
 bounds (SIZE_LIMITS): far above any real problem, they keep a typo like --seq-len 10**30 from reaching
 torch or the planner's arithmetic (2**40 tokens is also where plan --max-seq stops searching).
+The kernels are imported where they are used: the command line reads these fields without torch.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, field_validator, model_validator
 
-from ..kernels.heads import divisors
-from ..kernels.pattern import validate_pattern
-from ..kernels.registry import REGISTRY, ImplSpec, names
+from .option import ALL, BLOCK, BLOCK_SPARSE, IMPL, LAYER, LAYERS, MEASURED, SHAPE, Cli
 from .parse import MAX_SEQ_LEN, shown
+from .problem_options import (
+    BACKEND_OPTION,
+    CAUSAL_OPTION,
+    CHECKPOINTING_OPTION,
+    COMPILED_OPTION,
+    DENSITY_OPTION,
+    DILATION_RATES_OPTION,
+    DOCUMENTS_OPTION,
+    IMPL_OPTION,
+    MODE_OPTION,
+    PATTERN_OPTION,
+    SEGMENT_LENGTHS_OPTION,
+    SEMANTICS_OPTION,
+    SEQ_LEN_OPTION,
+    TARGET_OPTION,
+    UNSET_IN_VERIFY,
+    WORLD_SIZE_OPTION,
+    check_device,
+)
+
+if TYPE_CHECKING:
+    from ..kernels.registry import ImplSpec
 
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 # The largest value of each size field (the smallest is 1).
@@ -39,46 +62,71 @@ Target = Literal["attention", "layer", "model"]
 
 
 class Problem(BaseModel):
-    impl: str = "ImprovedDilatedAttention"
-    batch: int = 1
-    seq_len: int = 8192
-    heads: int = 8
-    kv_heads: int | None = None  # GQA/MQA: key/value heads, dividing heads; None = heads (normalised to it)
-    head_dim: int = 64
-    segment_lengths: list[int] = [2048, 4096, 8192]
-    dilation_rates: list[int] = [1, 2, 4]
-    semantics: Literal["longnet", "head_groups"] = "longnet"
-    causal: bool = False
-    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
-    device: str = "cpu"
-    mode: Literal["fwd", "fwdbwd"] = "fwd"
-    world_size: int = 1  # ranks sharing the sequence
-    backend: str = "auto"  # attention backend of the dilated implementations' blocks
+    """What is computed. Each field's `Cli` is its command-line option (workload/option.py): the commands it
+    names take it, and a new field with one reaches them all (cli/build.py)."""
+
+    impl: Annotated[str, IMPL_OPTION] = "ImprovedDilatedAttention"
+    batch: Annotated[int, Cli("Batch size.", SHAPE, ALL, forms=UNSET_IN_VERIFY)] = 1
+    seq_len: Annotated[int, SEQ_LEN_OPTION] = 8192
+    heads: Annotated[int, Cli("Attention heads.", SHAPE, ALL, forms=UNSET_IN_VERIFY)] = 8
+    # GQA/MQA: key/value heads, dividing heads; None = heads (normalised to it)
+    kv_heads: Annotated[
+        int | None, Cli("Key/value heads (GQA; 1 = MQA); must divide --heads. Default: --heads.", SHAPE, ALL)
+    ] = None
+    head_dim: Annotated[int, Cli("Dimension per head.", SHAPE, ALL, forms=UNSET_IN_VERIFY)] = 64
+    segment_lengths: Annotated[list[int], SEGMENT_LENGTHS_OPTION] = [2048, 4096, 8192]
+    dilation_rates: Annotated[list[int], DILATION_RATES_OPTION] = [1, 2, 4]
+    semantics: Annotated[Literal["longnet", "head_groups"], SEMANTICS_OPTION] = "longnet"
+    causal: Annotated[bool, CAUSAL_OPTION] = False
+    dtype: Annotated[
+        Literal["float32", "float64", "bfloat16", "float16"], Cli("Input (layer/model: weight) dtype.", SHAPE, ALL)
+    ] = "float32"
+    device: Annotated[str, Cli("cpu or cuda.", IMPL, MEASURED, check=check_device)] = "cpu"
+    mode: Annotated[Literal["fwd", "fwdbwd"], MODE_OPTION] = "fwd"
+    world_size: Annotated[int, WORLD_SIZE_OPTION] = 1  # ranks sharing the sequence
+    backend: Annotated[str, BACKEND_OPTION] = "auto"  # attention backend of the dilated implementations' blocks
     # block-sparse implementations only
-    pattern: str = "dilated"
-    block_size: int = 128
-    window: int | None = None
-    density: float | None = None  # target block density (picks the window)
-    global_blocks: int = 1
-    levels: int = 2
-    window_left: int | None = None  # sliding_window: tokens before / after each query (default block_size)
-    window_right: int | None = None
-    executor: Literal["auto", "flex", "gather"] = "auto"
+    pattern: Annotated[str, PATTERN_OPTION] = "dilated"
+    block_size: Annotated[int, Cli("Block size in tokens.", BLOCK, BLOCK_SPARSE)] = 128
+    window: Annotated[
+        int | None, Cli("Window in blocks each side (local, global_local, hierarchical).", BLOCK, BLOCK_SPARSE)
+    ] = None
+    density: Annotated[float | None, DENSITY_OPTION] = None  # target block density (picks the window)
+    global_blocks: Annotated[int, Cli("global_local: global blocks.", BLOCK, BLOCK_SPARSE)] = 1
+    levels: Annotated[int, Cli("hierarchical: dilated levels.", BLOCK, BLOCK_SPARSE)] = 2
+    # sliding_window: tokens before / after each query (default block_size)
+    window_left: Annotated[
+        int | None, Cli("sliding_window: tokens before each query it attends (default: --block-size).", BLOCK, MEASURED)
+    ] = None
+    window_right: Annotated[
+        int | None,
+        Cli("sliding_window: tokens after each query (non-causal; default: --block-size).", BLOCK, MEASURED),
+    ] = None
+    executor: Annotated[
+        Literal["auto", "flex", "gather"], Cli("How blocks are computed.", BLOCK, BLOCK_SPARSE, choices=True)
+    ] = "auto"
     # what is computed: the attention alone, one DilatedTransformerBlock, or a LongNetLM (fwdbwd: a training
     # step with AdamW); impl is then the multihead attention inside each block
-    target: Target = "attention"
-    embed_dim: int | None = None  # layer/model width; default heads x head_dim
-    layers: int = 12
-    vocab_size: int = 50304
+    target: Annotated[Target, TARGET_OPTION] = "attention"
+    # layer/model width; default heads x head_dim
+    embed_dim: Annotated[int | None, Cli("Layer/model width (default: heads x head dim).", LAYER, LAYERS)] = None
+    layers: Annotated[int, Cli("Model depth (--target model).", LAYER, LAYERS)] = 12
+    vocab_size: Annotated[int, Cli("Model vocabulary (--target model).", LAYER, LAYERS)] = 50304
     mlp_ratio: float = 4.0
-    checkpointing: bool = False
-    amp: Literal["bf16", "fp16"] | None = None
-    compiled: bool = False  # the module measured under torch.compile (bench --compile)
-    documents: list[int] | None = None  # packed documents' lengths (cu_seqlens), summing to seq_len; batch 1
+    checkpointing: Annotated[bool, CHECKPOINTING_OPTION] = False
+    amp: Annotated[
+        Literal["bf16", "fp16"] | None,
+        Cli("Autocast the layer/model (--dtype stays the weights' dtype).", LAYER, LAYERS, choices=True),
+    ] = None
+    compiled: Annotated[bool, COMPILED_OPTION] = False  # the module measured under torch.compile (bench --compile)
+    # packed documents' lengths (cu_seqlens), summing to seq_len; batch 1
+    documents: Annotated[list[int] | None, DOCUMENTS_OPTION] = None
 
     @field_validator("impl")
     @classmethod
     def _registered(cls, value: str) -> str:
+        from ..kernels.registry import REGISTRY
+
         if value not in REGISTRY:
             raise ValueError(f"--impl {shown(value)} is unknown: use one of {', '.join(REGISTRY)} (see 'dattn impls')")
         return value
@@ -128,6 +176,10 @@ class Problem(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Problem:
+        from ..kernels.heads import divisors
+        from ..kernels.pattern import validate_pattern
+        from ..kernels.registry import names
+
         validate_pattern(self.segment_lengths, self.dilation_rates, self.semantics)
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(
@@ -178,6 +230,8 @@ class Problem(BaseModel):
             )
 
     def _check_layer_target(self) -> None:
+        from ..kernels.registry import names
+
         spec = self.spec
         if spec.kind != "multihead" or spec.baseline:
             raise ValueError(
@@ -202,6 +256,8 @@ class Problem(BaseModel):
 
     @property
     def spec(self) -> ImplSpec:
+        from ..kernels.registry import REGISTRY
+
         return REGISTRY[self.impl]
 
     @property
