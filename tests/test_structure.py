@@ -34,7 +34,7 @@ MAX_FUNCTION_LINES = 60
 # registry of figures with their sources). Logic does not; split it instead. Keep this small.
 SIZE_ALLOWLIST: frozenset[str] = frozenset()
 
-SIBLING_PACKAGES = ("verify", "bench", "profile", "plan")
+SIBLING_PACKAGES = ("verify", "bench", "profile", "plan", "compare")
 
 # Inside dattn_cli.plan: a module may import only modules to its left in this chain.
 PLAN_CHAIN = ("memory", "time", "layers", "solve")

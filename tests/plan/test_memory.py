@@ -90,7 +90,8 @@ def test_half_inputs_keep_the_covering_blocks_result_apart():
 
 
 def test_check_compares_cuda_rows_without_the_cuda_context(tmp_path):
-    """max_memory_allocated() holds no CUDA context: plan --check leaves the profile's framework item out for CUDA rows."""
+    """max_memory_allocated() holds no CUDA context: plan --check leaves the profile's framework item out for
+    CUDA rows."""
     import json
     from pathlib import Path
 

@@ -19,7 +19,8 @@ def _title(rows: list) -> str:
         r = rows[0]
         distributed = any(row.world_size > 1 for row in rows)
         title += (
-            f" ({escape(r.mode)}, {escape(r.dtype)}, {escape(r.device)}, B={r.batch} {heads_label(r.heads, r.kv_heads)} D={r.head_dim}"
+            f" ({escape(r.mode)}, {escape(r.dtype)}, {escape(r.device)}, "
+            f"B={r.batch} {heads_label(r.heads, r.kv_heads)} D={r.head_dim}"
             + (
                 f", {r.world_size} ranks: time of the slowest rank, memory and bytes of the largest rank"
                 if distributed

@@ -18,7 +18,8 @@ def _title(report: ProfileReport) -> str:
     p, c = report.config.problem, report.config
     return (
         f"dattn profile {literal(p.impl)} ({p.mode}, {p.dtype}, {p.device}, B={p.batch} N={p.seq_len} "
-        f"{heads_label(p.heads, p.kv_heads)} D={p.head_dim}, {c.iterations} iterations; speed-up on/off {report.speedup_on_vs_off:.2f}x)"
+        f"{heads_label(p.heads, p.kv_heads)} D={p.head_dim}, {c.iterations} iterations; "
+        f"speed-up on/off {report.speedup_on_vs_off:.2f}x)"
     )
 
 
