@@ -5,7 +5,7 @@ Sizes: T = batch·N tokens, E the width, F = mlp_ratio·E, H heads of D = E/H, V
 p = bytes of the parameter dtype (the residual stream), c = bytes of the compute dtype (autocast's, else p).
 
 Saved for backward by one pre-norm block (counted with torch.autograd.graph.saved_tensors_hooks on the
-block of kernels/longnet.py; tests/plan/test_layers.py checks the sum against measure.LiveTensorBytes):
+block of models/longnet.py; tests/plan/test_layers.py checks the sum against measure.LiveTensorBytes):
 * the two LayerNorm inputs, 2·T·E·p (LayerNorm runs in fp32 under autocast, on the residual stream)
 * the three linear inputs (qkv, out-projection, fc1), 3·T·E·c; the packed q/k/v projection, 3·T·E·c;
   the rotated q and k, 2·T·E·c; fc1's output and GELU's output, 2·T·F·c

@@ -1,6 +1,6 @@
 """The one model of the problem: what attention call (or block, or model step) is verified, measured,
 profiled or planned. verify, bench, profile and plan all describe their work as a Problem; a bench
-sweep and a profile run add their measurement settings to it (bench/sweep_config.py, profile/config.py).
+sweep and a profile run add their measurement settings to it (bench/config.py, profile/config.py).
 
 A bad field is refused with one sentence naming the command-line option and the fix. Sizes have stated
 bounds (SIZE_LIMITS): far above any real problem, they keep a typo like --seq-len 10**30 from reaching
