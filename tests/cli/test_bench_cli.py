@@ -426,7 +426,7 @@ def test_adaptive_repeats_and_a_cold_cache(tmp_path, capsys):
     (row,) = read_rows(out)
     assert row.repeat is None and row.precision == 5 and row.warmup_calls >= 1
     assert (row.stopped_by == "precision" and row.repeats >= 10 and row.median_ci_pct <= 5) or (
-        row.stopped_by in ("max-seconds", "max-samples") and "not --precision 5%" in row.noisy_reason
+        row.stopped_by in ("max-seconds", "max-samples", "processes") and "not --precision 5%" in row.noisy_reason
     )
     cold = tmp_path / "cold.jsonl"
     code, _, err = run_cli([*args, "--repeat", "3", "--cache", "cold", "--out", str(cold)], capsys)
