@@ -89,5 +89,5 @@ def pooled_stop(stops: list[str], times: list[float], sweep: Sweep) -> tuple[str
     reached = f"+-{ci:.1f}%" if ci is not None else "no 95% CI"
     pool = f"the {len(times)} pooled samples give the median to {reached}, not --precision {sweep.precision:g}%"
     if short := next((s for s in stops if s in ("max-seconds", "max-samples")), None):
-        return short, f"stopped by {short} in {stops.count(short)} of {len(stops)} processes; {pool}"
-    return "processes", f"stopped by processes: each of {len(stops)} reached --precision alone; {pool}"
+        return short, f"stopped by {short} in {stops.count(short)} of {len(stops)} processes, and {pool}"
+    return "processes", f"stopped by processes: each of {len(stops)} reached --precision alone, and {pool}"

@@ -56,7 +56,7 @@ def test_a_process_stopped_by_the_time_budget_is_named_with_the_pooled_ci():
     results = [process(10.0, seed=0), process(13.0, "max-seconds", n=12, seed=1), process(11.0, seed=2)]
     row = pooled(results, PROBLEM, SWEEP)
     assert row["stopped_by"] == "max-seconds"
-    assert "stopped by max-seconds in 1 of 3 processes; the 72 pooled samples" in row["noisy_reason"]
+    assert "stopped by max-seconds in 1 of 3 processes, and the 72 pooled samples" in row["noisy_reason"]
     assert "not --precision 5%" in row["noisy_reason"] and row["noisy_reason"].count("stopped by") == 1
 
 
