@@ -72,6 +72,7 @@ def test_failures_become_rows(child, status, needle):
     assert row["status"] == status and needle in row["error"]
 
 
+@pytest.mark.slow
 def test_time_budget_kills_a_hung_worker():
     row = run_isolated(*point(cfg(max_seconds=0.5), "ImprovedDilatedAttention", 512), child=helpers.sleeping_child)
     assert row["status"] == "skipped" and row["reason"].startswith("time")

@@ -181,6 +181,7 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return []
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_load_and_the_bench(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # a long pair (no --repeat: adaptive) so that the loaded side is still running when the signal comes
@@ -209,6 +210,7 @@ def test_sigterm_stops_the_load_and_the_bench(tmp_path):
 # --- one small pair, as a user runs it ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_slowdown_pair_detected_and_resume_measures_nothing(tmp_path):
     """One pair of scenario slowdown at N = 512 (~20 s on 2 busy cores): BASE and NEW measured, NEW's copy slowed
     by 25% compared with BASE, and by 5%. The verdict itself depends on the machine's load (a contended point

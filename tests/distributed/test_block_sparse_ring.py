@@ -11,6 +11,7 @@ from tests.conftest import rel_err
 from tests.distributed import workers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_shards_equal_the_reference_and_move_only_used_blocks(world):
     per_rank = run_distributed(workers.block_sparse_cases, world, timeout_s=120)
