@@ -26,14 +26,14 @@ def _title(rows: list) -> str:
     return f"dattn bench ({shape} {heads_label(r.heads, r.kv_heads)} D={r.head_dim})"
 
 
-def _legend(rows: list) -> str:
+def _legend(rows: list) -> list[str]:
     """What the columns mean, printed under the table (a title this long would wrap inside it)."""
-    parts = ["time = median of the timed calls, +- its 95% CI; TFLOP/s counts attended pairs only"]
+    lines = ["time = median of the timed calls, +- its 95% CI; TFLOP/s counts attended pairs only"]
     if any(row.world_size > 1 for row in rows):
-        parts.append(f"{rows[0].world_size} ranks: time of the slowest rank, memory and bytes of the largest rank")
+        lines.append(f"{rows[0].world_size} ranks: time of the slowest rank, memory and bytes of the largest rank")
     if any(row.interleaved for row in rows):
-        parts.append("lines timed round-robin (--interleave)")
-    return "; ".join(parts)
+        lines.append("lines timed round-robin (--interleave)")
+    return lines
 
 
 class Notes:
@@ -133,7 +133,7 @@ class BenchTable:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         table, notes, left_out = self.fitting(console, options.max_width)
         yield table
-        lines = [_legend(self.result.rows)]
+        lines = _legend(self.result.rows)
         if left_out:
             names = ", ".join(f"x {self.base}" if c == "ratio" else c for c in left_out)
             lines.append(f"left out at this width: {names} (in the --out, --json and --csv records)")
