@@ -165,6 +165,7 @@ def test_bad_option_is_one_line_exit_2(tmp_path, args, named):
     assert not (tmp_path / "results").exists() or not list((tmp_path / "results").glob("*.jsonl"))
 
 
+@pytest.mark.slow
 def test_unknown_impl_refused_by_dattn_is_exit_2_and_leaves_no_results(tmp_path):
     result = run_script(
         "--scenario", "quiet", "--pairs", "1", "--impl", "NoSuchAttention", *TINY, cwd=tmp_path, timeout=120

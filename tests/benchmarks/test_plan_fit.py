@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -20,6 +22,7 @@ from dattn_cli.plan.profiles import load_profile  # noqa: E402
 CELLS = Path(__file__).parent / "data" / "published_cells.csv"
 
 
+@pytest.mark.slow
 def test_the_script_runs_and_reports_every_section():
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "plan_fit.py"), "--cells", str(CELLS), "--yaml"],

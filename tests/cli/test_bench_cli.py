@@ -198,6 +198,7 @@ def _scaled(source, path, factor: float):
 LOAD_REASONS = ("other processes kept", "load average differs", "flagged noisy")
 
 
+@pytest.mark.slow
 def test_regression_gate_is_dattn_compare_exit_codes(tmp_path, capsys):
     """An established change decides the exit code, unless load differed between the runs (this run's points
     contended, other processes' CPU or the load average apart, as on a loaded test machine): then the gate

@@ -85,6 +85,7 @@ def test_bad_usage_is_one_line_exit_2(args, needle, capsys):
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_config_file(tmp_path, capsys):
     good = tmp_path / "c.yaml"
     good.write_text("verify:\n  impl: [DilatedAttention]\n  semantics: longnet\n  causal: true\n")

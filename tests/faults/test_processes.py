@@ -192,6 +192,7 @@ def test_a_stopped_rank_is_named_within_the_deadline(fn):
     assert left == "children left 0"
 
 
+@pytest.mark.slow
 def test_a_worker_stopped_while_sending_its_result_becomes_a_row():
     out = run_python("""
         from dattn_cli.runtime.launch import run_isolated
