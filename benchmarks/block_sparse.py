@@ -6,7 +6,8 @@ takes <= 0.25x the time of dense SDPA, measured side by side in one run; and tim
 measured: compiled CPU FlexAttention (executor=flex) at 10%, next to the gather executor that `auto`
 picks on CPU.
 
-    python benchmarks/block_sparse.py [--seq-len 32k] [--repeat 5] [--no-flex] [--out FILE.jsonl [--resume]] [--plot FILE.png]
+    python benchmarks/block_sparse.py [--seq-len 32k] [--repeat 5] [--no-flex] [--out FILE.jsonl [--resume]] \
+        [--plot FILE.png]
     python benchmarks/block_sparse.py --seq-len 2k --repeat 1 --no-flex     # a quick look (seconds)
     python benchmarks/block_sparse.py --out benchmarks/block_sparse_cpu.jsonl --resume   # the shipped rows again
 
@@ -75,7 +76,8 @@ def main() -> None:
     auto = sorted((r for r in rows if r.impl == IMPL and "[" not in r.pattern), key=lambda r: r.element_density)
     flex = [r for r in rows if r.impl == IMPL and r.pattern.endswith("[flex]")]
     print(
-        f"\nN={n}, fwd, fp32: dense sdpa {dense.time_ms:.1f} ms (p10 {dense.time_ms_p10:.1f}, p90 {dense.time_ms_p90:.1f})"
+        f"\nN={n}, fwd, fp32: dense sdpa {dense.time_ms:.1f} ms "
+        f"(p10 {dense.time_ms_p10:.1f}, p90 {dense.time_ms_p90:.1f})"
     )
     for r in auto + flex:
         print(

@@ -4,7 +4,8 @@ Issue target: at p = 4 the per-rank peak (above each process's RSS after start-u
 init) is at most 0.35x the p = 1 peak, on CPU, fp32, N = 64K, H = 8, D = 64, segments
 [2048, 8192, 32768], dilations [1, 2, 8] (the 32768-segments span two 16K shards).
 
-    python benchmarks/distributed_memory.py [--seq-len 64k] [--world-size 4] [--mode fwdbwd] [--out FILE.jsonl [--resume]]
+    python benchmarks/distributed_memory.py [--seq-len 64k] [--world-size 4] [--mode fwdbwd] \
+        [--out FILE.jsonl [--resume]]
     python benchmarks/distributed_memory.py --seq-len 4k --world-size 2 --repeat 1     # a quick look
     python benchmarks/distributed_memory.py --out benchmarks/distributed_memory.jsonl --resume   # the shipped rows
 
@@ -76,8 +77,10 @@ def main() -> None:
             a, b = one[-1], many[-1]
             print(
                 f"  {impl:38s} p=1 {a.peak_mem_bytes / 2**20:8.1f} MiB   p={p} max rank "
-                f"{b.peak_mem_bytes / 2**20:8.1f} MiB (ranks {[round(x / 2**20) for x in b.peak_mem_bytes_per_rank]})"
-                f"   ratio {b.peak_mem_bytes / a.peak_mem_bytes:.3f}   sent/rank/call {b.comm_bytes_sent / 2**20:.1f} MiB"
+                f"{b.peak_mem_bytes / 2**20:8.1f} MiB "
+                f"(ranks {[round(x / 2**20) for x in b.peak_mem_bytes_per_rank]})"
+                f"   ratio {b.peak_mem_bytes / a.peak_mem_bytes:.3f}   "
+                f"sent/rank/call {b.comm_bytes_sent / 2**20:.1f} MiB"
             )
 
 

@@ -13,7 +13,8 @@
     python benchmarks/layer_claims.py [--seq-len 2k,4k,8k,16k] [--cap 3GiB] [--skip-block] [--skip-model]
     python benchmarks/layer_claims.py --device cuda [--profile h100-sxm-80gb] [--options ckpt+bf16,plain]
     python benchmarks/layer_claims.py --seq-len 1k --options plain --cap 1GiB      # a quick look
-    python benchmarks/layer_claims.py --block-out benchmarks/layer_cpu.jsonl --model-out benchmarks/model_until_oom_cpu.jsonl --resume
+    python benchmarks/layer_claims.py --block-out benchmarks/layer_cpu.jsonl \
+        --model-out benchmarks/model_until_oom_cpu.jsonl --resume
 
 Every point is an ordinary `dattn bench` point (one isolated worker each). Each run measures afresh: block
 rows go to a new results/layer_<device>-<time>.jsonl and model rows to results/model_until_oom_<device>-
@@ -186,7 +187,8 @@ def gpu_part() -> None:
     gpu = load_profile("h100-sxm-80gb")
     segments = dict(segment_lengths=[2048, 4096, 8192, 16384, 32768], dilation_rates=[1, 2, 4, 8, 16])
     print(
-        f"\nplan, ~125M LongNetLM on one {gpu.name} ({gpu.memory_gib:.1f} GiB), LongNet segments {segments['segment_lengths']}"
+        f"\nplan, ~125M LongNetLM on one {gpu.name} ({gpu.memory_gib:.1f} GiB), "
+        f"LongNet segments {segments['segment_lengths']}"
     )
     for name, options in OPTIONS.items():
         n, _ = planner.max_seq(model_shape(**segments, **options), gpu)

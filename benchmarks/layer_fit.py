@@ -118,7 +118,8 @@ def main() -> None:
             f"\n{label}, {len(rows)} rows: " + ", ".join(f"{t} {c:.1f} MiB" for t, c in zip(TERMS, coef[:4])) + scratch
         )
         print(
-            f"  in-sample memory error: median {np.median(np.abs(errors)) * 100:.1f}%, max {np.max(np.abs(errors)) * 100:.1f}%"
+            f"  in-sample memory error: median {np.median(np.abs(errors)) * 100:.1f}%, "
+            f"max {np.max(np.abs(errors)) * 100:.1f}%"
         )
 
 

@@ -211,7 +211,8 @@ def main() -> None:
         predicted = layer_memory(s, 0, "cuda", states)
         measured = measure(zero, shape)
         print(
-            f"--zero {zero} over {WORLD} gloo ranks, N={s.seq_len}, {s.layers} x E={s.width}, V={s.vocab_size}: predicted "
+            f"--zero {zero} over {WORLD} gloo ranks, N={s.seq_len}, {s.layers} x E={s.width}, V={s.vocab_size}: "
+            f"predicted "
             f"{predicted.total / 2**20:.2f} MiB ({predicted.phase}), measured {measured / 2**20:.2f} MiB, "
             f"error {100 * (predicted.total - measured) / measured:+.1f}%"
         )

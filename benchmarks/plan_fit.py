@@ -15,7 +15,7 @@ cells and median |error| <= 12%, overall and per (gpu, kernel). Held out: (a) ev
 fitted on the rest, (b) each head dim predicted from the curves of the other head dims (interpolation in
 log2 d, or the nearest outside the fitted range).
 
---write puts the fitted curves into dattn_cli/profiles/<gpu>.yaml (the efficiency.attention_curves block);
+--write puts the fitted curves into profiles/<gpu>.yaml (the efficiency.attention_curves block);
 --yaml prints that block instead.
 """
 
@@ -308,7 +308,7 @@ def fit_and_report(cells: pd.DataFrame, args: argparse.Namespace) -> None:
         if args.yaml:
             print(f"\n# {gpu}\n" + curves_yaml(curves), end="")
         if args.write:
-            path = ROOT / "dattn_cli" / "profiles" / f"{gpu}.yaml"
+            path = ROOT / "profiles" / f"{gpu}.yaml"
             write_curves(path, curves)
             print(f"wrote {len(curves)} curves to {path.relative_to(ROOT)}")
 

@@ -142,7 +142,8 @@ def main() -> None:
 
     print(
         f"B=1 H={args.heads} D={args.head_dim} fp32, segments {SEGMENTS}, dilations {DILATIONS}, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}, {platform.machine()}, median of {args.repeat} rounds"
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}, {platform.machine()}, "
+        f"median of {args.repeat} rounds"
     )
     rows = []
     for mode, n in (("fwd", args.fwd_n), ("fwdbwd", args.fwdbwd_n)):

@@ -140,7 +140,8 @@ TOUR: dict[str, Small] = {
         files=("d.png",),
         why="N = 1k (8 blocks), two densities",
     ),
-    "dattn profile --impl BlockSparseRingDilatedAttention --pattern hierarchical --window 2 --show-pattern pattern.png": Small(
+    "dattn profile --impl BlockSparseRingDilatedAttention --pattern hierarchical --window 2 "
+    "--show-pattern pattern.png": Small(
         add=("--seq-len", "2k", *PROFILE_SMALL), files=("pattern.png",), why="N = 2k, two calls per setting"
     ),
     "python benchmarks/block_sparse.py": Small(
@@ -161,8 +162,8 @@ TOUR: dict[str, Small] = {
         why="a one-layer 64-wide model under a 64 MiB cap: the search ends at its first point (a step of the "
         "125M model takes 10-30 s on CPU)",
     ),
-    "dattn plan --target model --layers 12 --embed-dim 768 --heads 12 --profile h100-sxm-80gb --checkpointing --amp bf16 "
-    "--max-seq": Small(expect=r"largest N"),
+    "dattn plan --target model --layers 12 --embed-dim 768 --heads 12 --profile h100-sxm-80gb "
+    "--checkpointing --amp bf16 --max-seq": Small(expect=r"largest N"),
     "python benchmarks/layer_claims.py --cap 3GiB": Small(
         set={"--cap": "1GiB"},
         add=("--seq-len", "512", "--options", "plain"),
@@ -170,9 +171,8 @@ TOUR: dict[str, Small] = {
         "search ends before measuring (its weights and AdamW state alone are ~2 GiB); the planner part as is",
     ),
     "dattn profiles list": Small(expect=r"cpu-host"),
-    "dattn plan --impl RingDilatedAttention --profile h100-sxm-80gb --seq-len 4m --world-size 8 --dtype bfloat16": Small(
-        expect=r"verdict"
-    ),
+    "dattn plan --impl RingDilatedAttention --profile h100-sxm-80gb --seq-len 4m --world-size 8 "
+    "--dtype bfloat16": Small(expect=r"verdict"),
     "dattn plan --profile cpu-host --max-seq --max-memory 2GiB --mode fwd": Small(expect=r"largest N"),
     "dattn env": Small(expect=r"torch"),
     "echo 'verify: {semantics: longnet, causal: true}' > opts.yaml": Small(files=("opts.yaml",)),

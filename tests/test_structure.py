@@ -3,7 +3,9 @@
 * no import cycle between modules;
 * the sibling packages verify, bench, profile and plan do not import one another;
 * inside dattn_cli.plan, imports flow one way along memory <- time <- layers <- solve;
-* no module over MAX_MODULE_LINES lines, no function over MAX_FUNCTION_LINES lines.
+* no module over MAX_MODULE_LINES lines, no function over MAX_FUNCTION_LINES lines;
+* docstrings name only files that exist (docstring_paths states the rule);
+* pyproject.toml lists every package of dattn_cli (the list is explicit because profiles/ is mapped into it).
 
 Import graph conventions: `import dattn_cli.a` and `from dattn_cli import a` (when a is a package) mean the
 package's `__init__`; `from pkg import x` means the submodule pkg.x when x is one, else pkg itself; a module
@@ -17,6 +19,8 @@ Every failure lists all offenders, so the whole job is visible at once.
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +38,8 @@ MAX_FUNCTION_LINES = 60
 # registry of figures with their sources). Logic does not; split it instead. Keep this small.
 SIZE_ALLOWLIST: frozenset[str] = frozenset()
 
-SIBLING_PACKAGES = ("verify", "bench", "profile", "plan")
+SIBLING_PACKAGES = ("verify", "bench", "profile", "plan", "compare")
+REPOSITORY_FOLDERS = ("dattn_cli", "tests", "docs", "benchmarks", "profiles")
 
 # Inside dattn_cli.plan: a module may import only modules to its left in this chain.
 PLAN_CHAIN = ("memory", "time", "layers", "solve")
@@ -320,6 +325,57 @@ def oversized_functions(root: Path = ROOT, limit: int = MAX_FUNCTION_LINES) -> l
     return sorted(found, key=lambda o: (o.path, o.line))
 
 
+# --- docstrings and packaging ----------------------------------------------------------------------------
+
+PATH_IN_TEXT = re.compile(r"(?<![\w./-])((?:\w+/)*\w+\.(?:py|yaml|md))\b")
+
+
+def docstrings(tree: ast.AST) -> Iterable[str]:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield ast.get_docstring(node, clean=False) or ""
+
+
+def missing_docstring_paths(root: Path = ROOT, package: str = PACKAGE) -> list[str]:
+    """File names in dattn_cli's docstrings that do not exist. A name whose first folder is a subpackage of
+    dattn_cli (bench/point.py) is looked up under dattn_cli/; one under a repository folder (tests/, docs/,
+    benchmarks/, profiles/, dattn_cli/) at the repository root; a bare module name (point.py) in the module's
+    own package or anywhere in dattn_cli. Other paths (torch/optim/optimizer.py) are another project's."""
+    subpackages = {p.name for p in (root / package).iterdir() if (p / "__init__.py").is_file()}
+    everywhere = {f.name for f in (root / package).rglob("*.py")}
+    found = []
+    for file in find_modules(root, package).values():
+        rel = file.relative_to(root).as_posix()
+        for text in docstrings(ast.parse(file.read_text(encoding="utf-8"), filename=str(file))):
+            for path in PATH_IN_TEXT.findall(text):
+                first = path.split("/")[0]
+                if first in subpackages:
+                    ok = (root / package / path).is_file()
+                elif first in REPOSITORY_FOLDERS:
+                    ok = (root / path).is_file()
+                elif "/" not in path and path.endswith(".py"):
+                    ok = (file.parent / path).is_file() or path in everywhere
+                else:
+                    continue
+                if not ok:
+                    found.append(f"    {rel}: {path}")
+    return sorted(set(found))
+
+
+def test_docstrings_name_existing_files() -> None:
+    fail_listing("docstrings naming files that do not exist", missing_docstring_paths())
+
+
+def test_pyproject_lists_every_package() -> None:
+    tomllib = pytest.importorskip("tomllib") if sys.version_info >= (3, 11) else pytest.importorskip("tomli")
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {module_name(f, ROOT) for f in (ROOT / PACKAGE).rglob("__init__.py") if "__pycache__" not in f.parts}
+    folders.add(f"{PACKAGE}.profiles")  # profiles/ at the repository root, mapped by package-dir
+    assert listed == folders, (
+        f"pyproject.toml [tool.setuptools] packages: missing {folders - listed}, stale {listed - folders}"
+    )
+
+
 # --- the rules on the real package -----------------------------------------------------------------------
 
 
@@ -414,3 +470,22 @@ def test_sibling_check_flags_a_synthetic_cross_import(tmp_path: Path) -> None:
     ]
     wrong_way = chain_violations(collect_imports(tmp_path), f"{PACKAGE}.plan", PLAN_CHAIN)
     assert [(i.path, i.line, i.target) for i in wrong_way] == [(f"{PACKAGE}/plan/time.py", 2, f"{PACKAGE}.plan.solve")]
+
+
+def test_docstring_path_check_flags_a_missing_file(tmp_path: Path) -> None:
+    write_package(
+        tmp_path,
+        {
+            f"{PACKAGE}/__init__.py": "",
+            f"{PACKAGE}/bench/__init__.py": "",
+            f"{PACKAGE}/bench/point.py": '"""Uses bench/point.py, point.py and torch/optim/optimizer.py."""\n',
+            f"{PACKAGE}/bench/sweep.py": (
+                '"""Reads bench/sweep_config.py and docs/design.md."""\n\ndef f():\n    """gone.py"""\n'
+            ),
+        },
+    )
+    assert missing_docstring_paths(tmp_path) == [
+        f"    {PACKAGE}/bench/sweep.py: bench/sweep_config.py",
+        f"    {PACKAGE}/bench/sweep.py: docs/design.md",
+        f"    {PACKAGE}/bench/sweep.py: gone.py",
+    ]

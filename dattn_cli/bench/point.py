@@ -17,31 +17,44 @@ GPU: torch.cuda.max_memory_allocated after a reset, plus NVML's device-used figu
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, create_model
 
 from ..kernels.block_kernels import kernels_used, reset_kernels_used
 from ..kernels.distributed.sharding import padding_mask
 from ..kernels.kernel_choice import ensure_probed
 from ..kernels.registry import shard_call_options, shard_length
 from ..runtime.limits import address_space_capped, cap_address_space
-from ..runtime.measure import (
-    nvml_used_bytes,
-    peak_rss_bytes,
-    quantile,
-    reset_peak_rss,
-    return_freed_memory,
-    reuse_freed_memory,
-    rss_bytes,
-)
+from ..runtime.measure import nvml_used_bytes, quantile, return_freed_memory, reuse_freed_memory, rss_bytes
+from ..runtime.point import call_seconds, peak_of_one_call
 from ..runtime.timings import median_ci_pct, relative_iqr
 from ..workload.build import build_call
 from ..workload.counts import total_flops
 from ..workload.problem import Problem
+from ..workload.records import KEY_FIELDS, SETTINGS, BenchRow
 from .config import Sweep
 from .probes import Probes
 from .sampling import Agree, Clock, alone, take_samples, warm_up
+
+# What a point's measurement returns, across the worker's or rank's process boundary: the BenchRow fields that
+# are measured (not the problem's, which row_fields gives, nor the sweep's settings or the planner's prediction),
+# typed by BenchRow's own declarations, unknown names refused.
+NOT_MEASURED = {"record", "predicted_mem_bytes", "block_density", "element_density", *KEY_FIELDS, *SETTINGS}
+PointResult = create_model(
+    "PointResult",
+    __config__=ConfigDict(extra="forbid"),
+    **{
+        name: (f.annotation, f) for name, f in BenchRow.model_fields.items() if name not in NOT_MEASURED - {"processes"}
+    },
+)
+
+
+def result_fields(result: BaseModel | dict) -> dict:
+    """A point's result as the row fields it sets (a PointResult, or a dict such as a launcher's failure)."""
+    return result.model_dump(exclude_unset=True) if isinstance(result, BaseModel) else dict(result)
+
 
 CPU_MEM_METHOD = (
     "peak RSS of one call after the warm-up, freed memory returned to the OS (glibc mmap threshold "
@@ -86,16 +99,7 @@ def _stepper(sweep: Sweep, problem: Problem, group: Any, flush: ColdCache) -> tu
         ensure_probed(problem.device, dtype, problem.head_dim, problem.backend)
     call = build_call(problem, *_shard(problem, group))
 
-    def step() -> float:
-        inputs = call.make_inputs()  # fresh random inputs for every call, outside the timed region
-        flush()
-        if group is not None:
-            torch.distributed.barrier(group)
-        if sweep.cuda:
-            torch.cuda.synchronize()
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-        t0 = time.perf_counter()
+    def run(inputs: tuple) -> None:
         if problem.mode == "fwdbwd":
             out = call.run(*inputs)
             if out is not None:  # None: the call took a whole training step itself
@@ -103,12 +107,13 @@ def _stepper(sweep: Sweep, problem: Problem, group: Any, flush: ColdCache) -> tu
         else:
             with torch.no_grad():
                 call.run(*inputs)
-        if sweep.cuda:
-            end.record()
-            torch.cuda.synchronize()
-            seconds = begin.elapsed_time(end) / 1e3
-        else:
-            seconds = time.perf_counter() - t0
+
+    def step() -> float:
+        inputs = call.make_inputs()  # fresh random inputs for every call, outside the timed region
+        flush()
+        if group is not None:
+            torch.distributed.barrier(group)
+        seconds = call_seconds(lambda: run(inputs), problem.device if sweep.cuda else "cpu")
         return seconds if group is None else _slowest(seconds, group)
 
     return step, call.module
@@ -165,15 +170,6 @@ def _too_slow(sweep: Sweep, first: float, clock: Clock) -> dict | None:
         "reason": f"time: one call took {first:.2f} s; with {calls} the point would take "
         f"about {projected:.1f} s, over --max-seconds {sweep.max_seconds:g}",
     }
-
-
-def peak_of_one_call(step: Callable[[], float], base_rss: int, returns_memory: bool) -> tuple[int, bool]:
-    """Peak RSS above base_rss of one more call, and whether it is exact (freed memory returned to the OS and
-    the peak reset first); not exact: the process's peak so far, no call made."""
-    exact = returns_memory and return_freed_memory() and reset_peak_rss()
-    if exact:
-        step()
-    return max(0, peak_rss_bytes() - base_rss), exact
 
 
 def _cpu_memory(sweep: Sweep, step: Callable[[], float], start_rss: int, returns_memory: bool) -> dict:

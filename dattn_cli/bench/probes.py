@@ -36,7 +36,8 @@ class Probes:
         self.cpu_before = cpu_sample()
 
     def fields(self) -> dict:
-        """other_cpus, contended (+ the reason as 'contention'); on CUDA gpu_before/gpu_after, throttled (+ 'throttle')."""
+        """other_cpus, contended (+ the reason as 'contention'); on CUDA gpu_before/gpu_after, throttled
+        (+ 'throttle')."""
         result = self._cpu_fields()
         if self.sweep.cuda:
             from ..runtime.gpustate import throttle_reason

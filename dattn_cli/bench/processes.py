@@ -9,6 +9,8 @@ the code moves every process. pyperf runs 20 processes for the same reason; 3 ke
 because --max-seconds is the point's budget and the processes share it.
 
 `process_medians_ms` keeps each process's median, so a reader can see an outlier process.
+The row's stopped_by and median_ci_pct are the pool's: processes that each reached --precision alone can pool
+to a wider CI, and the row says so (stopped_by "processes", the pooled CI in noisy_reason).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
+from ..runtime.timings import median_ci_pct
 from ..workload.problem import Problem
 from .config import Sweep
 from .point import noise, noise_reason, summary_fields
+from .sampling import MIN_SAMPLES
 
 OWN_REASONS = ("relative IQR", "stopped by")  # recomputed from the pooled samples, not carried over
 
@@ -50,17 +54,14 @@ def pooled(results: list[dict], problem: Problem, sweep: Sweep) -> dict:
         for reason in (result.get("noisy_reason") or "").split("; "):
             if reason and not reason.startswith(OWN_REASONS) and reason not in reasons:
                 reasons.append(reason)
-    stops = [r["stopped_by"] for r in results]
-    if short := next((s for s in stops if s in ("max-seconds", "max-samples")), None):
-        reasons.append(
-            f"stopped by {short} in {stops.count(short)} of {len(results)} processes before --precision "
-            f"{sweep.precision:g}%"
-        )
+    stopped_by, why = pooled_stop([r["stopped_by"] for r in results], times, sweep)
+    if why:
+        reasons.append(why)
     others = [r["other_cpus"] for r in results if r.get("other_cpus") is not None]
     merged.update(
         process_medians_ms=[statistics.median(r["samples_ms"]) for r in results],
         processes=len(results),
-        stopped_by=stops[-1] if len(set(stops)) == 1 else ",".join(stops),
+        stopped_by=stopped_by,
         other_cpus=max(others) if others else None,
         contended=any(r.get("contended") for r in results),
         throttled=any(r.get("throttled") for r in results),
@@ -72,3 +73,21 @@ def pooled(results: list[dict], problem: Problem, sweep: Sweep) -> dict:
         noisy_reason="; ".join(reasons) or None,
     )
     return merged
+
+
+def pooled_stop(stops: list[str], times: list[float], sweep: Sweep) -> tuple[str, str | None]:
+    """Why the pooled samples (`times`, seconds) stopped, judged on the pool, and the noisy reason when they fall
+    short of --precision: each process stops on its own samples, and processes that each reached the precision
+    alone can pool to a wider CI (their medians differ). "repeat" with --repeat; "precision" when the pooled
+    median is known to --precision; else the first process's max-seconds or max-samples, or "processes" when
+    every process had reached the precision alone."""
+    if sweep.repeat is not None:
+        return "repeat", None
+    ci = median_ci_pct(times)
+    if ci is not None and ci <= sweep.precision and len(times) >= MIN_SAMPLES:
+        return "precision", None
+    reached = f"+-{ci:.1f}%" if ci is not None else "no 95% CI"
+    pool = f"the {len(times)} pooled samples give the median to {reached}, not --precision {sweep.precision:g}%"
+    if short := next((s for s in stops if s in ("max-seconds", "max-samples")), None):
+        return short, f"stopped by {short} in {stops.count(short)} of {len(stops)} processes, and {pool}"
+    return "processes", f"stopped by processes: each of {len(stops)} reached --precision alone, and {pool}"

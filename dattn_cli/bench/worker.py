@@ -1,7 +1,8 @@
 """Each point in an isolated worker (runtime.launch): an OOM, crash or time-out becomes a row instead
 of ending the sweep. On CPU the worker caps its own address space (runtime.limits) so an allocation
 beyond --max-memory fails inside torch; the parent also watches the worker's RSS and its time budget.
-Distributed points run on --world-size ranks of a process group started by the same launcher.
+Distributed points run on --world-size ranks of a process group started by the same launcher. What crosses
+the process boundary is a PointResult (bench/point.py), validated on both sides.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 import os
 import traceback
 from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
 
 from ..runtime.attach import backend as attach_backend
 from ..runtime.launch import DistributedError, run_distributed
@@ -19,7 +23,7 @@ from ..workload.problem import Problem
 from ..workload.records import BenchRow, row_fields
 from .config import Sweep
 from .interleave import measure_group
-from .point import TIMING_HEADROOM, measure_point
+from .point import TIMING_HEADROOM, PointResult, measure_point, result_fields
 
 OOM_TEXT = ("memoryerror", "out of memory", "can't allocate", "cannot allocate", "code -9")
 
@@ -31,9 +35,9 @@ def _child(conn, sweep_data: dict, problem_data: dict) -> None:
         _set_threads(sweep)
         if not sweep.cuda:
             cap_address_space(sweep.max_memory)
-        result = measure_point(sweep, problem, start_rss)
+        result = PointResult.model_validate(measure_point(sweep, problem, start_rss))
     except BaseException as exc:  # every failure becomes a row; the sweep goes on
-        result = failure_row(exc)
+        result = PointResult.model_validate(failure_row(exc))
     conn.send(result)
     conn.close()
 
@@ -46,8 +50,9 @@ def _group_child(conn, sweep_data: dict, problems_data: list[dict]) -> None:
         if not sweep.cuda:
             cap_address_space(sweep.max_memory)
         results = [failure_row(r) if isinstance(r, BaseException) else r for r in measure_group(sweep, problems)]
+        results = [PointResult.model_validate(r) for r in results]
     except BaseException as exc:  # every line gets the failure
-        results = [failure_row(exc)] * len(problems_data)
+        results = [PointResult.model_validate(failure_row(exc))] * len(problems_data)
     conn.send(results)
     conn.close()
 
@@ -76,18 +81,20 @@ def failure_row(exc: BaseException) -> dict:
 
 
 def run_isolated(sweep: Sweep, problem: Problem, child: Callable = _child) -> dict:
-    """Measure one point in a fresh worker; OOM, crash or time-out become a result, never an exception."""
-    return _launch(sweep, child, problem.model_dump(), lines=1)
+    """Measure one point in a fresh worker; OOM, crash or time-out become a result, never an exception. The
+    worker's PointResult is validated on arrival; the row fields it set are returned."""
+    return result_fields(_launch(sweep, child, problem.model_dump(), lines=1, result=PointResult))
 
 
 def run_isolated_group(sweep: Sweep, problems: list[Problem]) -> list[dict]:
     """--interleave: the problems of one N in one fresh worker (bench.interleave); a crash, OOM kill or time-out
     of the worker becomes every line's row."""
-    result = _launch(sweep, _group_child, [p.model_dump() for p in problems], lines=len(problems))
-    return result if isinstance(result, list) else [result] * len(problems)
+    data = [p.model_dump() for p in problems]
+    result = _launch(sweep, _group_child, data, lines=len(problems), result=list[PointResult])
+    return [result_fields(r) for r in result] if isinstance(result, list) else [result] * len(problems)
 
 
-def _launch(sweep: Sweep, child: Callable, problem_data: dict | list[dict], lines: int):
+def _launch(sweep: Sweep, child: Callable, problem_data: dict | list[dict], lines: int, result: Any):
     """A fresh worker running child(conn, sweep, problem_data): --max-seconds per line (plus 30 s to start), and
     on CPU its RSS watched against twice --max-memory."""
     rss_limit = None if sweep.cuda else int(TIMING_HEADROOM * sweep.max_memory + RLIMIT_SLACK)
@@ -99,10 +106,11 @@ def _launch(sweep: Sweep, child: Callable, problem_data: dict | list[dict], line
         deadline_text=f"--max-seconds {sweep.max_seconds:g}{per_line}",
         rss_limit=rss_limit,
         rss_limit_text=f"{TIMING_HEADROOM}x --max-memory",
+        result=result,
     )
 
 
-def measure_rank(rank: int, world: int, sweep_data: dict, problem_data: dict) -> dict:
+def measure_rank(rank: int, world: int, sweep_data: dict, problem_data: dict) -> BaseModel:
     """One rank of a distributed point: memory above this rank's RSS after the process group is up,
     address space capped like a single-process worker."""
     import torch
@@ -116,7 +124,7 @@ def measure_rank(rank: int, world: int, sweep_data: dict, problem_data: dict) ->
         sweep, problem = sweep.model_copy(update={"device": device}), problem.model_copy(update={"device": device})
     else:
         cap_address_space(sweep.max_memory)
-    return measure_point(sweep, problem, rss_bytes(), group=dist.group.WORLD)
+    return PointResult.model_validate(measure_point(sweep, problem, rss_bytes(), group=dist.group.WORLD))
 
 
 def run_distributed_point(sweep: Sweep, problem: Problem) -> dict:
@@ -133,6 +141,7 @@ def run_distributed_point(sweep: Sweep, problem: Problem) -> dict:
             problem.model_dump(),
             backend=backend,
             timeout_s=sweep.dist_timeout + sweep.max_seconds,
+            result=PointResult,
         )
     except DistributedError as exc:
         text = str(exc)
@@ -142,6 +151,7 @@ def run_distributed_point(sweep: Sweep, problem: Problem) -> dict:
             "error": text[:500],
             "reason": "out of memory" if oom else "a rank failed",
         }
+    per_rank = [result_fields(r) for r in per_rank]
     bad = [r for r in per_rank if r["status"] != "ok"]
     return bad[0] if bad else _combine_ranks(per_rank)
 

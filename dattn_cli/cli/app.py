@@ -1,4 +1,4 @@
-"""The `dattn` Typer application and its root options; the commands are registered in cli/__init__.py."""
+"""The `dattn` Typer application and its root options; the commands are registered in cli/commands.py."""
 
 from __future__ import annotations
 

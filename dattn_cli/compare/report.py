@@ -8,7 +8,8 @@ run as a whole keeps alpha. Then made inconclusive when the bench flagged a side
 reason in the note: other processes' CPU, GPU throttling; match._noisy), when other processes' CPU during the
 point (`other_cpus`) differs by more than half a CPU between the sides (benchmarks/noise.py: load on one side
 moves the whole side, and the test alone called 9 of 10 such A/A pairs slower; with one torch thread on 2 CPUs a
-1-CPU neighbour is not contention by the bench's rule, so the flag alone would not catch it), or when the side that looks slower (faster) is far noisier than
+1-CPU neighbour is not contention by the bench's rule, so the flag alone would not catch it), or when the side that
+looks slower (faster) is far noisier than
 the other (stats.spread_differs: the mark of load on one side, not of a code change) unless the CI lies wholly
 beyond HUGE (2x) either way: load on one side moved no CI bound of benchmarks/noise.py's A/A pairs past 1.46x.
 

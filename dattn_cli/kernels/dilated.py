@@ -279,7 +279,8 @@ class _DilatedAttentionBase(AttentionCore):
             f"semantics {self.semantics}",
             backend,
             f"kept rows {rows}",
-            f"pattern cache {'on' if self.use_pattern_cache else 'off'}, memory pool {'on' if self.enable_memory_pool else 'off'}",
+            f"pattern cache {'on' if self.use_pattern_cache else 'off'}, "
+            f"memory pool {'on' if self.enable_memory_pool else 'off'}",
         ]
         if self.selection_reason:
             parts.insert(0, self.selection_reason)

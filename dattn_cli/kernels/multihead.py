@@ -2,7 +2,8 @@
 
 One input projection weight (E + 2·E_kv, E), E_kv = num_kv_heads · head_dim (= E without GQA):
 self-attention (query is key is value) runs it as one fused matmul; otherwise its q/k/v slices project
-each input separately. num_kv_heads < num_heads: grouped-query attention (MQA at 1), kernels/heads.py. Optional MAGNETO sub-LayerNorm before
+each input separately. num_kv_heads < num_heads: grouped-query attention (MQA at 1), kernels/heads.py. Optional
+MAGNETO sub-LayerNorm before
 the output projection; Xavier-normal init with the MAGNETO gain `gamma_init` on the value and output
 projections (Wang et al., "Foundation Transformers", 2022).
 """
@@ -22,6 +23,27 @@ from .distributed.head_parallel import HeadParallelDilatedAttention
 from .distributed.ring import RingDilatedAttention
 from .heads import divisors
 from .rotary import apply_rotary, document_positions
+
+
+def _check_shape(embed_dim: int, num_heads: int, num_kv_heads: int | None, batch_first: bool, gamma_init: float) -> int:
+    """ValueError naming the argument for what MultiheadDilatedAttention cannot take; the kv head count."""
+    for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if embed_dim % num_heads:
+        raise ValueError(
+            f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}: choose embed_dim = num_heads * head_dim"
+        )
+    if not batch_first:
+        raise ValueError("batch_first=False is not supported: pass (batch, seq_len, embed_dim) with batch_first=True")
+    if gamma_init <= 0:
+        raise ValueError(f"gamma_init must be positive, got {gamma_init!r}")
+    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads <= 0 or num_heads % kv_heads:
+        raise ValueError(
+            f"num_kv_heads must divide num_heads={num_heads}, got {num_kv_heads!r}: use one of {divisors(num_heads)}"
+        )
+    return kv_heads
 
 
 class MultiheadDilatedAttention(nn.Module):
@@ -54,31 +76,8 @@ class MultiheadDilatedAttention(nn.Module):
         """attention_options go to the core (e.g. process_group for the distributed forms; pattern, block_size,
         window, density for the block-sparse form); a core that does not take one raises TypeError."""
         super().__init__()
-        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if embed_dim % num_heads:
-            raise ValueError(
-                f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}: choose embed_dim = num_heads * head_dim"
-            )
-        if not batch_first:
-            raise ValueError(
-                "batch_first=False is not supported: pass (batch, seq_len, embed_dim) with batch_first=True"
-            )
-        if gamma_init <= 0:
-            raise ValueError(f"gamma_init must be positive, got {gamma_init!r}")
+        self.num_kv_heads = _check_shape(embed_dim, num_heads, num_kv_heads, batch_first, gamma_init)
         self.embed_dim, self.num_heads = embed_dim, num_heads
-        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if (
-            isinstance(self.num_kv_heads, bool)
-            or not isinstance(self.num_kv_heads, int)
-            or self.num_kv_heads <= 0
-            or num_heads % self.num_kv_heads
-        ):
-            raise ValueError(
-                f"num_kv_heads must divide num_heads={num_heads}, got {num_kv_heads!r}: use one of "
-                f"{divisors(num_heads)}"
-            )
         self.head_dim = embed_dim // num_heads
         self.kv_dim = self.num_kv_heads * self.head_dim
         self.batch_first = True

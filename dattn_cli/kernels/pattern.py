@@ -75,7 +75,8 @@ def validate_pattern(
         raise ValueError("segment_lengths is empty: give at least one segment length, e.g. [2048]")
     if len(segs) != len(rates):
         raise ValueError(
-            f"segment_lengths has {len(segs)} entries but dilation_rates has {len(rates)}: give one dilation rate per segment length"
+            f"segment_lengths has {len(segs)} entries but dilation_rates has {len(rates)}: "
+            "give one dilation rate per segment length"
         )
     for name, values in (("segment_lengths", segs), ("dilation_rates", rates)):
         for value in values:

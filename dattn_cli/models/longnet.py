@@ -205,7 +205,8 @@ class LongNetLM(nn.Module):
         position_offset: int | None = None,
         cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Mean cross-entropy of the logits of `tokens` (position_offset, cu_seqlens as in forward) against `targets`."""
+        """Mean cross-entropy of the logits of `tokens` (position_offset, cu_seqlens as in forward) against
+        `targets`."""
         logits = self(tokens, position_offset, cu_seqlens)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
 

@@ -5,7 +5,7 @@ Sizes: T = batch·N tokens, E the width, F = mlp_ratio·E, H heads of D = E/H, V
 p = bytes of the parameter dtype (the residual stream), c = bytes of the compute dtype (autocast's, else p).
 
 Saved for backward by one pre-norm block (counted with torch.autograd.graph.saved_tensors_hooks on the
-block of kernels/longnet.py; tests/plan/test_layers.py checks the sum against measure.LiveTensorBytes):
+block of models/longnet.py; tests/plan/test_layers.py checks the sum against measure.LiveTensorBytes):
 * the two LayerNorm inputs, 2·T·E·p (LayerNorm runs in fp32 under autocast, on the residual stream)
 * the three linear inputs (qkv, out-projection, fc1), 3·T·E·c; the packed q/k/v projection, 3·T·E·c;
   the rotated q and k, 2·T·E·c; fc1's output and GELU's output, 2·T·F·c
@@ -245,6 +245,46 @@ def _forward_phases(s: Problem, common: dict[str, int], attention: dict[str, int
     return phases
 
 
+CORE_BACKWARD_ITEMS = (  # the attention items alive during its backward: the core's gradients and scratch
+    "gradients (upstream, dq, dk, dv)",
+    "block result",
+    "merge copies",
+    "index tensors",
+    "gather buffers",
+    "comm buffers",
+    "all-to-all copies",
+    "head-shard q, k, v, out",
+)
+
+
+def _kept(s: Problem, phase: _Phase, current: int | None, residual: int, saved: int) -> _Phase:
+    """The blocks' saved state while block `current` (its saved bytes; None: no block yet) runs its backward:
+    all blocks' saved sets (`saved` each), or with checkpointing their inputs and the recomputed one's."""
+    if s.checkpointing:
+        if s.target == "model":
+            phase.add("checkpointed block inputs", s.layers * residual)
+        if current is not None:
+            phase.add("recomputed block: saved for backward", current)
+    elif current is None:
+        phase.add("saved for backward (all blocks)", s.layers * saved)
+    else:
+        phase.add("saved for backward (other blocks)", (s.layers - 1) * saved)
+        phase.add("saved for backward (this block)", current)
+    return phase
+
+
+def _loss_phases(s: Problem, common: dict[str, int], states: ModelStates, residual: int, saved: int) -> list[_Phase]:
+    """A model's loss backward (the logits' gradient) and its optimizer step."""
+    c = ELEMENT_BYTES[s.compute_dtype]
+    tokens, width = s.batch * s.seq_len, s.width
+    loss = _kept(s, _Phase("loss backward (logits)", common), None, residual, saved).update(states.forward)
+    loss.add("final LayerNorm input and output", residual + tokens * width * c)
+    if c != ELEMENT_BYTES[s.dtype]:
+        loss.add("autocast copy of the tied head weight", s.vocab_size * width * c)
+    loss.add("log-softmax, its gradient, the logits' gradient (fp32)", 12 * tokens * s.vocab_size)
+    return [loss, _Phase(states.step_name, common).update(states.step)]
+
+
 def _training_phases(
     s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates
 ) -> list[_Phase]:
@@ -255,56 +295,18 @@ def _training_phases(
     model = s.target == "model"
     upstream = residual + (tokens * width * c if c != p else 0)
     mlp_backward = tokens * hidden * c + width * hidden * c
-
-    def kept(phase: _Phase, current: int | None) -> _Phase:
-        """The blocks' saved state while block `current` (its saved bytes; None: no block yet) runs its
-        backward: all blocks' saved sets, or with checkpointing their inputs and the recomputed one's."""
-        if s.checkpointing:
-            if model:
-                phase.add("checkpointed block inputs", s.layers * residual)
-            if current is not None:
-                phase.add("recomputed block: saved for backward", current)
-        elif current is None:
-            phase.add("saved for backward (all blocks)", s.layers * saved)
-        else:
-            phase.add("saved for backward (other blocks)", (s.layers - 1) * saved)
-            phase.add("saved for backward (this block)", current)
-        return phase
-
-    phases = []
-    if model:
-        loss = kept(_Phase("loss backward (logits)", common), None).update(states.forward)
-        loss.add("final LayerNorm input and output", residual + tokens * width * c)
-        if c != p:
-            loss.add("autocast copy of the tied head weight", s.vocab_size * width * c)
-        loss.add("log-softmax, its gradient, the logits' gradient (fp32)", 12 * tokens * s.vocab_size)
-        phases.append(loss)
-        phases.append(_Phase(states.step_name, common).update(states.step))
-    block = kept(_Phase("last block's backward (MLP)" if model else "block backward (MLP)", common), saved)
+    phases = _loss_phases(s, common, states, residual, saved) if model else []
+    name = "last block's backward (MLP)" if model else "block backward (MLP)"
+    block = _kept(s, _Phase(name, common), saved, residual, saved)
     block.update(states.forward).update(states.backward)
     block.add("upstream gradient, fc2 input and weight gradients", upstream + mlp_backward)
     phases.append(block)
     # the attention's backward: the MLP half of the block's saved set is gone; the core's gradients and
     # scratch (and a sequence-parallel form's buffers) and the packed q/k/v gradient appear
     attention_half = saved - 2 * tokens * hidden * c - tokens * width * (c + p)
-    core_backward = sum(
-        v
-        for k, v in attention.items()
-        if k
-        in (
-            "gradients (upstream, dq, dk, dv)",
-            "block result",
-            "merge copies",
-            "index tensors",
-            "gather buffers",
-            "comm buffers",
-            "all-to-all copies",
-            "head-shard q, k, v, out",
-        )
-    )
-    att = kept(
-        _Phase("last block's backward (attention)" if model else "block backward (attention)", common), attention_half
-    )
+    core_backward = sum(v for k, v in attention.items() if k in CORE_BACKWARD_ITEMS)
+    name = "last block's backward (attention)" if model else "block backward (attention)"
+    att = _kept(s, _Phase(name, common), attention_half, residual, saved)
     att.update(states.forward).update(states.backward)
     packed_qkv = (width + 2 * s.kv_head_count * s.head_dim) * tokens * c  # the in-projection's output gradient
     transients = 2 * residual + packed_qkv + core_backward

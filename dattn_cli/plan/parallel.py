@@ -25,6 +25,7 @@ forward and in the backward and a reduce-scatter of the gradients (3Ψ against D
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, field_validator, model_validator
@@ -212,108 +213,79 @@ def _collective(name: str, nbytes: float, messages: int, profile: HardwareProfil
     return name, int(nbytes), seconds
 
 
+def _timed(
+    name: str, nbytes: float, messages: int, profile: HardwareProfile, n: int, overlap: str, exposed: Callable
+) -> Collective:
+    """One collective over n devices; `exposed(seconds)` is the part of its time not hidden under compute."""
+    name, sent, seconds = _collective(name, nbytes, messages, profile, n)
+    return Collective(name=name, bytes=sent, seconds=seconds, exposed_s=exposed(seconds), overlap=overlap)
+
+
+def _ddp_all_reduce(total: int, profile: HardwareProfile, n: int, backward_s: float) -> Collective:
+    share = (n - 1) / n
+    buckets = max(1, -(-total // DDP_BUCKET_BYTES))
+    last = _collective("", 2 * share * min(total, DDP_BUCKET_BYTES), 2 * (n - 1), profile, n)[2]
+    overlap = (
+        "25 MiB buckets all-reduced during the backward; what exceeds the backward compute and the last bucket "
+        "are exposed"
+    )
+    messages = buckets * 2 * (n - 1)
+    exposed = lambda sec: max(0.0, sec - backward_s) + last
+    return _timed("DDP all-reduce of gradients", 2 * share * total, messages, profile, n, overlap, exposed)
+
+
 def data_parallel_collectives(
     s: Problem, profile: HardwareProfile, t: Training, forward_s: float, backward_s: float
 ) -> list[Collective]:
     """The gradient and parameter collectives of one step and what of each is exposed (module docstring)."""
-    n, z, p = t.devices, t.zero, ELEMENT_BYTES[s.dtype]
-    if n == 1:
+    n, z = t.devices, t.zero
+    if n == 1 or (s.mode != "fwdbwd" and z != 3):
         return []
-    total = model_parameters(s) * p
+    total = model_parameters(s) * ELEMENT_BYTES[s.dtype]
+    if s.mode == "fwdbwd" and z == 0:
+        return [_ddp_all_reduce(total, profile, n, backward_s)]
     block, head = _units(s)
-    units = s.layers + 1
     share = (n - 1) / n
-    unit = max(block, head) * p
-    out = []
+    messages = (s.layers + 1) * (n - 1)  # one collective per unit: every block, and the embedding/head
+    unit = _collective("", share * max(block, head) * ELEMENT_BYTES[s.dtype], n - 1, profile, n)[2]
+
+    def timed(name: str, overlap: str, exposed: Callable) -> Collective:
+        return _timed(name, share * total, messages, profile, n, overlap, exposed)
+
+    if z < 3:  # ZeRO-1/2: gradients reduce-scattered during the backward, updated parameters all-gathered after
+        return [
+            timed(
+                "ZeRO reduce-scatter of gradients",
+                "per unit during the backward; what exceeds the backward and the last unit exposed",
+                lambda sec: max(0.0, sec - backward_s) + unit,
+            ),
+            timed(
+                "ZeRO all-gather of updated parameters",
+                "after the optimizer step, nothing to hide under: exposed",
+                lambda sec: sec,
+            ),
+        ]
+    out = [
+        timed(
+            "FSDP all-gather (forward)",
+            "prefetched one unit ahead under the forward; the first unit's gather exposed",
+            lambda sec: max(0.0, sec - forward_s) + unit,
+        )
+    ]
     if s.mode != "fwdbwd":
-        if z == 3:
-            name, nbytes, sec = _collective("FSDP all-gather (forward)", share * total, units * (n - 1), profile, n)
-            first = _collective("", share * unit, n - 1, profile, n)[2]
-            out.append(
-                Collective(
-                    name=name,
-                    bytes=nbytes,
-                    seconds=sec,
-                    exposed_s=max(0.0, sec - forward_s) + first,
-                    overlap="prefetched one unit ahead under the forward; the first unit's gather exposed",
-                )
-            )
         return out
-    if z == 0:
-        buckets = max(1, -(-total // DDP_BUCKET_BYTES))
-        name, nbytes, sec = _collective(
-            "DDP all-reduce of gradients", 2 * share * total, buckets * 2 * (n - 1), profile, n
-        )
-        last = _collective("", 2 * share * min(total, DDP_BUCKET_BYTES), 2 * (n - 1), profile, n)[2]
-        out.append(
-            Collective(
-                name=name,
-                bytes=nbytes,
-                seconds=sec,
-                exposed_s=max(0.0, sec - backward_s) + last,
-                overlap="25 MiB buckets all-reduced during the backward; what exceeds the backward "
-                "compute and the last bucket are exposed",
-            )
-        )
-        return out
-    rs_name = "ZeRO reduce-scatter of gradients" if z < 3 else "FSDP reduce-scatter of gradients"
-    name, nbytes, rs = _collective(rs_name, share * total, units * (n - 1), profile, n)
-    last = _collective("", share * unit, n - 1, profile, n)[2]
-    if z < 3:
-        out.append(
-            Collective(
-                name=name,
-                bytes=nbytes,
-                seconds=rs,
-                exposed_s=max(0.0, rs - backward_s) + last,
-                overlap="per unit during the backward; what exceeds the backward and the last unit exposed",
-            )
-        )
-        name, nbytes, ag = _collective(
-            "ZeRO all-gather of updated parameters", share * total, units * (n - 1), profile, n
-        )
-        out.append(
-            Collective(
-                name=name,
-                bytes=nbytes,
-                seconds=ag,
-                exposed_s=ag,
-                overlap="after the optimizer step, nothing to hide under: exposed",
-            )
-        )
-        return out
-    fname, fbytes, fag = _collective("FSDP all-gather (forward)", share * total, units * (n - 1), profile, n)
-    first = _collective("", share * unit, n - 1, profile, n)[2]
-    out.append(
-        Collective(
-            name=fname,
-            bytes=fbytes,
-            seconds=fag,
-            exposed_s=max(0.0, fag - forward_s) + first,
-            overlap="prefetched one unit ahead under the forward; the first unit's gather exposed",
-        )
+    gather = timed(
+        "FSDP all-gather (backward)",
+        "prefetched one unit ahead under the backward",
+        lambda sec: max(0.0, sec - backward_s),
     )
-    bname, bbytes, bag = _collective("FSDP all-gather (backward)", share * total, units * (n - 1), profile, n)
-    hidden_room = max(0.0, backward_s - bag)
-    out.append(
-        Collective(
-            name=bname,
-            bytes=bbytes,
-            seconds=bag,
-            exposed_s=max(0.0, bag - backward_s),
-            overlap="prefetched one unit ahead under the backward",
-        )
+    room = max(0.0, backward_s - gather.seconds)
+    reduce = timed(
+        "FSDP reduce-scatter of gradients",
+        "per unit under the backward compute left after the all-gathers; the last unit exposed",
+        lambda sec: max(0.0, sec - room) + unit,
     )
-    out.append(
-        Collective(
-            name=name,
-            bytes=nbytes,
-            seconds=rs,
-            exposed_s=max(0.0, rs - hidden_room) + last,
-            overlap="per unit under the backward compute left after the all-gathers; the last unit exposed",
-        )
-    )
-    return out
+    return [*out, gather, reduce]
 
 
 def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
@@ -330,12 +302,7 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
         * s.layers
         * recompute_attention
     )
-    peak = profile.peak_flops(s.compute_dtype)
-    if peak is None:
-        raise ValueError(
-            f"profile {profile.name!r} has no {s.compute_dtype} rate (null in its peak_tflops): pick another --dtype or --amp"
-        )
-    linear_s = linear_flops(local) * recompute_linear / (peak * profile.efficiency.compute_for(matmul_key(s), s.mode))
+    linear_s = _linear_seconds(s, profile, linear_flops(local) * recompute_linear)
     compute = attention_compute + linear_s
     train = s.mode == "fwdbwd"
     forward_s = compute / 3 if train else compute  # linear fwd is 1/3 of fwd+bwd, attention 1/3.5: about a third
@@ -379,6 +346,17 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
         collectives=collectives,
         optimizer_s=optimizer_s,
     )
+
+
+def _linear_seconds(s: Problem, profile: HardwareProfile, flops: float) -> float:
+    """The linear layers' FLOPs at the profile's peak rate for the compute dtype times the matmul efficiency."""
+    peak = profile.peak_flops(s.compute_dtype)
+    if peak is None:
+        raise ValueError(
+            f"profile {profile.name!r} has no {s.compute_dtype} rate (null in its peak_tflops): "
+            "pick another --dtype or --amp"
+        )
+    return flops / (peak * profile.efficiency.compute_for(matmul_key(s), s.mode))
 
 
 def _optimizer_seconds(s: Problem, profile: HardwareProfile, t: Training) -> float:

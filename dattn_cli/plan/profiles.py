@@ -1,4 +1,5 @@
-"""Hardware profiles: what a device can do, each figure with its source (dattn_cli/profiles/*.yaml).
+"""Hardware profiles: what a device can do, each figure with its source (profiles/*.yaml at the repository
+root, dattn_cli/profiles/*.yaml in the wheel).
 
 Units are part of the field names (GiB, GB/s, TFLOP/s, microseconds) so a file cannot be read in the
 wrong unit. Files are read by workload/yaml_input.py: a safe loader (nothing is evaluated as code) that
@@ -91,7 +92,8 @@ class Link(_Strict):
 
 
 class AttentionCurve(_Strict):
-    """One dense kernel's efficiency curve, e_inf x N / (N + n_half), fitted to published figures (plan/efficiency.py)."""
+    """One dense kernel's efficiency curve, e_inf x N / (N + n_half), fitted to published figures
+    (plan/efficiency.py)."""
 
     kernel: StrictStr = Field(min_length=1, max_length=MAX_NAME)
     direction: Literal["fwd", "bwd", "fwdbwd"]
@@ -215,11 +217,18 @@ def _validated(data: object, source: str) -> HardwareProfile:
         raise ProfileError(f"{source}: {_first_error(exc)}") from None
 
 
+def shipped_folder() -> Traversable:
+    """Where the shipped profiles are: an installed wheel's package data dattn_cli/profiles/, else, run from a
+    checkout (an editable install included), profiles/ at the repository root, which pyproject.toml maps to
+    that package data."""
+    packaged = resources.files("dattn_cli") / "profiles"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "profiles"
+
+
 def shipped_profiles() -> dict[str, Traversable]:
-    """Shipped profile files by name (the file stem, e.g. h100-sxm-80gb): package data of dattn_cli.profiles,
-    read through importlib.resources so a wheel install finds them as an editable one does."""
-    folder = resources.files("dattn_cli") / "profiles"
-    found = [f for f in folder.iterdir() if f.name.endswith(".yaml")]
+    """Shipped profile files by name (the file stem, e.g. h100-sxm-80gb), read through importlib.resources so a
+    wheel install finds them as a checkout does."""
+    found = [f for f in shipped_folder().iterdir() if f.name.endswith(".yaml")]
     return {f.name.removesuffix(".yaml"): f for f in sorted(found, key=lambda f: f.name)}
 
 

@@ -1,22 +1,19 @@
-"""Peak memory over a setting: CUDA allocator statistics, or resident set size sampled on the CPU."""
+"""Peak memory over a setting: CUDA allocator statistics, or the peak resident set size on the CPU (runtime.point)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import torch
 
-from ..runtime.measure import rss_bytes
+from ..runtime.point import PeakRss
 from .report import CudaAllocatorStats, MemoryStats, TimeStats
 
-RSS_SAMPLE_INTERVAL_S = 0.002
 CPU_MEMORY_METHOD = (
-    f"CPU: resident set size sampled from /proc/self/statm every {RSS_SAMPLE_INTERVAL_S * 1e3:g} ms by a "
-    "background thread during warm-up and timed iterations; peak_above_baseline_bytes = peak RSS minus the RSS "
-    "just before the setting's first call (the process's own peak RSS cannot be reset). Peaks shorter than "
-    "the interval can be missed, and heap pages the allocator kept from an earlier setting are reused "
-    "without raising RSS, so a later setting can read lower "
+    "CPU: the process's peak resident set size (VmHWM) over the setting's warm-up and timed iterations, reset to "
+    "the current RSS just before the setting's first call (runtime.point.PeakRss, the probe bench uses); "
+    "peak_above_baseline_bytes = that peak minus the RSS at the reset. Heap pages the allocator kept from an "
+    "earlier setting are reused without raising RSS, so a later setting can read lower "
     "(one unmeasured priming call before the first setting keeps one-time library set-up out of both)."
 )
 CUDA_MEMORY_METHOD = (
@@ -24,41 +21,12 @@ CUDA_MEMORY_METHOD = (
     "setting; peak_above_baseline_bytes = that peak minus torch.cuda.memory_allocated() at the start; "
     "cuda_allocator summarises torch.cuda.memory_stats() over the setting."
 )
-CPU_UNMEASURED = "CPU: not measured; /proc/self/statm is not readable on this system"
+CPU_UNMEASURED = "CPU: not measured; the peak RSS cannot be reset here (/proc/self/clear_refs, Linux >= 4.0)"
 
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-class RssSampler:
-    """Peak RSS over a `with` block, sampled by a daemon thread (torch ops release the GIL)."""
-
-    def __init__(self, interval_s: float = RSS_SAMPLE_INTERVAL_S):
-        self.interval_s = interval_s
-        self.baseline = rss_bytes()
-        self.peak = self.baseline
-        self.samples = 1
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dattn-rss-sampler", daemon=True)
-
-    def _sample(self) -> None:
-        self.peak = max(self.peak, rss_bytes())
-        self.samples += 1
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
 
 
 def measure(run: Callable[[], TimeStats], device: torch.device) -> tuple[TimeStats, MemoryStats]:
@@ -87,30 +55,25 @@ def _measure_cuda(run: Callable[[], TimeStats], device: torch.device) -> tuple[T
         baseline_bytes=baseline,
         peak_bytes=peak,
         peak_above_baseline_bytes=peak - baseline,
-        rss_samples=0,
         cuda_allocator=allocator,
     )
     return times, memory
 
 
 def _measure_cpu(run: Callable[[], TimeStats]) -> tuple[TimeStats, MemoryStats]:
-    try:
-        sampler = RssSampler()
-    except (OSError, ValueError, IndexError):
-        return run(), MemoryStats(
+    with PeakRss() as rss:
+        times = run()
+    if rss.peak is None:
+        return times, MemoryStats(
             memory_method=CPU_UNMEASURED,
             baseline_bytes=None,
             peak_bytes=None,
             peak_above_baseline_bytes=None,
-            rss_samples=0,
         )
-    with sampler:
-        times = run()
     memory = MemoryStats(
         memory_method=CPU_MEMORY_METHOD,
-        baseline_bytes=sampler.baseline,
-        peak_bytes=sampler.peak,
-        peak_above_baseline_bytes=sampler.peak - sampler.baseline,
-        rss_samples=sampler.samples,
+        baseline_bytes=rss.baseline,
+        peak_bytes=rss.peak,
+        peak_above_baseline_bytes=rss.peak - rss.baseline,
     )
     return times, memory

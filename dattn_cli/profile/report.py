@@ -59,7 +59,6 @@ class MemoryStats(BaseModel):
     baseline_bytes: int | None
     peak_bytes: int | None
     peak_above_baseline_bytes: int | None
-    rss_samples: int
     cuda_allocator: CudaAllocatorStats | None = None
 
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from ..runtime.measure import quantile
+from ..runtime.point import call_seconds
 from ..workload.build import build_module, input_shape, make_inputs
 from ..workload.problem import Problem
-from .memory import sync
 from .report import TimeStats
 
 
@@ -57,13 +56,8 @@ class Workload:
 
 
 def time_iterations(step: Callable[[], None], iterations: int, device: torch.device) -> TimeStats:
-    samples = []
-    for _ in range(iterations):
-        sync(device)
-        start = time.perf_counter()
-        step()
-        sync(device)
-        samples.append((time.perf_counter() - start) * 1e3)
+    """`iterations` timed calls of `step`, each measured as bench measures one (runtime.point.call_seconds)."""
+    samples = [call_seconds(step, device) * 1e3 for _ in range(iterations)]
     ordered = sorted(samples)
     return TimeStats(
         median_ms=quantile(ordered, 0.5),

@@ -1,7 +1,7 @@
 """The one launcher: runs work in processes it starts and watches, so a crash, an OOM or a hang becomes
 a result, never a hang or a lost sweep.
 
-* run_isolated: one worker process per measured point (target(conn, *args) sends one result dict); the
+* run_isolated: one worker process per measured point (target(conn, *args) sends one result); the
   parent kills it past its deadline or when its RSS grows past a limit.
 * run_distributed: a function on p ranks of a torch.distributed process group on this machine.
 
@@ -9,6 +9,9 @@ Each rank is a process forked from a forkserver (torch preloaded), joins the gro
 loopback port (so two runs never collide), runs `fn(rank, world_size, *args)` and sends back its
 result or its error. The first rank that fails, or the deadline, ends every rank: the caller gets a
 DistributedError naming the rank and the cause, never a hang. The same functions run under torchrun.
+
+Results are typed where the caller names their type (`result=`, a pydantic model or a type of them): a worker's
+or rank's result is validated on arrival, so a malformed one is a named failure here, not a KeyError later.
 
 Every wait of the parent has a deadline: results are read through runtime.inbox, which never blocks on a
 child stopped halfway through a send. No child outlives the parent (runtime.orphans: the forkserver dies
@@ -128,6 +131,19 @@ def _unpack(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
+def typed(result: Any, value: Any) -> Any:
+    """`value` validated as `result` (a pydantic model or a type of them, e.g. list[Model]); None: as it is."""
+    if result is None:
+        return value
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(result).validate_python(value)
+
+
+def _name(result: Any) -> str:
+    return getattr(result, "__name__", str(result))
+
+
 def _rank_main(conn, rank: int, world_size: int, port: int, backend: str, timeout_s: float, fn, args) -> None:
     import torch.distributed as dist
 
@@ -169,8 +185,8 @@ def _ranks(ranks: list[int]) -> str:
 class _Group:
     """The ranks of one run_distributed call as the parent sees them: what each has reported."""
 
-    def __init__(self, procs: list, inboxes: list[Inbox], timeout_s: float):
-        self.procs, self.inboxes = procs, inboxes
+    def __init__(self, procs: list, inboxes: list[Inbox], timeout_s: float, result: Any = None):
+        self.procs, self.inboxes, self.result = procs, inboxes, result
         self.started = time.monotonic()
         self.limit = timeout_s + min(MAX_GRACE_S, timeout_s)
         self.results: dict[int, Any] = {}
@@ -191,7 +207,13 @@ class _Group:
                 message, alive = None, False
             if message is not None:
                 status, value = _unpack(message)
-                (self.results if status == "ok" else self.errors)[rank] = value
+                if status == "ok":
+                    try:
+                        self.results[rank] = typed(self.result, value)
+                    except ValueError as exc:  # pydantic's ValidationError
+                        self.errors[rank] = f"its result is not a {_name(self.result)}: {str(exc).splitlines()[0]}"
+                else:
+                    self.errors[rank] = value
             elif not alive:
                 proc.join(5)
                 self.errors[rank] = f"exited with code {proc.exitcode} without a result"
@@ -241,10 +263,16 @@ def _collect(group: _Group) -> list[Any]:
 
 
 def run_distributed(
-    fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    result: Any = None,
 ) -> list[Any]:
-    """fn(rank, world_size, *args) on each rank; returns the results in rank order. Every wait is bounded: a
-    rank that has not reported within timeout_s plus a grace (at most 30 s) is named in a DistributedError."""
+    """fn(rank, world_size, *args) on each rank; returns the results in rank order, each validated as `result`
+    when given. Every wait is bounded: a rank that has not reported within timeout_s plus a grace (at most 30 s)
+    is named in a DistributedError."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     check_pending()
@@ -267,7 +295,7 @@ def run_distributed(
             finally:
                 sender.close()
             procs.append(proc)
-        results = _collect(_Group(procs, inboxes, timeout_s))
+        results = _collect(_Group(procs, inboxes, timeout_s, result))
         finished = True
         return results
     finally:
@@ -293,8 +321,10 @@ def run_isolated(
     deadline_text: str = "its deadline",
     rss_limit: int | None = None,
     rss_limit_text: str = "",
-) -> dict:
-    """target(conn, *args) in a fresh worker; its dict, or a failure dict (status oom / error / skipped)."""
+    result: Any = None,
+) -> Any:
+    """target(conn, *args) in a fresh worker: what it sent, validated as `result` when given (one that does not
+    validate is an error dict), or a failure dict (status oom / error / skipped)."""
     check_pending()
     ctx, server = _forkserver()
     receiver, sender = ctx.Pipe(duplex=False)
@@ -305,7 +335,14 @@ def run_isolated(
             proc.start()
         finally:
             sender.close()
-        return _watch(proc, inbox, time.monotonic() + deadline_s, deadline_text, rss_limit, rss_limit_text)
+        outcome = _watch(proc, inbox, time.monotonic() + deadline_s, deadline_text, rss_limit, rss_limit_text)
+        if isinstance(outcome, _Failure):
+            return dict(outcome)
+        try:
+            return typed(result, outcome)
+        except ValueError as exc:  # pydantic's ValidationError
+            text = f"the worker's result is not a {_name(result)}: {str(exc).splitlines()[0]}"
+            return {"status": "error", "reason": "malformed worker result", "error": text[:500]}
     finally:
         with deferred():
             if proc.pid is not None:
@@ -313,7 +350,11 @@ def run_isolated(
             inbox.close()
 
 
-def _watch(proc, inbox: Inbox, deadline: float, deadline_text: str, rss_limit: int | None, rss_limit_text: str) -> dict:
+class _Failure(dict):
+    """The launcher's own outcome of a worker (oom, skipped, error), told apart from what a worker sent."""
+
+
+def _watch(proc, inbox: Inbox, deadline: float, deadline_text: str, rss_limit: int | None, rss_limit_text: str) -> Any:
     from .measure import rss_bytes
 
     base_rss = None
@@ -328,7 +369,7 @@ def _watch(proc, inbox: Inbox, deadline: float, deadline_text: str, rss_limit: i
             return message
         if not alive:
             proc.join(5)
-            return worker_died(proc.exitcode)
+            return _Failure(worker_died(proc.exitcode))
         try:
             rss = rss_bytes(proc.pid)
         except (OSError, IndexError):
@@ -337,15 +378,15 @@ def _watch(proc, inbox: Inbox, deadline: float, deadline_text: str, rss_limit: i
             base_rss = rss if base_rss is None else min(base_rss, rss)
             if rss_limit is not None and rss - base_rss > rss_limit:
                 proc.kill()
-                return {
-                    "status": "oom",
-                    "reason": "out of memory",
-                    "error": f"worker RSS grew {(rss - base_rss) / 2**30:.2f} GiB, over {rss_limit_text}; killed",
-                }
+                return _Failure(
+                    status="oom",
+                    reason="out of memory",
+                    error=f"worker RSS grew {(rss - base_rss) / 2**30:.2f} GiB, over {rss_limit_text}; killed",
+                )
         if time.monotonic() > deadline:
             state = process_state(proc.pid)
             proc.kill()
-            return {"status": "skipped", "reason": f"time: point ran past {deadline_text}; killed{state}"}
+            return _Failure(status="skipped", reason=f"time: point ran past {deadline_text}; killed{state}")
         wait_any([inbox], [proc.sentinel], 0.05)
 
 

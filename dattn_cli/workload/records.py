@@ -110,7 +110,7 @@ class BenchRow(BaseModel):
     median_ci_pct: float | None = None  # the 95% CI of the median, +- this percentage of it (6 samples or more)
     process_medians_ms: list[float] | None = None  # --processes > 1: each worker process's median, in order
     processes: int | None = None
-    stopped_by: str | None = None  # why sampling stopped: repeat | precision | max-seconds | max-samples
+    stopped_by: str | None = None  # why sampling stopped: repeat | precision | max-seconds | max-samples | processes
     warmup_calls: int | None = None
     warmup_settled: bool | None = None  # the last 3 warm-up calls within 10% (None: a fixed --warmup)
     other_cpus: float | None = None  # CPUs kept busy by other processes during the timed calls, on average

@@ -39,6 +39,7 @@ def test_layer_and_model_points_are_measured(target, options):
     assert result["flops"] > 0
 
 
+@pytest.mark.slow
 def test_rows_carry_the_layer_fields():
     cfg = Sweep(**TINY, target="model", layers=2, vocab_size=64, checkpointing=True)
     row = run_sweep(cfg, predict=predicted_peak_bytes).rows[0]

@@ -165,6 +165,7 @@ def test_bad_option_is_one_line_exit_2(tmp_path, args, named):
     assert not (tmp_path / "results").exists() or not list((tmp_path / "results").glob("*.jsonl"))
 
 
+@pytest.mark.slow
 def test_unknown_impl_refused_by_dattn_is_exit_2_and_leaves_no_results(tmp_path):
     result = run_script(
         "--scenario", "quiet", "--pairs", "1", "--impl", "NoSuchAttention", *TINY, cwd=tmp_path, timeout=120
@@ -181,6 +182,7 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return []
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_load_and_the_bench(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # a long pair (no --repeat: adaptive) so that the loaded side is still running when the signal comes
@@ -209,6 +211,7 @@ def test_sigterm_stops_the_load_and_the_bench(tmp_path):
 # --- one small pair, as a user runs it ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_slowdown_pair_detected_and_resume_measures_nothing(tmp_path):
     """One pair of scenario slowdown at N = 512 (~20 s on 2 busy cores): BASE and NEW measured, NEW's copy slowed
     by 25% compared with BASE, and by 5%. The verdict itself depends on the machine's load (a contended point

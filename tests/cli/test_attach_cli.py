@@ -16,7 +16,10 @@ import pytest
 
 from dattn_cli.runtime.launch import free_port
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process groups over loopback: Linux")
+pytestmark = [
+    pytest.mark.slow,  # torchrun and srun worlds: 10-30 s each
+    pytest.mark.skipif(sys.platform != "linux", reason="process groups over loopback: Linux"),
+]
 TIMEOUT = 240
 VERIFY = [
     "verify",

@@ -72,6 +72,7 @@ def dattn(*args: str) -> list[str]:
     return [sys.executable, "-m", "dattn_cli.cli", *args]
 
 
+@pytest.mark.slow
 def test_json_to_stdout_pipes_into_json_tool():
     cli = " ".join(dattn("bench", "--impl", "sdpa", "--seq-len", "256,512", *SMALL, "--json", "-"))
     done = subprocess.run(
@@ -85,6 +86,7 @@ def test_json_to_stdout_pipes_into_json_tool():
     assert "max N 512" in done.stderr  # the table went to stderr
 
 
+@pytest.mark.slow
 def test_csv_to_stdout_reads_with_pandas():
     import io
 
@@ -101,6 +103,7 @@ def test_csv_to_stdout_reads_with_pandas():
     assert list(frame["seq_len"]) == [256, 512] and list(frame["status"]) == ["ok", "ok"]
 
 
+@pytest.mark.slow
 def test_progress_is_one_line_per_point_without_a_terminal_and_quiet_silences_it():
     args = dattn("bench", "--impl", "ImprovedDilatedAttention", "--seq-len", "256,512", *SMALL)
     done = subprocess.run(args, capture_output=True, text=True, timeout=300)  # stderr a pipe, as in CI logs
@@ -195,6 +198,7 @@ def _scaled(source, path, factor: float):
 LOAD_REASONS = ("other processes kept", "load average differs", "flagged noisy")
 
 
+@pytest.mark.slow
 def test_regression_gate_is_dattn_compare_exit_codes(tmp_path, capsys):
     """An established change decides the exit code, unless load differed between the runs (this run's points
     contended, other processes' CPU or the load average apart, as on a loaded test machine): then the gate
@@ -278,6 +282,7 @@ def test_profile_cli(tmp_path, capsys):
     assert report["caches_on"]["pattern_cache"]["hits"] > 0 and report["caches_off"]["pattern_cache"]["hits"] == 0
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_gives_the_same_rows_none_twice(tmp_path):
     out = tmp_path / "r.jsonl"
     lengths = ",".join(str(256 * i) for i in range(1, 13))
@@ -310,6 +315,7 @@ def test_sigkill_then_resume_gives_the_same_rows_none_twice(tmp_path):
     assert [r.model_dump() for r in after[: len(before)]] == [r.model_dump() for r in before]
 
 
+@pytest.mark.slow
 def test_bench_world_size_measures_ranks_and_counts_bytes(tmp_path, capsys):
     from dattn_cli.kernels.distributed.sequence_parallel import comm_volume
 
@@ -426,7 +432,7 @@ def test_adaptive_repeats_and_a_cold_cache(tmp_path, capsys):
     (row,) = read_rows(out)
     assert row.repeat is None and row.precision == 5 and row.warmup_calls >= 1
     assert (row.stopped_by == "precision" and row.repeats >= 10 and row.median_ci_pct <= 5) or (
-        row.stopped_by in ("max-seconds", "max-samples") and "not --precision 5%" in row.noisy_reason
+        row.stopped_by in ("max-seconds", "max-samples", "processes") and "not --precision 5%" in row.noisy_reason
     )
     cold = tmp_path / "cold.jsonl"
     code, _, err = run_cli([*args, "--repeat", "3", "--cache", "cold", "--out", str(cold)], capsys)
@@ -451,6 +457,7 @@ def test_sampling_options_refused_with_one_line(extra, needle, capsys):
     assert code == 2 and needle in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     shutil.which("g++") is None and shutil.which("c++") is None,
     reason="torch.compile's CPU backend needs a C++ compiler",

@@ -11,6 +11,7 @@ from tests.cli.test_verify_env import run_cli
 IMPL = "BlockSparseRingDilatedAttention"
 
 
+@pytest.mark.slow
 def test_verify_checks_every_pattern(tmp_path, capsys):
     report = tmp_path / "v.json"
     code, out, err = run_cli(["verify", "--impl", IMPL, "--no-causal", "--json", str(report)], capsys)
@@ -86,6 +87,7 @@ def test_bad_pattern_options_are_one_line_exit_2(capsys):
         assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.slow
 def test_profile_reports_the_pattern_and_draws_it(tmp_path, capsys):
     png, js = tmp_path / "pattern.png", tmp_path / "p.json"
     code, stdout, err = run_cli(

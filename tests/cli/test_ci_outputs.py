@@ -8,6 +8,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
+import pytest
 
 from dattn_cli.cli.render.ci import junit_xml
 from dattn_cli.verify.report import CaseResult, Error, VerifyReport
@@ -26,6 +27,7 @@ def dattn(*args, env=None):
     )
 
 
+@pytest.mark.slow
 def test_verify_junit_and_markdown(tmp_path):
     summary = tmp_path / "summary.md"
     summary.write_text("# earlier step\n")
@@ -81,6 +83,7 @@ def test_a_failed_check_is_a_junit_failure():
     assert root.find("testsuite[@name='skipped']/testcase/skipped") is not None
 
 
+@pytest.mark.slow
 def test_bench_and_compare_markdown(tmp_path):
     out, markdown = tmp_path / "r.jsonl", tmp_path / "b.md"
     done = dattn(

@@ -47,6 +47,7 @@ def dattn(*args):
     )
 
 
+@pytest.mark.slow
 def test_the_same_speed_is_same_and_exit_0(tmp_path):
     base = report(tmp_path / "a.jsonl", ("sdpa", 1.0), seed=1)
     new = report(tmp_path / "b.jsonl", ("sdpa", 1.0), seed=2)
@@ -56,6 +57,7 @@ def test_the_same_speed_is_same_and_exit_0(tmp_path):
     assert out["verdict"] == "same" and out["points"][0]["ratio"] == pytest.approx(1.0, abs=0.05)
 
 
+@pytest.mark.slow
 def test_a_25_percent_slowdown_is_slower_and_exit_1(tmp_path):
     base = report(tmp_path / "a.jsonl", ("sdpa", 1.0), seed=1)
     new = report(tmp_path / "b.jsonl", ("sdpa", 1.25), seed=2)
@@ -64,6 +66,7 @@ def test_a_25_percent_slowdown_is_slower_and_exit_1(tmp_path):
     assert "slower" in done.stdout.splitlines()[1] and "verdict: slower" in done.stderr
 
 
+@pytest.mark.slow
 def test_two_implementations_of_one_run(tmp_path):
     run = report(tmp_path / "run.jsonl", ("ImprovedDilatedAttention", 0.5), ("sdpa", 1.0))
     done = dattn(run, "--a", "ImprovedDilatedAttention", "--b", "sdpa", "--json", "-")
@@ -72,6 +75,7 @@ def test_two_implementations_of_one_run(tmp_path):
     assert point["verdict"] == "faster" and point["ci_low"] < point["ratio"] < point["ci_high"] < 0.6
 
 
+@pytest.mark.slow
 def test_environments_that_differ_are_inconclusive_exit_3(tmp_path):
     base = report(tmp_path / "a.jsonl", ("sdpa", 1.0), seed=1)
     new_path = tmp_path / "b.jsonl"
@@ -82,6 +86,7 @@ def test_environments_that_differ_are_inconclusive_exit_3(tmp_path):
     assert "laptop" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, needle",
     [

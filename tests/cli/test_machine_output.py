@@ -29,6 +29,7 @@ def piped(*args: str, reader: str = "-m json.tool") -> subprocess.CompletedProce
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, on_stderr",
     [
@@ -50,6 +51,7 @@ def test_json_to_stdout_pipes_into_json_tool(args, on_stderr):
     assert on_stderr in done.stderr  # the table went to stderr
 
 
+@pytest.mark.slow
 def test_machine_output_content():
     verify = json.loads(piped("verify", *SHAPE, "--impl", "ImprovedDilatedAttention", "--json", "-").stdout)
     assert verify["passed"] and {r["case"] for r in verify["results"]} == {"your configuration"}
@@ -57,6 +59,7 @@ def test_machine_output_content():
     assert profile["config"]["problem"]["seq_len"] == 256 and profile["caches_on"]["calls"] == 3
 
 
+@pytest.mark.slow
 def test_profile_progress_one_line_per_setting_and_quiet():
     cmd = [sys.executable, "-m", "dattn_cli", "profile", *SHAPE, "--iterations", "2", "--warmup", "1"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -71,6 +74,7 @@ def test_profile_progress_one_line_per_setting_and_quiet():
     assert done.returncode == 0 and "[1/2]" not in done.stderr and "caches on" in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, lines, column",
     [

@@ -27,6 +27,7 @@ class WrongAttention(DilatedAttention):
         return out, lse
 
 
+@pytest.mark.slow
 def test_verify_quick_passes_and_writes_json(tmp_path, capsys):
     report = tmp_path / "v.json"
     code, out, err = run_cli(["verify", "--quick", "--impl", "ImprovedDilatedAttention", "--json", str(report)], capsys)
@@ -40,6 +41,7 @@ def test_verify_quick_passes_and_writes_json(tmp_path, capsys):
     assert data["environment"]["torch_version"] == torch.__version__ and data["environment"]["command"][0] == "dattn"
 
 
+@pytest.mark.slow
 def test_verify_fails_with_exit_1_on_a_wrong_implementation(monkeypatch, capsys):
     monkeypatch.setitem(
         registry_module.REGISTRY,
@@ -83,6 +85,7 @@ def test_bad_usage_is_one_line_exit_2(args, needle, capsys):
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_config_file(tmp_path, capsys):
     good = tmp_path / "c.yaml"
     good.write_text("verify:\n  impl: [DilatedAttention]\n  semantics: longnet\n  causal: true\n")
@@ -199,6 +202,7 @@ def test_verify_your_configuration_names_shard_rules(capsys):
     )
 
 
+@pytest.mark.slow
 def test_builtin_matrix_keeps_its_uncovered_rows_out_of_the_output(tmp_path, capsys):
     report = tmp_path / "v.json"
     args = ["verify", "--impl", "ImprovedDilatedAttention", "--semantics", "head_groups", "--causal"]

@@ -53,6 +53,7 @@ def _head_parallel_bytes(world, heads, masked):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_core_classes_are_exact_on_padded_shards(world):
     per_rank = run_distributed(sw.padded_core_cases, world, timeout_s=300)
@@ -88,6 +89,7 @@ def _check_bytes(per_rank, key, world, heads, segments, rates, where):
             assert sum(comm.values()) > 0, (where, rank)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_block_sparse_ring_is_exact_on_padded_shards(world):
     per_rank = run_distributed(sw.padded_block_sparse_cases, world, timeout_s=300)
@@ -113,6 +115,7 @@ def test_the_padded_table_would_differ_without_seq_len():
         assert not torch.equal(padded[: real.shape[0], : real.shape[0]], real), options
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_ring_multihead_is_exact_on_padded_shards(world):
     per_rank = run_distributed(sw.padded_multihead_cases, world, timeout_s=300)
@@ -131,6 +134,7 @@ def test_ring_multihead_is_exact_on_padded_shards(world):
         assert rel_err(dparams, ref_params) <= 1e-4, (world, causal)
 
 
+@pytest.mark.slow
 def test_verify_no_longer_refuses_shards_for_n_over_p(tmp_path, capsys):
     import json
 

@@ -11,6 +11,7 @@ from tests.conftest import rel_err
 from tests.distributed import workers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_shards_equal_the_reference_and_move_only_used_blocks(world):
     per_rank = run_distributed(workers.block_sparse_cases, world, timeout_s=120)
@@ -39,6 +40,7 @@ def test_ring_shards_equal_the_reference_and_move_only_used_blocks(world):
             assert comm == r[c, i]["expected"], (where, rank)
 
 
+@pytest.mark.slow
 def test_local_window_moves_one_neighbour_block_each_way():
     """Hand count: N=64, p=4, block 8 (2 blocks per rank), window 1: an inner rank receives one block from
     each neighbour: 2 blocks x 8 rows x (K and V: 2 x H=3 x D=8) x batch 2 x 4 bytes = 6,144 B."""

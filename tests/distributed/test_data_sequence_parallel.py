@@ -47,6 +47,7 @@ def check_group(impl: str, causal: bool, got: list[dict], ref: dict, where) -> N
         assert rel_err(torch.cat([r["grads"][j] for r in got], 1), ref["grads"][j]) <= 1e-10, (where, "dq dk dv"[j])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sp", [4, 2])
 def test_every_distributed_class_in_data_x_sequence_parallel_groups(sp):
     per_rank = run_distributed(workers.dp_sp_cases, WORLD, sp, timeout_s=300)

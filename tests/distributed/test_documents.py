@@ -27,6 +27,7 @@ def _separate_calls(impl: str, case: int, causal: bool, masked: bool):
     return out, torch.cat(lses, 1), torch.autograd.grad(out, (q, k, v), up)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_documents_across_shards_equal_separate_calls(impl, world):

@@ -33,6 +33,7 @@ def _reference(impl: str, kv_heads: int, causal: bool):
     return out, lse, torch.autograd.grad(out, (q, k, v), up)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_gqa_shards_equal_the_reference(impl, world):

@@ -11,6 +11,7 @@ from tests.conftest import rel_err
 from tests.distributed import workers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_concatenated_shards_equal_the_reference(world):
     per_rank = run_distributed(workers.head_parallel_cases, world, timeout_s=120)
@@ -59,6 +60,7 @@ def _six_heads(rank, world):
     return HeadParallelDilatedAttention([8], [1])(q, q, q)
 
 
+@pytest.mark.slow
 def test_verify_world_sizes_from_the_cli(tmp_path, capsys):
     import json
 

@@ -44,6 +44,7 @@ def expected_bytes(impl: str, world: int, causal: bool) -> list[dict]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("impl", WRAPPERS)
 def test_wrapper_shards_equal_the_reference(impl, world):

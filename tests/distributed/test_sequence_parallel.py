@@ -14,6 +14,7 @@ IMPLS = ["RingDilatedAttention", "DistributedImprovedDilatedAttention"]
 STRATEGY = {"RingDilatedAttention": "ring", "DistributedImprovedDilatedAttention": "allgather"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_shards_equal_the_reference_and_bytes_equal_the_formula(impl, world):

@@ -94,6 +94,7 @@ def test_bad_input_is_one_line_naming_the_parameter(call, needle):
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [3, 4])
 def test_round_trip_over_ranks(world):
     per_rank = run_distributed(sw.round_trip, world, timeout_s=60)

@@ -13,6 +13,7 @@ from tests.distributed import gqa_workers as w
 KEYS = ("forward_bytes_sent", "forward_bytes_received", "backward_bytes_sent", "backward_bytes_received")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_window_shards_equal_the_reference_and_move_only_halos(world):
     per_rank = run_distributed(w.window_cases, world, timeout_s=180)

@@ -40,6 +40,7 @@ SMALL = [
 ]  # a later option wins over the script's
 
 pytestmark = [
+    pytest.mark.slow,  # whole jobs of several processes
     pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash"),
     pytest.mark.skipif(sys.platform != "linux", reason="process groups over loopback: Linux"),
 ]

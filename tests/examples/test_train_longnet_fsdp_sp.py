@@ -22,6 +22,7 @@ TIMEOUT = 300  # a bound against hangs (4 ranks share 2 CPUs here), not a timing
 STEP = re.compile(r"^step (\d+)/(\d+) loss (\S+) grad-norm (\S+)$", re.M)
 
 pytestmark = [
+    pytest.mark.slow,  # whole jobs of several processes
     pytest.mark.skipif(importlib.util.find_spec("torch.distributed.run") is None, reason="torchrun is not available"),
     pytest.mark.skipif(sys.platform != "linux", reason="process groups over loopback: Linux"),
 ]

@@ -112,6 +112,7 @@ def test_notes_print_literally(capsys):
     assert "[/bold]" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_unicode_name_on_an_ascii_terminal_prints(tmp_path):
     path = markup_profile(tmp_path, "Ünïcödé € 😀 [/bold]")
     env = {**os.environ, "PYTHONIOENCODING": "ascii"}

@@ -92,6 +92,7 @@ def kill_and_check_descendants(proc: subprocess.Popen, sig: int, workers: int) -
     return left
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command,workers", [(LONG_POINT, 1), (RANKS, 2)], ids=["worker", "ranks"])
 def test_sigkill_of_dattn_leaves_no_process_behind(command, workers):
     proc = start(command)
@@ -100,6 +101,7 @@ def test_sigkill_of_dattn_leaves_no_process_behind(command, workers):
     assert not left, [(p.pid, " ".join(p.cmdline())[:80]) for p in left]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command,workers", [(LONG_POINT, 1), (RANKS, 2)], ids=["worker", "ranks"])
 def test_sigterm_of_dattn_ends_its_processes_and_says_so(command, workers):
     proc = start(command)
@@ -167,6 +169,7 @@ def run_python(code: str, timeout: float = 90) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn", ["rank_stops_while_sending", "rank_stops_before_a_collective"])
 def test_a_stopped_rank_is_named_within_the_deadline(fn):
     out = run_python(f"""
@@ -189,6 +192,7 @@ def test_a_stopped_rank_is_named_within_the_deadline(fn):
     assert left == "children left 0"
 
 
+@pytest.mark.slow
 def test_a_worker_stopped_while_sending_its_result_becomes_a_row():
     out = run_python("""
         from dattn_cli.runtime.launch import run_isolated
@@ -200,6 +204,7 @@ def test_a_worker_stopped_while_sending_its_result_becomes_a_row():
     assert "stopped" in result["reason"], result
 
 
+@pytest.mark.slow
 def test_verify_names_the_stopped_rank_not_its_peers(tmp_path):
     report = tmp_path / "v.json"
     proc = start(

@@ -120,6 +120,7 @@ def assert_one_clean_line(code: int, err: str, sig: int) -> str:
     return last
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_mid_sweep_keeps_the_rows_and_says_how_many(tmp_path, sig):
     out, js, csv = tmp_path / "r.jsonl", tmp_path / "r.json", tmp_path / "r.csv"
@@ -141,6 +142,7 @@ def test_a_signal_mid_sweep_keeps_the_rows_and_says_how_many(tmp_path, sig):
     assert len(csv.read_text().strip().splitlines()) == 1 + len(rows)
 
 
+@pytest.mark.slow
 def test_ctrl_c_without_out_says_nothing_was_kept_and_how_to_keep_it():
     proc = start(LONG_SWEEP)
     wait_until(lambda: "[1/3]" in (proc.stderr.readline() or "[1/3]"), what="the first point")
@@ -157,6 +159,7 @@ SLOW = {  # each runs for minutes: the signal always finds it running
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 @pytest.mark.parametrize("command", list(SLOW))
 def test_a_signal_before_the_first_result_is_one_line_no_traceback(command, sig):
@@ -168,6 +171,7 @@ def test_a_signal_before_the_first_result_is_one_line_no_traceback(command, sig)
     assert sum(line.startswith("dattn: interrupted") for line in err.splitlines()) == 1, err
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_forkserver_starts_is_one_line_no_traceback():
     """The forkserver imports torch for seconds; Ctrl-C reaches it too: it must not print a traceback."""
 
@@ -188,6 +192,7 @@ def test_ctrl_c_while_the_forkserver_starts_is_one_line_no_traceback():
     assert_one_clean_line(code, err, signal.SIGINT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.0, 0.5, 2.0])
 def test_ctrl_c_at_any_moment_of_the_start(delay):
     """Every moment from the handler's installation to the first point: still one line, exit 130."""
@@ -238,6 +243,7 @@ except Interrupted as e:
 """
 
 
+@pytest.mark.slow
 def test_a_signal_inside_a_weakref_callback_prints_no_traceback_and_comes_back():
     """A signal that lands in a weakref callback (importlib's module-lock callback during a start-up import, the
     CI failure of 'Ctrl-C at 0.0 s') cannot propagate: Python would print 'Exception ignored ... Traceback'. That

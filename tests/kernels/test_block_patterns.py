@@ -60,6 +60,7 @@ def test_longnet_is_the_exact_block_cover_of_the_dilated_pattern(semantics, seq_
     assert torch.equal(table, cover)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pattern", ["local", "global_local", "hierarchical"])
 @pytest.mark.parametrize("target", [0.05, 0.1, 0.25, 0.5])
 def test_density_parameter_controls_density(pattern, target):

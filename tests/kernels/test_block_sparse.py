@@ -141,6 +141,7 @@ def test_bad_configuration_raises_one_clear_error():
 # FlexAttention ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "pattern,causal,seq_len", list(itertools.product(["local", "dilated", "longnet"], [False, True], [64, 50]))
 )
@@ -159,6 +160,7 @@ def test_flex_block_mask_encodes_the_table(pattern, causal, seq_len):
     assert torch.equal(out[:, 16:32], torch.zeros_like(out[:, 16:32]))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not flex_compiles_on(torch.device("cpu")), reason="no C++ compiler for torch.compile on CPU")
 def test_compiled_flex_forward_on_cpu_equals_the_reference():
     torch.manual_seed(2)

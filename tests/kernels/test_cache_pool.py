@@ -37,6 +37,7 @@ def test_cache_off_means_no_lookups():
     assert get_global_pattern_cache().stats()["hits"] + get_global_pattern_cache().stats()["misses"] == 0
 
 
+@pytest.mark.slow
 def test_cache_is_bounded_over_1000_shapes():
     cache = PatternCache(max_entries=16)
     m = ImprovedDilatedAttention([8], [1])

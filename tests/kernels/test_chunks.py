@@ -65,6 +65,7 @@ def _peak(chunk, n=8192):
     return tracker.peak
 
 
+@pytest.mark.slow
 def test_chunks_bound_the_working_set():
     """Eight chunks of 1024 positions: the peak falls towards the full-size tensors alone (q, k, v, out, lse, dout and
     dq, dk, dv: 8 q-sized tensors), where one call holds its accumulators and block results for all of N."""

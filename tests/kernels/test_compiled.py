@@ -42,6 +42,7 @@ def test_no_graph_breaks(make, cls):
     assert torch._dynamo.explain(module)(*inputs).graph_break_count == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make, cls", CASES, ids=[c.__name__ for _, c in CASES])
 @pytest.mark.parametrize("causal", [False, True])
 def test_compiled_equals_eager_with_gradients(make, cls, causal):

@@ -75,6 +75,7 @@ def test_half_precision_within_twice_naive_error(cls, dtype):
         assert err <= 2 * naive_err + 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", CORE)
 def test_gradcheck_float64_through_merge(cls):
     """Exact gradients through the pair merge: torch.autograd.gradcheck in float64."""
@@ -124,6 +125,7 @@ def test_scale_is_honoured(cls):
     assert (scaled - default).abs().max() > 1e-2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", CORE)
 def test_dropout_applies_in_training_only_and_backward_is_exact(cls):
     module = cls([4, 8], [1, 2], dropout=0.3)

@@ -22,6 +22,7 @@ def _separate(call, tensors, lengths):
     return torch.cat(parts, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
     "make",

@@ -35,6 +35,7 @@ def test_logits_shape_and_causality():
     assert not torch.allclose(logits[:, 30:], after[:, 30:])
 
 
+@pytest.mark.slow
 def test_checkpointing_gives_the_same_loss_and_grads():
     plain = tiny()
     ckpt = tiny(checkpointing=True)
@@ -64,6 +65,7 @@ def test_bf16_autocast_on_cpu_gives_finite_loss_and_grads():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_subln_builds_runs_and_trains():
     model = tiny(norm="subln")
     assert model.blocks[0].mlp_inner_norm is not None and model.blocks[0].attn.norm is not None

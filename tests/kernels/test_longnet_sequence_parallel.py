@@ -38,6 +38,7 @@ def test_there_is_a_distributed_attention_to_test():
     assert "RingMultiheadDilatedAttention" in ATTENTIONS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offsets", ["auto", "explicit", "checkpointed"])
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("attention", ATTENTIONS)

@@ -22,6 +22,7 @@ and scored on a held-out batch of 64 sequences (1024 query targets):
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -66,11 +67,13 @@ def train(segment_lengths, dilation_rates, seed: int = 0, steps: int = STEPS) ->
     return F.cross_entropy(logits, answers).item(), (logits.argmax(-1) == answers).float().mean().item()
 
 
+@pytest.mark.slow
 def test_learns_long_range_recall_through_the_dilated_pair():
     loss, acc = train([LOCAL, N], [1, STRIDE])
     assert loss < 0.3 and acc > 0.9, f"did not learn: held-out loss {loss:.3f}, accuracy {acc:.3f}"
 
 
+@pytest.mark.slow
 def test_fails_without_the_long_range_pair():
     loss, acc = train([LOCAL], [1])
     assert loss > 0.8 * CHANCE and acc < 0.3, f"learned without the long pair?: loss {loss:.3f}, accuracy {acc:.3f}"

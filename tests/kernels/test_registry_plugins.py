@@ -32,12 +32,14 @@ def test_impls_lists_the_toy():
     assert TOY in done.stdout
 
 
+@pytest.mark.slow
 def test_verify_checks_the_toy_against_the_reference():
     done = dattn("verify", "--impl", TOY, "--json", "/dev/stdout")
     assert done.returncode == 0, done.stderr
     assert TOY in done.stdout and "FAIL" not in done.stdout
 
 
+@pytest.mark.slow
 def test_bench_measures_the_toy_in_its_worker(tmp_path):
     out = tmp_path / "r.jsonl"
     done = dattn(

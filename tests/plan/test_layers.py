@@ -52,6 +52,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
 def test_tensor_items_match_live_tensor_bytes(options):
     n = 1024

@@ -90,7 +90,8 @@ def test_half_inputs_keep_the_covering_blocks_result_apart():
 
 
 def test_check_compares_cuda_rows_without_the_cuda_context(tmp_path):
-    """max_memory_allocated() holds no CUDA context: plan --check leaves the profile's framework item out for CUDA rows."""
+    """max_memory_allocated() holds no CUDA context: plan --check leaves the profile's framework item out for
+    CUDA rows."""
     import json
     from pathlib import Path
 
@@ -107,6 +108,7 @@ def test_check_compares_cuda_rows_without_the_cuda_context(tmp_path):
     assert abs(frame["mem_error_pct"].iloc[0]) < 1.0, frame
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["ImprovedDilatedAttention", "DilatedAttention"])
 @pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
 def test_chunked_calls_match_live_tensor_bytes(monkeypatch, impl, mode):
@@ -126,6 +128,7 @@ def test_chunked_calls_match_live_tensor_bytes(monkeypatch, impl, mode):
     assert peak < live_peak(impl, n, mode, segs, rates)  # the point of chunks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
 @pytest.mark.parametrize("documents", [[4096, 4096, 8192], [1000, 3000, 12384]])
 def test_packed_documents_match_live_tensor_bytes(documents, mode):

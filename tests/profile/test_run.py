@@ -85,11 +85,10 @@ def test_times_are_positive_and_ordered(report):
 def test_cpu_memory_is_measured_and_named(report):
     for setting in (report.caches_on, report.caches_off):
         mem = setting.memory
-        assert "/proc/self/statm" in mem.memory_method
+        assert "VmHWM" in mem.memory_method
         assert mem.cuda_allocator is None
         assert mem.baseline_bytes > 0 and mem.peak_bytes >= mem.baseline_bytes
         assert mem.peak_above_baseline_bytes == mem.peak_bytes - mem.baseline_bytes
-        assert mem.rss_samples >= 2
 
 
 def test_fwdbwd_runs_backward():
