@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from ..runtime.attach import backend as attach_backend
 from ..runtime.launch import DistributedError, run_distributed
 from ..runtime.launch import run_isolated as launch_isolated
-from ..runtime.limits import RLIMIT_SLACK, cap_address_space, is_oom
+from ..runtime.limits import RLIMIT_SLACK, cap_memory, is_oom
 from ..runtime.measure import rss_bytes
 from ..workload.problem import Problem
 from ..workload.records import BenchRow, row_fields
@@ -33,8 +33,7 @@ def _child(conn, sweep_data: dict, problem_data: dict) -> None:
     try:
         sweep, problem = Sweep.model_validate(sweep_data), Problem.model_validate(problem_data)
         _set_threads(sweep)
-        if not sweep.cuda:
-            cap_address_space(sweep.max_memory)
+        cap_memory(sweep.max_memory, sweep.device)
         result = PointResult.model_validate(measure_point(sweep, problem, start_rss))
     except BaseException as exc:  # every failure becomes a row; the sweep goes on
         result = PointResult.model_validate(failure_row(exc))
@@ -47,8 +46,7 @@ def _group_child(conn, sweep_data: dict, problems_data: list[dict]) -> None:
         sweep = Sweep.model_validate(sweep_data)
         problems = [Problem.model_validate(p) for p in problems_data]
         _set_threads(sweep)
-        if not sweep.cuda:
-            cap_address_space(sweep.max_memory)
+        cap_memory(sweep.max_memory, sweep.device)
         results = [failure_row(r) if isinstance(r, BaseException) else r for r in measure_group(sweep, problems)]
         results = [PointResult.model_validate(r) for r in results]
     except BaseException as exc:  # every line gets the failure
@@ -122,8 +120,7 @@ def measure_rank(rank: int, world: int, sweep_data: dict, problem_data: dict) ->
         torch.cuda.set_device(rank % torch.cuda.device_count())
         device = f"cuda:{torch.cuda.current_device()}"
         sweep, problem = sweep.model_copy(update={"device": device}), problem.model_copy(update={"device": device})
-    else:
-        cap_address_space(sweep.max_memory)
+    cap_memory(sweep.max_memory, sweep.device)
     return PointResult.model_validate(measure_point(sweep, problem, rss_bytes(), group=dist.group.WORLD))
 
 

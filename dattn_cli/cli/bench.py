@@ -31,8 +31,16 @@ LAYER_DEFAULT_IMPL = "ImprovedMultiheadDilatedAttention"
 OUTPUTS = ("out", "csv_out", "json_out", "markdown", "plot", "baseline", "fail_on_regression")
 
 
-def default_max_memory() -> int:
-    """Half of the memory available right now: the sweep can never drive the host into its OOM killer."""
+def default_max_memory(device: str = "cpu") -> int:
+    """CPU: half of the memory available right now, so the sweep can never drive the host into its OOM killer.
+    CUDA: the whole card (no cap; NVML's total, read without starting CUDA in this process)."""
+    if device.startswith("cuda"):
+        from ..runtime.gpustate import gpu_memory_bytes
+
+        index = int(device.split(":")[1]) if ":" in device else 0
+        total = gpu_memory_bytes(index)
+        if total:
+            return total
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -51,7 +59,7 @@ def _max_memory(o: SimpleNamespace) -> int:
     if o.max_memory:
         return parse_size(o.max_memory)
     recorded = recorded_setting(o.out, "max_memory") if o.resume and o.out is not None else None
-    return recorded if isinstance(recorded, int) and recorded > 0 else default_max_memory()
+    return recorded if isinstance(recorded, int) and recorded > 0 else default_max_memory(o.device or "cpu")
 
 
 def _defaults(o: SimpleNamespace) -> None:

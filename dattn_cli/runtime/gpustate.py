@@ -97,6 +97,25 @@ def gpu_state(index: int) -> dict | None:
             pass
 
 
+def gpu_memory_bytes(index: int = 0) -> int | None:
+    """Total memory of CUDA device `index` from NVML, without starting CUDA in this process; None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        return int(pynvml.nvmlDeviceGetMemoryInfo(nvml_device(pynvml, index)[0]).total)
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
 def nvml_device(nvml: Any, index: int) -> tuple[Any, str]:
     """NVML's handle of torch's CUDA device `index` and how it was found. NVML numbers every GPU of the machine,
     CUDA only the visible ones in its own order (cuda:0 under CUDA_VISIBLE_DEVICES=3 is NVML's device 3), so the

@@ -26,6 +26,21 @@ def cap_address_space(max_memory: int, headroom: float = 1.0) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
+def cap_memory(max_memory: int, device: str) -> None:
+    """The worker's memory cap: on CPU its address space (cap_address_space); on CUDA the caching allocator's
+    share of the device (torch.cuda.set_per_process_memory_fraction), so that an allocation past --max-memory is a
+    CUDA OOM row, as on a card of that size ("emulated": the rest of the card stays idle, its bandwidth does not)."""
+    if not device.startswith("cuda"):
+        cap_address_space(max_memory)
+        return
+    import torch
+
+    index = torch.device(device).index or 0
+    total = torch.cuda.get_device_properties(index).total_memory
+    if max_memory < total:
+        torch.cuda.set_per_process_memory_fraction(max_memory / total, index)
+
+
 def address_space_capped() -> bool:
     """Whether this process capped itself (not so when a measurement runs in a caller's process)."""
     return _BASE_VM is not None

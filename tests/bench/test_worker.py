@@ -127,7 +127,7 @@ def test_the_worker_runs_with_the_sweeps_threads(monkeypatch):
 
     sweep = cfg(threads=1)
     seen = []
-    monkeypatch.setattr(worker, "cap_address_space", lambda limit: None)  # in this process: no cap
+    monkeypatch.setattr(worker, "cap_memory", lambda limit, device: None)  # in this process: no cap
     monkeypatch.setattr(worker, "measure_point", lambda *a: seen.append(torch.get_num_threads()) or {"status": "ok"})
     before = torch.get_num_threads()
     try:
