@@ -31,6 +31,11 @@ class BlockCall:
     seed: int = 0
 
 
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Where sums, scores and lse are kept: float64 for float64 inputs, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _key_bias(key_pad: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """(b, m) bool, True = ignore → additive (b, 1, 1, m) bias."""
     if key_pad is None:
@@ -59,7 +64,7 @@ class MathBackend:
         return [slice(i, min(b, i + step)) for i in range(0, b, step)]
 
     def _scores(self, q, k, key_pad, call: BlockCall, rows: slice) -> torch.Tensor:
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        acc = accumulator_dtype(q.dtype)
         s = torch.matmul(q[rows].to(acc), k[rows].to(acc).transpose(-1, -2)).mul_(call.scale)
         bias = _key_bias(None if key_pad is None else key_pad[rows], acc)
         if bias is not None:
@@ -77,8 +82,7 @@ class MathBackend:
 
     def forward(self, q, k, v, key_pad, call: BlockCall):
         out = torch.empty_like(q)
-        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        lse = torch.empty(q.shape[:3], dtype=lse_dtype, device=q.device)
+        lse = torch.empty(q.shape[:3], dtype=accumulator_dtype(q.dtype), device=q.device)
         for rows in self._chunks(q):
             s = self._scores(q, k, key_pad, call, rows)
             block_lse = torch.logsumexp(s, dim=-1, keepdim=True)

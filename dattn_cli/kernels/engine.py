@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from .backends import BACKENDS, BlockCall
+from .backends import BACKENDS, BlockCall, accumulator_dtype
 from .heads import expand_kv, reduce_kv
 from .merge import merge_partial_
 from .pattern import Block
@@ -161,6 +161,27 @@ class IndexAccess:
         pass
 
 
+# Dropout streams: bits of (rank, set, member) above the low 16 bits that backends.py adds the batch offset to.
+STREAM_FIELDS = (("rank", 15), ("set", 17), ("member", 15))
+
+
+def dropout_stream(seed: int, rank: int, set: int, member: int) -> int:
+    """The generator seed of one block call's dropout mask, the one rule for every module:
+    seed: the call's random seed (prepare_call); rank: the rank computing; set: which queries (the engine's
+    block number, a spanning pair's head set, a block-sparse query block); member: whose keys (0: the rank's
+    own; 1 + j: received from group member or rank j; block-sparse: 2·source + 1 for its causal diagonal).
+
+    (rank, set, member) is a mixed-radix number (STREAM_FIELDS) times 2**16, added to seed mod 2**63: distinct
+    triples give distinct seeds at least 2**16 apart (the backends add a batch offset below that), for rank <
+    32768, set < 131072 and member < 32768; beyond them a ValueError."""
+    key = 0
+    for (name, bits), value in zip(STREAM_FIELDS, (rank, set, member)):
+        if not 0 <= value < 1 << bits:
+            raise ValueError(f"dropout stream: {name}={value} is outside 0 .. {(1 << bits) - 1}; run without dropout")
+        key = (key << bits) | value
+    return (seed + (key << 16)) % (1 << 63)
+
+
 @dataclass
 class BlockAttention:
     """Everything one call needs: blocks, how to reach their rows, the backend and its options."""
@@ -171,6 +192,7 @@ class BlockAttention:
     call: BlockCall
     pool: MemoryPool | None = None
     remote: RemoteBlocks | None = None
+    rank: int = 0  # the rank computing: its dropout streams differ from other ranks' (dropout_stream)
 
     def _key_pad(self, key_pad: torch.Tensor | None, block: Block) -> torch.Tensor | None:
         if key_pad is None:
@@ -179,16 +201,15 @@ class BlockAttention:
         rows = key_pad[:, block.start : end].unflatten(1, (block.num_segments, block.seg_len))
         return rows[:, :, block.offset :: block.rate].flatten(0, 1)
 
-    def _call(self, index: int, causal: bool | None = None) -> BlockCall:
+    def _call(self, set: int, member: int = 0, causal: bool | None = None) -> BlockCall:
+        """The backend options of one block call; its dropout stream from (rank, set, member)."""
         c = self.call
-        return BlockCall(c.causal if causal is None else causal, c.scale, c.dropout_p, c.seed + 1_000_003 * index)
-
-    def _acc_dtype(self, like: torch.Tensor) -> torch.dtype:
-        return torch.float64 if like.dtype == torch.float64 else torch.float32
+        seed = dropout_stream(c.seed, self.rank, set, member) if c.dropout_p > 0 else c.seed
+        return BlockCall(c.causal if causal is None else causal, c.scale, c.dropout_p, seed)
 
     def _accumulator(self, like: torch.Tensor, shape, fill: float) -> tuple[torch.Tensor, bool]:
         """fp32 (or fp64) filled accumulator; from the pool when it is scratch (half inputs)."""
-        dtype = self._acc_dtype(like)
+        dtype = accumulator_dtype(like.dtype)
         scratch = dtype != like.dtype and self.pool is not None
         acc = (
             self.pool.acquire(shape, dtype, like.device)
@@ -199,7 +220,7 @@ class BlockAttention:
 
     def _adopt(self, block, value, shape, like) -> torch.Tensor | None:
         """The first block's own result as the accumulator, when it covers everything in its dtype."""
-        if value.dtype != self._acc_dtype(like):
+        if value.dtype != accumulator_dtype(like.dtype):
             return None
         return self.access.adopt(block, value, shape)
 

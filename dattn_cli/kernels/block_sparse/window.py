@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..backends import accumulator_dtype
 from ..engine import block_attention
+from ..heads import heads_first
 
 # Query rows per chunk: the window's width, between 16 and 64. Measured (N=4096, H=8, D=64, fp32, this CPU): a window
 # of 64 each side ran fastest at 64 rows (fwd 40 ms; 512 rows: 114 ms), one of 256 each side at 64 rows too (62 ms;
@@ -64,7 +66,7 @@ def _chunks(window: Window, rows: int, keys: int):
 
 def _scores(q, k, key_pad, window: Window, first, last, lo, hi) -> torch.Tensor:
     """(B, H, rows, keys) scaled scores, -inf outside the band or on masked keys."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(q.dtype)
     s = torch.matmul(q[:, :, first:last].to(acc), k[:, :, lo:hi].to(acc).transpose(-1, -2)) * window.scale
     keep = window.allowed(first, last, lo, hi, q.device)[None, None]
     if key_pad is not None:
@@ -74,7 +76,7 @@ def _scores(q, k, key_pad, window: Window, first, last, lo, hi) -> torch.Tensor:
 
 def window_forward(q, k, v, key_pad, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
     """q (B, H, M, D), k, v (B, H, K, D) heads first -> out (B, H, M, D), lse (B, H, M) in the score dtype."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(q.dtype)
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:3], float("-inf"), dtype=acc, device=q.device)
     for first, last, lo, hi in _chunks(window, q.shape[2], k.shape[2]):
@@ -90,7 +92,7 @@ def window_forward(q, k, v, key_pad, window: Window) -> tuple[torch.Tensor, torc
 
 def window_backward(dout, q, k, v, out, lse, key_pad, window: Window):
     """dq, dk, dv of window_forward (heads first), probabilities recomputed from lse chunk by chunk."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
     dv = torch.zeros(v.shape, dtype=acc, device=v.device)
@@ -108,10 +110,6 @@ def window_backward(dout, q, k, v, out, lse, key_pad, window: Window):
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _heads_first(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(1, 2).contiguous()
-
-
 @dataclass(frozen=True)
 class BandAttention:
     """The banded executor behind the engine's autograd boundary (engine.block_attention): forward and backward
@@ -121,11 +119,11 @@ class BandAttention:
     window: Window
 
     def forward(self, q, k, v, key_pad=None) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse = window_forward(*(_heads_first(x) for x in (q, k, v)), key_pad, self.window)
+        out, lse = window_forward(*(heads_first(x) for x in (q, k, v)), key_pad, self.window)
         return out.transpose(1, 2), lse.transpose(1, 2)
 
     def backward(self, dout, q, k, v, out, lse, key_pad=None) -> tuple[torch.Tensor, ...]:
-        heads_first = [_heads_first(x) for x in (dout, q, k, v, out)]
+        heads_first = [heads_first(x) for x in (dout, q, k, v, out)]
         grads = window_backward(*heads_first, lse.transpose(1, 2), key_pad, self.window)
         return tuple(g.transpose(1, 2) for g in grads)
 
