@@ -161,25 +161,24 @@ class IndexAccess:
         pass
 
 
-# Dropout streams: bits of (rank, set, member) above the low 16 bits that backends.py adds the batch offset to.
-STREAM_FIELDS = (("rank", 15), ("set", 17), ("member", 15))
+# Dropout streams: (rank, set, member) as one mixed-radix number in the 32 bits a CPU generator is seeded with
+STREAM_FIELDS = (("rank", 10), ("set", 11), ("member", 11))
 
 
 def dropout_stream(seed: int, rank: int, set: int, member: int) -> int:
-    """The generator seed of one block call's dropout mask, the one rule for every module:
+    """The generator seed of one block call's dropout masks, the one rule for every module:
     seed: the call's random seed (prepare_call); rank: the rank computing; set: which queries (the engine's
-    block number, a spanning pair's head set, a block-sparse query block); member: whose keys (0: the rank's
-    own; 1 + j: received from group member or rank j; block-sparse: 2·source + 1 for its causal diagonal).
+    block number, a spanning pair's head set, a block-sparse query block of the shard); member: whose keys (0:
+    the rank's own; dilated ring 1 + j: group member j's; block-sparse 1: own keys on the causal diagonal,
+    2 + s: received from rank s).
 
-    (rank, set, member) is a mixed-radix number (STREAM_FIELDS) times 2**16, added to seed mod 2**63: distinct
-    triples give distinct seeds at least 2**16 apart (the backends add a batch offset below that), for rank <
-    32768, set < 131072 and member < 32768; beyond them a ValueError."""
+    (rank, set, member) is a mixed-radix number below 2**32 (STREAM_FIELDS) added to seed mod 2**64: distinct
+    triples give distinct seeds, in the low 32 bits too (all that torch's CPU generator uses), for rank < 1024,
+    set < 2048 and member < 2048. Larger values wrap around their field (streams may then repeat)."""
     key = 0
-    for (name, bits), value in zip(STREAM_FIELDS, (rank, set, member)):
-        if not 0 <= value < 1 << bits:
-            raise ValueError(f"dropout stream: {name}={value} is outside 0 .. {(1 << bits) - 1}; run without dropout")
-        key = (key << bits) | value
-    return (seed + (key << 16)) % (1 << 63)
+    for (_, bits), value in zip(STREAM_FIELDS, (rank, set, member)):
+        key = (key << bits) | (value % (1 << bits))
+    return (seed + key) % (1 << 64)
 
 
 @dataclass

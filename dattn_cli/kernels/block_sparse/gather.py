@@ -70,12 +70,10 @@ def plan_parts(
         active = table[g, source].clone()
         if causal:
             active &= source <= g
-        stream = (g, 2 * source_id)  # query block; whose keys (0: own, 1 + rank: received), +1 on the diagonal
+        stream = (qi, source_id)  # dropout: the shard's query block; whose keys (0 own, 1 own diagonal, 2 + rank)
         if causal and g in where and active[where[g]]:
             active[where[g]] = False
-            parts.append(
-                Part(queries, slice(*_block_rows(where[g], block_size, source_rows)), True, (g, stream[1] + 1))
-            )
+            parts.append(Part(queries, slice(*_block_rows(where[g], block_size, source_rows)), True, (qi, 1)))
         positions = active.nonzero().flatten().tolist()
         if not positions:
             continue

@@ -57,7 +57,7 @@ def plan_rank(
             receive[other] = blocks
             rows = len(blocks) * block_size
             remote[other] = plan_parts(
-                table, mine, shard, blocks, rows, block_size, causal, device, source_id=1 + other
+                table, mine, shard, blocks, rows, block_size, causal, device, source_id=2 + other
             )
         if blocks := used(other, rank):
             first = mine[0]

@@ -123,8 +123,8 @@ class BandAttention:
         return out.transpose(1, 2), lse.transpose(1, 2)
 
     def backward(self, dout, q, k, v, out, lse, key_pad=None) -> tuple[torch.Tensor, ...]:
-        heads_first = [heads_first(x) for x in (dout, q, k, v, out)]
-        grads = window_backward(*heads_first, lse.transpose(1, 2), key_pad, self.window)
+        transposed = [heads_first(x) for x in (dout, q, k, v, out)]
+        grads = window_backward(*transposed, lse.transpose(1, 2), key_pad, self.window)
         return tuple(g.transpose(1, 2) for g in grads)
 
 
