@@ -414,7 +414,9 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             sent = sum(rows.numel() for rows in plan.send.values())
             received = sum(len(b) * self.block_size for b in plan.receive.values())
         size = lambda rows, mask: packed_elements(batch, kv_heads, head_dim, rows, mask) * element_size  # noqa: E731
-        return dict(zip(TRAFFIC_KEYS, (size(sent, masked), size(received, masked), size(received, 0), size(sent, 0))))
+        return dict(
+            zip(TRAFFIC_KEYS, (size(sent, masked), size(received, masked), size(received, False), size(sent, False)))
+        )
 
     def describe(self) -> str:
         _, world = group_rank_size(self.process_group)
