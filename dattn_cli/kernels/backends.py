@@ -18,11 +18,27 @@ from __future__ import annotations
 
 import torch
 
-from .block_kernels import KERNELS, BlockCall, MathBackend, half_without_mask, note_used, takes_view
+from .block_kernels import (
+    KERNELS,
+    BlockCall,
+    MathBackend,
+    accumulator_dtype,
+    half_without_mask,
+    note_used,
+    takes_view,
+)
 from .flash_kernels import flash_installs
 from .kernel_choice import choose_kernel
 
-__all__ = ["BACKENDS", "BlockCall", "MathBackend", "available_backends", "check_backend", "resolve_backend"]
+__all__ = [
+    "BACKENDS",
+    "BlockCall",
+    "MathBackend",
+    "accumulator_dtype",
+    "available_backends",
+    "check_backend",
+    "resolve_backend",
+]
 
 NEG_INF = float("-inf")
 

@@ -140,6 +140,11 @@ class BlockCall:
     seed: int = 0
 
 
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Where sums, scores and lse are kept: float64 for float64 inputs, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 class MathBackend:
     name = "math"
 
@@ -153,7 +158,7 @@ class MathBackend:
         return [slice(i, min(b, i + step)) for i in range(0, b, step)]
 
     def _scores(self, q, k, key_pad, call: BlockCall, rows: slice) -> torch.Tensor:
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        acc = accumulator_dtype(q.dtype)
         s = torch.matmul(q[rows].to(acc), k[rows].to(acc).transpose(-1, -2)).mul_(call.scale)
         bias = key_bias(None if key_pad is None else key_pad[rows], acc)
         if bias is not None:
@@ -163,29 +168,34 @@ class MathBackend:
             s.masked_fill_(torch.ones(m, m, dtype=torch.bool, device=q.device).triu_(1), NEG_INF)
         return s
 
-    def _dropout_scale(self, shape, call: BlockCall, rows: slice, device) -> torch.Tensor:
-        gen = torch.Generator(device=device)
-        gen.manual_seed(call.seed + rows.start)
-        keep = torch.rand(shape, generator=gen, device=device) >= call.dropout_p
+    @staticmethod
+    def _generator(call: BlockCall, device) -> torch.Generator | None:
+        """The call's dropout stream (engine.dropout_stream): drawn chunk after chunk, in the same order in
+        forward and backward, so backward sees forward's masks."""
+        return torch.Generator(device=device).manual_seed(call.seed) if call.dropout_p > 0 else None
+
+    def _dropout_scale(self, shape, call: BlockCall, gen: torch.Generator) -> torch.Tensor:
+        keep = torch.rand(shape, generator=gen, device=gen.device) >= call.dropout_p
         return keep.float() / (1.0 - call.dropout_p)
 
     def forward(self, q, k, v, key_pad, call: BlockCall):
         note_used(self.name)  # the math backend is called directly, not through a dispatcher
         out = torch.empty_like(q)
-        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        lse = torch.empty(q.shape[:3], dtype=lse_dtype, device=q.device)
+        lse = torch.empty(q.shape[:3], dtype=accumulator_dtype(q.dtype), device=q.device)
+        gen = self._generator(call, q.device)
         for rows in self._chunks(q):
             s = self._scores(q, k, key_pad, call, rows)
             block_lse = torch.logsumexp(s, dim=-1, keepdim=True)
             p = torch.exp(s - block_lse.masked_fill(block_lse == NEG_INF, 0.0))
             if call.dropout_p > 0:
-                p.mul_(self._dropout_scale(p.shape, call, rows, q.device))
+                p.mul_(self._dropout_scale(p.shape, call, gen))
             out[rows] = torch.matmul(p, v[rows].to(p.dtype)).to(q.dtype)
             lse[rows] = block_lse.squeeze(-1)
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        gen = self._generator(call, q.device)
         for rows in self._chunks(q):
             s = self._scores(q, k, key_pad, call, rows)
             row_lse = lse[rows].unsqueeze(-1).to(s.dtype)
@@ -193,7 +203,7 @@ class MathBackend:
             do, o = dout[rows].to(s.dtype), out[rows].to(s.dtype)
             dp = torch.matmul(do, v[rows].to(s.dtype).transpose(-1, -2))
             if call.dropout_p > 0:
-                keep = self._dropout_scale(p.shape, call, rows, q.device)
+                keep = self._dropout_scale(p.shape, call, gen)
                 dv[rows] = torch.matmul((p * keep).transpose(-1, -2), do).to(v.dtype)
                 dp.mul_(keep)
             else:

@@ -15,6 +15,8 @@ import importlib
 import torch
 from torch import Tensor
 
+from .backends import accumulator_dtype
+
 _MODULES: dict[tuple, torch.nn.Module] = {}
 
 
@@ -27,10 +29,6 @@ def _class(name: str) -> type:
     custom ops at start-up would put C++ callbacks where a Ctrl-C can land), so it imports no module class."""
     module_name, qualname = name.split(":")
     return getattr(importlib.import_module(module_name), qualname)
-
-
-def _lse_dtype(q: Tensor) -> torch.dtype:
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 def _module(segments, rates, semantics, cls_name, backend, scale, cache, pool, chunk):
@@ -78,12 +76,12 @@ def dilated_attention_op(
 ) -> tuple[Tensor, Tensor]:
     config = (segments, rates, semantics, cls_name, backend, scale, cache, pool, chunk)
     out, lse = _attention(q, key_pad, config, causal, head_first, head_total).forward(q, k, v, key_pad)
-    return out.contiguous(), lse.to(_lse_dtype(q)).contiguous()
+    return out.contiguous(), lse.to(accumulator_dtype(q.dtype)).contiguous()
 
 
 @dilated_attention_op.register_fake
 def _(q, k, v, key_pad, *rest):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=accumulator_dtype(q.dtype))
 
 
 @torch.library.custom_op("dattn::dilated_attention_backward", mutates_args=())

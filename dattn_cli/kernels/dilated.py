@@ -22,7 +22,7 @@ from .chunks import SEQUENCE_CHUNK_ELEMENTS, ChunkedAttention, chunk_bounds, chu
 from .documents import attend_documents
 from .engine import BlockAttention, IndexAccess, RowAccess, ViewAccess, block_attention
 from .heads import expand_kv
-from .pattern import Block, pair_blocks, validate_pattern
+from .pattern import Block, check_head_groups, pair_blocks, validate_pattern
 from .pool import MemoryPool, get_global_memory_pool
 from .reference import dilated_attention_reference
 from .validation import check_key_padding_mask, check_qkv
@@ -60,6 +60,13 @@ class AttentionCore(nn.Module):
         self.last_backend: tuple[str, str] | None = None
         self.selection_reason: str | None = None
 
+    # the state every rank of a distributed call must share (distributed/comm.py check_call)
+    signature_fields = ("scale", "dropout", "training", "backend")
+
+    def signature(self) -> str:
+        """This module's own state as one string, field by field (`signature_fields`)."""
+        return "|".join(f"{name}={getattr(self, name)}" for name in self.signature_fields)
+
     def cached(self, key, build):
         """`build()`, through the pattern cache when it is on for this module."""
         return self.pattern_cache.get_or_build(key, build) if self.use_pattern_cache else build()
@@ -85,6 +92,7 @@ class AttentionCore(nn.Module):
 
 class _DilatedAttentionBase(AttentionCore):
     gathers_by_index = True
+    signature_fields = (*AttentionCore.signature_fields, "segment_lengths", "dilation_rates", "semantics")
 
     def __init__(
         self,
@@ -141,11 +149,7 @@ class _DilatedAttentionBase(AttentionCore):
     ) -> tuple[list[Block], RowAccess]:
         """Blocks and row access for (N, H); head_range = (first global head, total heads) for a head shard."""
         heads = head_range or (0, num_heads)
-        if self.semantics == "head_groups" and heads[1] < len(self.segment_lengths):
-            raise ValueError(
-                f"head_groups semantics needs at least one head per pair: {heads[1]} heads < "
-                f"{len(self.segment_lengths)} pairs; use more heads, fewer pairs, or semantics='longnet'"
-            )
+        check_head_groups(self.semantics, heads[1], len(self.segment_lengths))
         blocks: list[Block] = []
         index: dict[Block, torch.Tensor] = {}
         for pair, (w, r) in enumerate(zip(self.segment_lengths, self.dilation_rates)):

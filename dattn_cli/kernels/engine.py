@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from .backends import BACKENDS, BlockCall
+from .backends import BACKENDS, BlockCall, accumulator_dtype
 from .heads import expand_kv, reduce_kv
 from .merge import accumulate_, merge_partial_
 from .pattern import Block
@@ -159,6 +159,26 @@ class IndexAccess:
         pass
 
 
+# Dropout streams: (rank, set, member) as one mixed-radix number in the 32 bits a CPU generator is seeded with
+STREAM_FIELDS = (("rank", 10), ("set", 11), ("member", 11))
+
+
+def dropout_stream(seed: int, rank: int, set: int, member: int) -> int:
+    """The generator seed of one block call's dropout masks, the one rule for every module:
+    seed: the call's random seed (prepare_call); rank: the rank computing; set: which queries (the engine's
+    block number, a spanning pair's head set, a block-sparse query block of the shard); member: whose keys (0:
+    the rank's own; dilated ring 1 + j: group member j's; block-sparse 1: own keys on the causal diagonal,
+    2 + s: received from rank s).
+
+    (rank, set, member) is a mixed-radix number below 2**32 (STREAM_FIELDS) added to seed mod 2**64: distinct
+    triples give distinct seeds, in the low 32 bits too (all that torch's CPU generator uses), for rank < 1024,
+    set < 2048 and member < 2048. Larger values wrap around their field (streams may then repeat)."""
+    key = 0
+    for (_, bits), value in zip(STREAM_FIELDS, (rank, set, member)):
+        key = (key << bits) | (value % (1 << bits))
+    return (seed + key) % (1 << 64)
+
+
 @dataclass
 class BlockAttention:
     """Everything one call needs: blocks, how to reach their rows, the backend and its options."""
@@ -169,6 +189,7 @@ class BlockAttention:
     call: BlockCall
     pool: MemoryPool | None = None
     key_blocks: KeyBlockExecutor | None = None
+    rank: int = 0  # the rank computing: its dropout streams differ from other ranks' (dropout_stream)
 
     def _key_pad(self, key_pad: torch.Tensor | None, block: Block) -> torch.Tensor | None:
         if key_pad is None:
@@ -177,16 +198,15 @@ class BlockAttention:
         rows = key_pad[:, block.start : end].unflatten(1, (block.num_segments, block.seg_len))
         return rows[:, :, block.offset :: block.rate].flatten(0, 1)
 
-    def _call(self, index: int, causal: bool | None = None) -> BlockCall:
+    def _call(self, set: int, member: int = 0, causal: bool | None = None) -> BlockCall:
+        """The backend options of one block call; its dropout stream from (rank, set, member)."""
         c = self.call
-        return BlockCall(c.causal if causal is None else causal, c.scale, c.dropout_p, c.seed + 1_000_003 * index)
-
-    def _acc_dtype(self, like: torch.Tensor) -> torch.dtype:
-        return torch.float64 if like.dtype == torch.float64 else torch.float32
+        seed = dropout_stream(c.seed, self.rank, set, member) if c.dropout_p > 0 else c.seed
+        return BlockCall(c.causal if causal is None else causal, c.scale, c.dropout_p, seed)
 
     def _accumulator(self, like: torch.Tensor, shape, fill: float | None) -> tuple[torch.Tensor, bool]:
         """fp32 (or fp64) accumulator, filled unless fill is None; from the pool when it is scratch (half inputs)."""
-        dtype = self._acc_dtype(like)
+        dtype = accumulator_dtype(like.dtype)
         scratch = dtype != like.dtype and self.pool is not None
         acc = (
             self.pool.acquire(shape, dtype, like.device)
@@ -201,7 +221,7 @@ class BlockAttention:
         whole = self.access.adopt(block, value, shape)
         if whole is None:
             return None
-        if whole.dtype == self._acc_dtype(like):
+        if whole.dtype == accumulator_dtype(like.dtype):
             return whole, False
         acc, scratch = self._accumulator(like, shape, None)
         return acc.copy_(whole), scratch

@@ -136,15 +136,20 @@ def pair_blocks(
     return blocks
 
 
+def check_head_groups(semantics: str, num_heads: int, num_pairs: int) -> None:
+    """head_groups semantics gives every pair its own heads: at least one head per pair."""
+    if semantics == "head_groups" and num_heads < num_pairs:
+        raise ValueError(
+            f"head_groups semantics needs at least one head per pair: num_heads >= {num_pairs} pairs, got "
+            f"{num_heads}; use more heads, fewer pairs, or semantics='longnet'"
+        )
+
+
 def build_blocks(
     seq_len: int, num_heads: int, segment_lengths: Sequence[int], dilation_rates: Sequence[int], semantics: str
 ) -> list[Block]:
     segs, rates = validate_pattern(segment_lengths, dilation_rates, semantics)
-    if semantics == "head_groups" and num_heads < len(segs):
-        raise ValueError(
-            f"head_groups semantics needs at least one head per pair: {num_heads} heads < {len(segs)} pairs; "
-            "use more heads, fewer pairs, or semantics='longnet'"
-        )
+    check_head_groups(semantics, num_heads, len(segs))
     blocks: list[Block] = []
     for i, (w, r) in enumerate(zip(segs, rates)):
         blocks.extend(pair_blocks(i, seq_len, num_heads, w, r, len(segs), semantics))

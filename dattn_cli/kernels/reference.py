@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from .heads import expand_kv
-from .pattern import validate_pattern
+from .pattern import check_head_groups, validate_pattern
 from .validation import check_qkv
 
 DEFAULT_MAX_BLOCK_ELEMENTS = 1 << 22
@@ -84,8 +84,7 @@ def dilated_attention_reference(
     segs, rates = validate_pattern(segment_lengths, dilation_rates, semantics)
     check_qkv(q, k, v)
     batch, seq_len, num_heads, head_dim = q.shape
-    if semantics == "head_groups" and num_heads < len(segs):
-        raise ValueError(f"head_groups semantics needs num_heads >= {len(segs)} pairs, got {num_heads}")
+    check_head_groups(semantics, num_heads, len(segs))
     return _masked_softmax_attention(
         q,
         k,

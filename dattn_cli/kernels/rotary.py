@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .backends import accumulator_dtype
+
 
 def document_positions(cu_seqlens: torch.Tensor, offset: int, n: int, device: torch.device) -> torch.Tensor:
     """Positions of rows offset .. offset + n - 1 of packed documents counted from their document's first token
@@ -31,7 +33,7 @@ def apply_rotary(
     n, d = x.shape[1], x.shape[-1]
     if d % 2:
         raise ValueError(f"rotary embeddings need an even head_dim, got {d}: use an even head_dim or rotary=False")
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    compute = accumulator_dtype(x.dtype)
     inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float64) / d)
     if positions is None:
         positions = torch.arange(offset, offset + n, device=x.device, dtype=torch.float64)

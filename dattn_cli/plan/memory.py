@@ -27,12 +27,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from pydantic import BaseModel
 
 from ..kernels import chunks
+from ..kernels.backends import accumulator_dtype
 from ..kernels.chunks import chunk_length
+from ..kernels.distributed.shards import shard_plan
 from ..kernels.pattern import Block, build_blocks, pair_blocks
-from ..workload.counts import shard_of, spanning_pairs
+from ..workload.counts import packed_kv_bytes, shard_of, spanning_pairs
 from ..workload.problem import ELEMENT_BYTES, Problem
 from .profiles import HardwareProfile
 
@@ -76,12 +79,9 @@ class _Tally:
 
 def _local_blocks(s: Problem, length: int, heads: int, first_head: int) -> list[Block]:
     """The blocks one device computes locally (its shard, or its head shard of the whole sequence)."""
-    if s.strategy in ("ring", "allgather"):
-        blocks: list[Block] = []
-        for i, (w, r) in enumerate(zip(s.segment_lengths, s.dilation_rates)):
-            span = min(w, s.seq_len)  # a spanning pair's own-rows block has the shape of a one-segment pair
-            blocks += pair_blocks(i, length, heads, min(span, length), r, len(s.segment_lengths), s.semantics)
-        return blocks
+    if s.strategy in ("ring", "allgather"):  # the kernels' shard plan, rank 0's
+        world = s.world_size
+        return shard_plan(length * world, world, 0, heads, s.segment_lengths, s.dilation_rates, s.semantics, s.impl)[0]
     if first_head or heads != s.heads:
         blocks = []
         for i, (w, r) in enumerate(zip(s.segment_lengths, s.dilation_rates)):
@@ -198,7 +198,7 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
         heads, work_len = s.heads // p, length * p  # the whole (padded) sequence of H/p heads
     blocks = _local_blocks(s, work_len, heads, first)
     x_work = s.batch * work_len * heads * s.head_dim * e
-    acc_e = 8 if s.dtype == "float64" else 4
+    acc_e = accumulator_dtype(getattr(torch, s.dtype)).itemsize
     t.add("lse", s.batch * length * s.heads * 4)
     if e != acc_e:
         t.add("fp32 accumulator", s.batch * work_len * heads * s.head_dim * acc_e)
@@ -228,17 +228,17 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
         t.add("all-to-all copies", 2 * x_shard * (2 if fwdbwd else 1))
         t.add("head-shard q, k, v, out", 4 * x_work)
     elif s.strategy in ("ring", "allgather"):
-        t.add("comm buffers", _sequence_parallel_buffers(s, length, fwdbwd, e))
+        t.add("comm buffers", _sequence_parallel_buffers(s, fwdbwd))
     t.add("kernel workspace", _workspace("dilated", s, device_type) * largest * e)
 
 
-def _sequence_parallel_buffers(s: Problem, length: int, fwdbwd: bool, e: int) -> int:
-    """Packed sparsified K/V, S = 2·B·H_i·D·e·⌈L/r⌉ per device and pair: the ring holds its own rows, the
+def _sequence_parallel_buffers(s: Problem, fwdbwd: bool) -> int:
+    """Packed sparsified K/V, S = packed_kv_bytes per device and pair: the ring holds its own rows, the
     buffer being computed on and the one being received (and a dK/dV share in backward); the all-gather
     holds all g members' rows (kept for backward) and, in backward, the g dK/dV shares."""
     total = 0
     for g, r, heads in spanning_pairs(s):
-        size = 2 * s.batch * heads * s.head_dim * e * -(-length // r)
+        size = packed_kv_bytes(s, heads, r)
         if s.strategy == "ring":
             total = max(total, size * (4 if fwdbwd else 3))
         else:

@@ -5,11 +5,12 @@ computed, summed over batch, heads and dilation pairs, causal counted exactly (e
 `pairs` hook); fwd+bwd = 3.5 x forward. Layers add their matmuls: 2·T·(4E² + 2EF) per block and
 2·T·E·V for a model's head, x3 with backward.
 
-Communication (docs/communication.md): per spanning pair (a segment over g > 1 ranks) with
-S = 2·B·H_i·D·e·⌈L/r⌉ (H_i: the K/V heads of a kept row, travelling_kv_heads), the packed kept K/V rows of one rank (L = shard_of: ⌈N/p⌉, or more where shards must
-align with the segments or blocks; the sequence is padded to N' = p·L, kernels/distributed/sharding.py): ring non-causal (g-1)·S forward,
-3·(g-1)·S fwd+bwd (rotation twice, dK/dV home); causal, the last rank of a group (g-1)·S forward,
-2·(g-1)·S fwd+bwd; all-gather (g-1)·S forward, 2·(g-1)·S fwd+bwd. Head-parallel: two all-to-alls of
+Communication (docs/communication.md): the span rule and the byte rule are the kernels'
+(kernels/distributed/shards.py: shard_plan, pair_traffic; exchange.packed_elements), evaluated here with
+S = 2·B·H_i·D·e·⌈L/r⌉ for every member (H_i: the K/V heads of a kept row, SpanningPair.kv_heads; L = shard_of:
+⌈N/p⌉, or more where shards must align with the segments or blocks, kernels/distributed/sharding.py): ring
+non-causal (g-1)·S forward, 3·(g-1)·S fwd+bwd (rotation twice, dK/dV home); causal, the last rank of a group
+(g-1)·S forward, 2·(g-1)·S fwd+bwd; all-gather (g-1)·S forward, 2·(g-1)·S fwd+bwd. Head-parallel: two all-to-alls of
 q, k, v, out forward (and of their gradients backward), each moving (p-1)/p of a rank's shard; with GQA k and v
 at lcm(H_kv, p) heads.
 """
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 import math
 
-from ..kernels.heads import KVHeadSet
-from ..kernels.pattern import head_sets
+from ..kernels.distributed.exchange import packed_elements
+from ..kernels.distributed.shards import pair_traffic, shard_plan
 from ..kernels.registry import shard_length
 from .problem import ELEMENT_BYTES, Problem
 
@@ -70,50 +71,39 @@ def shard_of(p: Problem) -> int:
 
 
 def spanning_pairs(p: Problem) -> list[tuple[int, int, int]]:
-    """(g, r, H_i) for each pair whose segment spans g > 1 ranks of the padded sequence."""
-    shard = shard_of(p)
-    padded = shard * p.world_size
-    pairs = []
-    for i, (w, r) in enumerate(zip(p.segment_lengths, p.dilation_rates)):
-        span = min(w, padded)
-        if shard % span == 0:
-            continue
-        if span % shard:
-            raise ValueError(
-                f"segment length {span} neither divides nor is a multiple of N/p = {shard}: "
-                "use segment lengths that are divisors or multiples of N/p"
-            )
-        pairs.append((span // shard, r, travelling_kv_heads(p, i, r)))
-    return pairs
-
-
-def travelling_kv_heads(p: Problem, pair: int, rate: int) -> int:
-    """H_i: the K/V heads one kept row of pair i carries, summed over its head sets: the heads using the pair,
-    or with GQA the distinct kv heads behind each set (kernels/heads.py; H_kv·r/H of them when r divides H/H_kv)."""
-    sets = head_sets(pair, rate, p.heads, len(p.segment_lengths), p.semantics)
-    group = p.heads // p.kv_head_count
-    return sum(KVHeadSet(h0, step, count, group).kv_count for _, h0, step, count in sets)
+    """(g, r, H_i) for each pair whose segment spans g > 1 ranks of the padded sequence: the kernels' shard plan
+    (rank 0's), H_i the K/V heads one kept row carries over its head sets (at the kv heads with GQA)."""
+    world = p.world_size
+    _, spanning = shard_plan(
+        shard_of(p) * world,
+        world,
+        0,
+        p.heads,
+        p.segment_lengths,
+        p.dilation_rates,
+        p.semantics,
+        p.impl,
+        p.heads // p.kv_head_count,
+    )
+    return [(plan.ranks_per_segment, plan.rate, plan.kv_heads) for plan in spanning]
 
 
 def packed_kv_bytes(p: Problem, heads: int, rate: int) -> int:
-    """S: one rank's packed kept K/V rows of one pair, 2·B·H_i·D·e·⌈L/r⌉."""
-    shard = shard_of(p)
-    return 2 * p.batch * heads * p.head_dim * ELEMENT_BYTES[p.dtype] * -(-shard // rate)
+    """S: one rank's packed kept K/V rows of one pair, 2·B·H_i·D·e·⌈L/r⌉ (exchange.packed_elements)."""
+    return packed_elements(p.batch, heads, p.head_dim, -(-shard_of(p) // rate)) * ELEMENT_BYTES[p.dtype]
 
 
 def sequence_parallel_traffic(p: Problem) -> tuple[int, int, float]:
     """(bytes received by the busiest rank, messages on its critical path, remote share of its compute)
-    for the ring and all-gather strategies; exact when r divides L (kernels' comm_volume)."""
+    for the ring and all-gather strategies: the kernels' byte rule (shards.pair_traffic) for the last member
+    of each group, every member packing S; exact when r divides L (comm_volume counts each member's rows)."""
     fwdbwd = p.mode == "fwdbwd"
     total, messages, remote = 0, 0, 0.0
     for g, r, heads in spanning_pairs(p):
-        if p.strategy == "ring":
-            passes = (2 if p.causal else 3) if fwdbwd else 1
-            messages += (g - 1) * (3 if fwdbwd else 1)
-        else:
-            passes = 2 if fwdbwd else 1
-            messages += (g - 1) * passes
-        total += passes * (g - 1) * packed_kv_bytes(p, heads, r)
+        sizes = [packed_kv_bytes(p, heads, r)] * g
+        _, forward, _, backward = pair_traffic(p.strategy, sizes, sizes, g - 1, p.causal)
+        total += forward + (backward if fwdbwd else 0)
+        messages += (g - 1) * ((3 if p.strategy == "ring" else 2) if fwdbwd else 1)
         remote += (g - 1) / g
     return total, messages, min(1.0, remote / max(1, len(p.segment_lengths)))
 

@@ -91,8 +91,8 @@ def test_one_device_runs_the_ring_form_calls_of_one_rank_and_moves_nothing(causa
     ring = plan_rank(table, 50, 8, 0, 1, causal, torch.device("cpu"))
     local = plan_local(table, 50, 8, causal, torch.device("cpu"))
     assert not ring.remote and not ring.send
-    assert [(p.queries, str(p.keys), p.causal, p.seed) for p in local] == [
-        (p.queries, str(p.keys), p.causal, p.seed) for p in ring.local
+    assert [(p.queries, str(p.keys), p.causal, p.stream) for p in local] == [
+        (p.queries, str(p.keys), p.causal, p.stream) for p in ring.local
     ]
     module = make("hierarchical", executor="gather")
     q = torch.randn(1, 50, 2, 8, requires_grad=True)

@@ -48,7 +48,9 @@ def test_reference_validates_too():
     q = torch.randn(1, 8, 2, 4)
     with pytest.raises(ValueError, match="one dilation rate per segment length"):
         dilated_attention_reference(q, q, q, [8, 4], [1])
-    with pytest.raises(ValueError, match="head_groups semantics needs num_heads >= 3 pairs"):
+    with pytest.raises(
+        ValueError, match="head_groups semantics needs at least one head per pair: num_heads >= 3 pairs, got 2"
+    ):
         dilated_attention_reference(q, q, q, [2, 4, 8], [1, 2, 4], semantics="head_groups")
 
 

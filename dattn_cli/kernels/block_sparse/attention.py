@@ -26,8 +26,10 @@ from collections.abc import Sequence
 import torch
 
 from ..dilated import AttentionCore
-from ..distributed.comm import CommStats, check_consistent, group_rank_size
+from ..distributed.comm import CommStats, check_call, group_rank_size
 from ..distributed.documents import sharded_documents
+from ..distributed.exchange import packed_elements
+from ..distributed.shards import TRAFFIC_KEYS
 from ..documents import attend_documents, whole_sequence
 from ..engine import BlockAttention, ViewAccess, block_attention
 from ..heads import expand_kv, kv_group
@@ -55,6 +57,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
 
     default_pattern_cache = True
     default_memory_pool = False
+    signature_fields = (*AttentionCore.signature_fields, "pattern", "executor")
 
     def __init__(
         self,
@@ -217,8 +220,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             return attend_documents(call, q, k, v, key_padding_mask, cu_seqlens)
         if whole_sequence(cu_seqlens, q.shape[1] * world):  # one document: the ring form as it is
             return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=True)
-        config = f"{self.pattern}|{is_causal}|{k.shape[2]}|{key_padding_mask is not None}|documents"
-        check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
+        check_call(self, q, k, is_causal, key_padding_mask, "documents")
         return sharded_documents(
             call, q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats, type(self).__name__
         )
@@ -286,13 +288,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             scale = q.shape[-1] ** -0.5 if self.scale is None else float(self.scale)
             return flex_forward(q, *expand_kv(k, v, num_heads), mask, scale, need_lse=need_lse)
         if world > 1:
-            config = (
-                f"{self.pattern}|{seq_len}|{is_causal}|{group}|{key_padding_mask is not None}|{self.dropout}|"
-                f"{self.training}"
-            )
-            check_consistent(
-                self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self
-            )
+            check_call(self, q, k, is_causal, key_padding_mask, seq_len)
             self.stats.call()
         backend, call, pool = self.prepare_call(q, is_causal, key_padding_mask is not None)
         key = ("block_plan", self.pattern, seq_len, padded, num_heads, bool(is_causal), rank, world, str(q.device))
@@ -303,7 +299,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             plan = self.cached(key, lambda: plan_rank(table, padded, self.block_size, rank, world, is_causal, q.device))
             self.last_plan = plan
             key_blocks = BlockSparseExchange(plan, self.block_size, self.process_group, self.stats, group)
-        engine = BlockAttention([], ViewAccess(pool), backend, call, pool, key_blocks)
+        engine = BlockAttention([], ViewAccess(pool), backend, call, pool, key_blocks, rank)
         return block_attention(q, k, v, key_padding_mask, engine)
 
     # distributed accounting and reporting -----------------------------------------------------------
@@ -331,45 +327,22 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         padded_len: the padded length of the shards (shard_sequence), padding rows included; default seq_len."""
         rank, world = group_rank_size(self.process_group)
         if world == 1:
-            return {
-                "forward_bytes_sent": 0,
-                "forward_bytes_received": 0,
-                "backward_bytes_sent": 0,
-                "backward_bytes_received": 0,
-            }
+            return dict.fromkeys(TRAFFIC_KEYS, 0)
         padded = seq_len if padded_len is None else padded_len
         kv_heads = num_heads // kv_group(num_heads, num_heads if num_kv_heads is None else num_kv_heads)
         if self.pattern.name == "sliding_window":  # the halo rows (halo.py)
             left, right = self.pattern.token_window
             halo = plan_halo(rank, world, padded // world, left, 0 if is_causal else right)
-            row = batch * 2 * kv_heads * head_dim * element_size
-            got, given = (sum(hi - lo for _, lo, hi in rows) for rows in (halo.receive, halo.send))
-            mask = batch * element_size if masked else 0
-            return {
-                "forward_bytes_sent": given * (row + mask),
-                "forward_bytes_received": got * (row + mask),
-                "backward_bytes_sent": got * row,
-                "backward_bytes_received": given * row,
-            }
-        plan = plan_rank(
-            self._padded_table(seq_len, padded, num_heads),
-            padded,
-            self.block_size,
-            rank,
-            world,
-            is_causal,
-            torch.device("cpu"),
+            sent, received = (sum(hi - lo for _, lo, hi in rows) for rows in (halo.send, halo.receive))
+        else:
+            table = self._padded_table(seq_len, padded, num_heads)
+            plan = plan_rank(table, padded, self.block_size, rank, world, is_causal, torch.device("cpu"))
+            sent = sum(rows.numel() for rows in plan.send.values())
+            received = sum(len(b) * self.block_size for b in plan.receive.values())
+        size = lambda rows, mask: packed_elements(batch, kv_heads, head_dim, rows, mask) * element_size  # noqa: E731
+        return dict(
+            zip(TRAFFIC_KEYS, (size(sent, masked), size(received, masked), size(received, False), size(sent, False)))
         )
-        per_row = batch * (2 * kv_heads * head_dim) * element_size
-        mask_row = batch * element_size if masked else 0
-        sent_rows = sum(rows.numel() for rows in plan.send.values())
-        received_rows = sum(len(b) * self.block_size for b in plan.receive.values())
-        return {
-            "forward_bytes_sent": sent_rows * (per_row + mask_row),
-            "forward_bytes_received": received_rows * (per_row + mask_row),
-            "backward_bytes_sent": received_rows * per_row,
-            "backward_bytes_received": sent_rows * per_row,
-        }
 
     def describe(self) -> str:
         _, world = group_rank_size(self.process_group)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..distributed.comm import CommStats, post_exchange
+from ..distributed.comm import CommStats
+from ..distributed.exchange import exchange, pack_rows, packed_elements, unpack_rows
 
 TAG_HALO, TAG_HALO_GRAD = 41, 42
 
@@ -58,17 +59,17 @@ class HaloExchange(torch.autograd.Function):
     def forward(ctx, k, v, key_pad, plan: HaloPlan, group, stats: CommStats):
         ctx.plan, ctx.group, ctx.stats, ctx.shape = plan, group, stats, k.shape
         masked = key_pad is not None
-        sends = {
-            r: _pack(
-                [x[:, lo - plan.start : hi - plan.start] for x in (k, v)],
-                key_pad[:, lo - plan.start : hi - plan.start] if masked else None,
-            )
-            for r, lo, hi in plan.send
+        own = lambda x, lo, hi: None if x is None else x[:, lo - plan.start : hi - plan.start]  # noqa: E731
+        sends = {r: pack_rows(own(k, lo, hi), own(v, lo, hi), own(key_pad, lo, hi)) for r, lo, hi in plan.send}
+        batch, _, heads, head_dim = k.shape
+        receives = {
+            r: k.new_empty(packed_elements(batch, heads, head_dim, hi - lo, masked)) for r, lo, hi in plan.receive
         }
-        row = 2 * k.shape[0] * k[0, 0].numel() + (k.shape[0] if masked else 0)
-        receives = {r: k.new_empty(row * (hi - lo)) for r, lo, hi in plan.receive}
-        _exchange(sends, receives, group, stats, TAG_HALO, "forward")
-        parts = {r: _unpack(receives[r], k, hi - lo, masked) for r, lo, hi in plan.receive}
+        exchange(sends, receives, group, stats, TAG_HALO, "forward")
+        parts = {
+            r: unpack_rows(receives[r], (batch, hi - lo, heads, head_dim), (batch, hi - lo) if masked else None)
+            for r, lo, hi in plan.receive
+        }
         before = [parts[r] for r, lo, _ in plan.receive if lo < plan.start]
         after = [parts[r] for r, lo, _ in plan.receive if lo >= plan.start]
         local = (k, v, key_pad)
@@ -87,36 +88,16 @@ class HaloExchange(torch.autograd.Function):
         for r, lo, hi in plan.receive:  # halo gradients go home, in the order the rows were laid out
             if lo >= plan.start and at < plan.before + length:
                 at = plan.before + length
-            homes[r] = torch.cat([dk_ext[:, at : at + hi - lo].reshape(-1), dv_ext[:, at : at + hi - lo].reshape(-1)])
+            homes[r] = pack_rows(dk_ext[:, at : at + hi - lo], dv_ext[:, at : at + hi - lo])
             at += hi - lo
         dk = dk_ext[:, plan.before : plan.before + length].clone()
         dv = dv_ext[:, plan.before : plan.before + length].clone()
-        per_row = dk[0, 0].numel() * dk.shape[0]
-        shares = {r: dk.new_empty(2 * per_row * (hi - lo)) for r, lo, hi in plan.send}
-        _exchange(homes, shares, ctx.group, ctx.stats, TAG_HALO_GRAD, "backward")
+        batch, _, heads, head_dim = dk.shape
+        shares = {r: dk.new_empty(packed_elements(batch, heads, head_dim, hi - lo)) for r, lo, hi in plan.send}
+        exchange(homes, shares, ctx.group, ctx.stats, TAG_HALO_GRAD, "backward")
         for r, lo, hi in plan.send:
-            size = per_row * (hi - lo)
             rows = slice(lo - plan.start, hi - plan.start)
-            dk[:, rows] += shares[r][:size].view_as(dk[:, rows])
-            dv[:, rows] += shares[r][size:].view_as(dv[:, rows])
+            dk_home, dv_home, _ = unpack_rows(shares[r], (batch, hi - lo, heads, head_dim))
+            dk[:, rows] += dk_home
+            dv[:, rows] += dv_home
         return dk, dv, None, None, None, None
-
-
-def _pack(tensors: list[torch.Tensor], key_pad: torch.Tensor | None) -> torch.Tensor:
-    parts = [x.reshape(-1) for x in tensors] + (
-        [key_pad.to(tensors[0].dtype).reshape(-1)] if key_pad is not None else []
-    )
-    return torch.cat(parts)
-
-
-def _unpack(buffer: torch.Tensor, like: torch.Tensor, rows: int, masked: bool):
-    shape = (like.shape[0], rows, *like.shape[2:])
-    size = like.shape[0] * rows * like[0, 0].numel()
-    pad = buffer[2 * size :].view(like.shape[0], rows) > 0.5 if masked else None
-    return buffer[:size].view(shape), buffer[size : 2 * size].view(shape), pad
-
-
-def _exchange(sends: dict, receives: dict, group, stats: CommStats, tag: int, phase: str) -> None:
-    sends = {r: buf.contiguous() for r, buf in sends.items()}
-    for work in post_exchange(sends, receives, group, stats, tag, phase):
-        work.wait()

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from ..engine import BlockAttention
-from .gather import Part, _heads_first, attend_parts, attend_parts_backward, plan_parts
+from ..heads import heads_first
+from .gather import Part, attend_parts, attend_parts_backward, plan_parts
 
 
 def plan_local(
@@ -29,10 +30,10 @@ class LocalBlocks:
     parts: tuple[Part, ...]
 
     def forward(self, attention: BlockAttention, q, k, v, key_pad, out, lse) -> None:
-        q, k, v = (_heads_first(x) for x in (q, k, v))
+        q, k, v = (heads_first(x) for x in (q, k, v))
         attend_parts(attention, self.parts, q, k, v, key_pad, out, lse)
 
     def backward(self, attention: BlockAttention, dout, q, k, v, out, lse, key_pad, grads) -> None:
-        dout, q, k, v, out, lse = (_heads_first(x) for x in (dout, q, k, v, out, lse))
+        dout, q, k, v, out, lse = (heads_first(x) for x in (dout, q, k, v, out, lse))
         dq, dk, dv = (g.transpose(1, 2) for g in grads)  # the engine's (B, N, H, D) accumulators, heads first
         attend_parts_backward(attention, self.parts, dout, q, out, lse, k, v, key_pad, dq, dk, dv)

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..distributed.comm import CommStats, post_exchange
+from ..distributed.comm import CommStats
+from ..distributed.exchange import exchange, pack_rows, packed_elements, unpack_rows
 from ..engine import BlockAttention
-from ..heads import KVHeadSet
-from .gather import Part, _block_rows, _heads_first, attend_parts, attend_parts_backward, plan_parts
+from ..heads import KVHeadSet, heads_first
+from .gather import Part, _block_rows, attend_parts, attend_parts_backward, plan_parts
 
 TAG_KV, TAG_HOME = 21, 22
 
@@ -56,7 +57,7 @@ def plan_rank(
             receive[other] = blocks
             rows = len(blocks) * block_size
             remote[other] = plan_parts(
-                table, mine, shard, blocks, rows, block_size, causal, device, source_id=1 + other
+                table, mine, shard, blocks, rows, block_size, causal, device, source_id=2 + other
             )
         if blocks := used(other, rank):
             first = mine[0]
@@ -76,28 +77,25 @@ class BlockSparseExchange:
         self.received: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
 
     def _post(self, sends: dict[int, torch.Tensor], receives: dict[int, torch.Tensor], tag: int, phase: str):
-        return post_exchange(sends, receives, self.group, self.stats, tag, phase)
+        return exchange(sends, receives, self.group, self.stats, tag, phase, wait=False)
 
     def _heads(self, heads: int) -> KVHeadSet:
         return KVHeadSet(0, 1, heads, self.kv_group)
 
     def _pack(self, rows: torch.Tensor, k, v, key_pad) -> torch.Tensor:
-        """K and V rows at the kv heads (heads first, as the receiver attends them) and the key-mask rows, in
-        one buffer."""
+        """K and V rows at the kv heads (heads first, as the receiver attends them) and the key-mask rows."""
         kv = self._heads(k.shape[1])
-        parts = [kv.pack(k.index_select(2, rows), 1).reshape(-1), kv.pack(v.index_select(2, rows), 1).reshape(-1)]
-        if key_pad is not None:
-            parts.append(key_pad.index_select(1, rows).to(k.dtype).reshape(-1))
-        return torch.cat(parts)
+        mask = None if key_pad is None else key_pad.index_select(1, rows)
+        return pack_rows(kv.pack(k.index_select(2, rows), 1), kv.pack(v.index_select(2, rows), 1), mask)
 
     def forward(self, attention: BlockAttention, q, k, v, key_pad, out, lse) -> None:
         batch, _, heads, head_dim = k.shape
         kv = self._heads(heads)
-        q, k, v = (_heads_first(x) for x in (q, k, v))
+        q, k, v = (heads_first(x) for x in (q, k, v))
         buffers = {}
         for src, blocks in self.plan.receive.items():
             rows = len(blocks) * self.block_size
-            buffers[src] = k.new_empty(batch * rows * (2 * kv.kv_count * head_dim + (key_pad is not None)))
+            buffers[src] = k.new_empty(packed_elements(batch, kv.kv_count, head_dim, rows, key_pad is not None))
         sends = {dst: self._pack(rows, k, v, key_pad) for dst, rows in self.plan.send.items()}
         works = self._post(sends, buffers, TAG_KV, "forward")
         attend_parts(attention, self.plan.local, q, k, v, key_pad, out, lse)  # while the blocks travel
@@ -105,17 +103,15 @@ class BlockSparseExchange:
             work.wait()
         for src, buf in buffers.items():
             rows = len(self.plan.receive[src]) * self.block_size
-            size = batch * rows * kv.kv_count * head_dim
-            kr = buf[:size].view(batch, kv.kv_count, rows, head_dim)
-            vr = buf[size : 2 * size].view(batch, kv.kv_count, rows, head_dim)
-            pad = buf[2 * size :].view(batch, rows).bool() if key_pad is not None else None
+            mask = (batch, rows) if key_pad is not None else None
+            kr, vr, pad = unpack_rows(buf, (batch, kv.kv_count, rows, head_dim), mask)
             self.received[src] = (kr, vr, pad)  # kept at the kv heads, repeated again in backward
             attend_parts(attention, self.plan.remote[src], q, kv.unpack(kr, 1), kv.unpack(vr, 1), pad, out, lse)
 
     def backward(self, attention: BlockAttention, dout, q, k, v, out, lse, key_pad, grads) -> None:
         batch, _, heads, head_dim = k.shape
         kv = self._heads(heads)
-        dout, q, k, v, out, lse = (_heads_first(x) for x in (dout, q, k, v, out, lse))
+        dout, q, k, v, out, lse = (heads_first(x) for x in (dout, q, k, v, out, lse))
         acc = grads[0].dtype
         dq, dk, dv = (g.transpose(1, 2) for g in grads)  # the engine's (B, N, H, D) accumulators, heads first
         shares = {}
@@ -126,9 +122,10 @@ class BlockSparseExchange:
                 torch.zeros(vr.shape, dtype=acc, device=vr.device),
             )
             attend_parts_backward(attention, self.plan.remote[src], dout, q, out, lse, kr, vr, pad, dq, dkr, dvr)
-            shares[src] = torch.cat([kv.reduce(dkr, 1).reshape(-1), kv.reduce(dvr, 1).reshape(-1)])
+            shares[src] = pack_rows(kv.reduce(dkr, 1), kv.reduce(dvr, 1))
         home = {
-            dst: dk.new_empty(2 * batch * kv.kv_count * rows.numel() * head_dim) for dst, rows in self.plan.send.items()
+            dst: dk.new_empty(packed_elements(batch, kv.kv_count, head_dim, rows.numel()))
+            for dst, rows in self.plan.send.items()
         }
         works = self._post(shares, home, TAG_HOME, "backward")
         attend_parts_backward(attention, self.plan.local, dout, q, out, lse, k, v, key_pad, dq, dk, dv)
@@ -136,7 +133,7 @@ class BlockSparseExchange:
             work.wait()
         for dst, buf in home.items():
             rows = self.plan.send[dst]
-            size = batch * kv.kv_count * rows.numel() * head_dim
-            dk.index_add_(2, rows, kv.place(buf[:size].view(batch, kv.kv_count, -1, head_dim), 1))
-            dv.index_add_(2, rows, kv.place(buf[size:].view(batch, kv.kv_count, -1, head_dim), 1))
+            dk_home, dv_home, _ = unpack_rows(buf, (batch, kv.kv_count, rows.numel(), head_dim))
+            dk.index_add_(2, rows, kv.place(dk_home, 1))
+            dv.index_add_(2, rows, kv.place(dv_home, 1))
         self.received.clear()

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..distributed.comm import check_consistent
+from ..backends import accumulator_dtype
+from ..distributed.comm import check_call
 from ..engine import block_attention
+from ..heads import heads_first
 from .halo import HaloExchange, plan_halo
 
 BAND_REASON = "a token window needs per-token masks: the banded executor, exact, O(N x window)"
@@ -72,7 +74,7 @@ def _chunks(window: Window, rows: int, keys: int):
 
 def _scores(q, k, key_pad, window: Window, first, last, lo, hi) -> torch.Tensor:
     """(B, H, rows, keys) scaled scores, -inf outside the band or on masked keys."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(q.dtype)
     s = torch.matmul(q[:, :, first:last].to(acc), k[:, :, lo:hi].to(acc).transpose(-1, -2)) * window.scale
     keep = window.allowed(first, last, lo, hi, q.device)[None, None]
     if key_pad is not None:
@@ -82,7 +84,7 @@ def _scores(q, k, key_pad, window: Window, first, last, lo, hi) -> torch.Tensor:
 
 def window_forward(q, k, v, key_pad, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
     """q (B, H, M, D), k, v (B, H, K, D) heads first -> out (B, H, M, D), lse (B, H, M) in the score dtype."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(q.dtype)
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:3], float("-inf"), dtype=acc, device=q.device)
     for first, last, lo, hi in _chunks(window, q.shape[2], k.shape[2]):
@@ -98,7 +100,7 @@ def window_forward(q, k, v, key_pad, window: Window) -> tuple[torch.Tensor, torc
 
 def window_backward(dout, q, k, v, out, lse, key_pad, window: Window):
     """dq, dk, dv of window_forward (heads first), probabilities recomputed from lse chunk by chunk."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
     dv = torch.zeros(v.shape, dtype=acc, device=v.device)
@@ -116,10 +118,6 @@ def window_backward(dout, q, k, v, out, lse, key_pad, window: Window):
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _heads_first(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(1, 2).contiguous()
-
-
 @dataclass(frozen=True)
 class BandAttention:
     """The banded executor behind the engine's autograd boundary (engine.block_attention): forward and backward
@@ -129,12 +127,12 @@ class BandAttention:
     window: Window
 
     def forward(self, q, k, v, key_pad=None) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse = window_forward(*(_heads_first(x) for x in (q, k, v)), key_pad, self.window)
+        out, lse = window_forward(*(heads_first(x) for x in (q, k, v)), key_pad, self.window)
         return out.transpose(1, 2), lse.transpose(1, 2)
 
     def backward(self, dout, q, k, v, out, lse, key_pad=None) -> tuple[torch.Tensor, ...]:
-        heads_first = [_heads_first(x) for x in (dout, q, k, v, out)]
-        grads = window_backward(*heads_first, lse.transpose(1, 2), key_pad, self.window)
+        transposed = [heads_first(x) for x in (dout, q, k, v, out)]
+        grads = window_backward(*transposed, lse.transpose(1, 2), key_pad, self.window)
         return tuple(g.transpose(1, 2) for g in grads)
 
 
@@ -170,8 +168,7 @@ def sliding_window_call(module, q, k, v, is_causal, key_padding_mask, rank: int,
     module.last_backend = ("band", "chunked matmuls of the banded executor")
     if world > 1:
         group = module.process_group
-        config = f"{module.pattern}|{is_causal}|{k.shape[2]}|{key_padding_mask is not None}"
-        check_consistent(group, type(module).__name__, tuple(q.shape), q.dtype, config, q.device, owner=module)
+        check_call(module, q, k, is_causal, key_padding_mask)
         module.stats.call()
         plan = plan_halo(rank, world, shard, window.left, window.reach)
         k, v, key_padding_mask = HaloExchange.apply(k, v, key_padding_mask, plan, group, module.stats)

@@ -13,13 +13,9 @@ import torch
 import torch.distributed as dist
 
 from ..engine import BlockAttention
-from .sequence_parallel import (
-    SequenceParallelBase,
-    SpanningPair,
-    add_home_shares,
-    attend_member,
-    attend_member_backward,
-)
+from .exchange import exchange, tensor_bytes
+from .sequence_parallel import SequenceParallelBase, add_home_shares, attend_member, attend_member_backward
+from .shards import SpanningPair
 
 TAG_GATHER, TAG_SCATTER = 31, 32
 
@@ -41,16 +37,12 @@ class AllGatherExchange:
         """Members whose rows this rank's queries attend: all others, or only earlier ones if causal."""
         return [j for j in range(len(plan.group)) if j != plan.index and (not causal or j < plan.index)]
 
-    def _exchange(self, plan: SpanningPair, sends: list[torch.Tensor], receives: list[torch.Tensor], tag: int) -> None:
+    def _exchange(self, plan: SpanningPair, sends: list, receives: list, tag: int, phase: str) -> None:
         """Send sends[j] to member j and receive receives[j] from member j, for every other member j."""
-        group, peer = self.module.process_group, self.module.global_rank
-        ops = []
-        for j, member in enumerate(plan.group):
-            if j != plan.index:
-                ops.append(dist.P2POp(dist.isend, sends[j], peer(member), group, tag))
-                ops.append(dist.P2POp(dist.irecv, receives[j], peer(member), group, tag))
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        others = [(j, member) for j, member in enumerate(plan.group) if j != plan.index]
+        module = self.module
+        sends, receives = ({member: x[j] for j, member in others} for x in (sends, receives))
+        exchange(sends, receives, module.process_group, module.stats, tag, phase)
 
     def _all_gather(self, plan: SpanningPair, mine: torch.Tensor) -> torch.Tensor:
         """Every member's buffer (all of mine's size), member after member."""
@@ -60,12 +52,12 @@ class AllGatherExchange:
             return gathered
         if g == self.world:
             dist.all_gather_single(gathered, mine, group=self.module.process_group)
+            moved = (g - 1) * tensor_bytes(mine)  # what the collective sends and receives of the tensors it was given
+            self.module.stats.add("forward", moved, moved)
         else:
             slots = list(gathered.split(width))
             slots[plan.index].copy_(mine)
-            self._exchange(plan, [mine] * g, slots, TAG_GATHER)
-        moved = (g - 1) * width * mine.element_size()
-        self.module.stats.add("forward", moved, moved)
+            self._exchange(plan, [mine] * g, slots, TAG_GATHER, "forward")
         return gathered
 
     def _reduce_scatter(self, plan: SpanningPair, shares: torch.Tensor) -> torch.Tensor:
@@ -77,13 +69,13 @@ class AllGatherExchange:
         if g == self.world:
             mine = shares.new_empty(width)
             dist.reduce_scatter_single(mine, shares, group=self.module.process_group)
+            moved = (g - 1) * tensor_bytes(mine)
+            self.module.stats.add("backward", moved, moved)
         else:
             received = shares.new_empty(g, width)
             received[plan.index].copy_(shares[plan.index * width : (plan.index + 1) * width])
-            self._exchange(plan, list(shares.split(width)), list(received.unbind(0)), TAG_SCATTER)
+            self._exchange(plan, list(shares.split(width)), list(received.unbind(0)), TAG_SCATTER, "backward")
             mine = received.sum(0)
-        moved = (g - 1) * width * shares.element_size()
-        self.module.stats.add("backward", moved, moved)
         return mine
 
     def forward(self, attention: BlockAttention, q, k, v, key_pad, out, lse) -> None:

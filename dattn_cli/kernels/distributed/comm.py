@@ -1,4 +1,5 @@
-"""What every distributed implementation shares: its group, byte accounting, up-front consistency checks."""
+"""What every distributed implementation shares: its group, byte accounting, up-front consistency checks, and
+the base class of the distributed modules."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from ..validation import check_key_padding_mask, check_qkv
 
 
 def group_rank_size(group) -> tuple[int, int]:
@@ -56,19 +59,6 @@ class CommStats:
             return dict(self.counts)
 
 
-def post_exchange(
-    sends: dict[int, torch.Tensor], receives: dict[int, torch.Tensor], group, stats: CommStats, tag: int, phase: str
-) -> list:
-    """Post point-to-point sends to and receives from ranks of `group` (batch_isend_irecv), their bytes counted
-    in `stats`; the works to wait on."""
-    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
-    ops = [dist.P2POp(dist.isend, buf, peer(r), group, tag) for r, buf in sends.items()]
-    ops += [dist.P2POp(dist.irecv, buf, peer(r), group, tag) for r, buf in receives.items()]
-    size = lambda bufs: sum(b.numel() * b.element_size() for b in bufs.values())  # noqa: E731
-    stats.add(phase, size(sends), size(receives))
-    return dist.batch_isend_irecv(ops) if ops else []
-
-
 DEBUG_CONSISTENCY = "DATTN_DEBUG_CONSISTENCY"
 
 
@@ -106,9 +96,18 @@ def check_consistent(
         seen.add(key)
 
 
+def check_call(module, q: torch.Tensor, k: torch.Tensor, is_causal: bool, key_padding_mask, *extra) -> None:
+    """`check_consistent` of one call of a distributed module: its shard shape and dtype, the module's own
+    state (`module.signature()`), and the call's causality, kv heads, key mask and `extra` options."""
+    config = "|".join(map(str, (module.signature(), bool(is_causal), k.shape[2], key_padding_mask is not None, *extra)))
+    name = type(module).__name__
+    check_consistent(module.process_group, name, tuple(q.shape), q.dtype, config, q.device, owner=module)
+
+
 class DistributedAttention(nn.Module):
     """What every distributed module holds: the single-device attention it delegates to (world size 1,
-    or the per-rank work), its process group and its byte counts."""
+    or the per-rank work), its process group and its byte counts; and the prologue of every call: one rank
+    runs the single-device module, more check their shards and hand them to `_distributed`."""
 
     def __init__(
         self,
@@ -129,6 +128,51 @@ class DistributedAttention(nn.Module):
     dilation_rates = property(lambda self: self.attention.dilation_rates)
     semantics = property(lambda self: self.attention.semantics)
     scale = property(lambda self: self.attention.scale)
+
+    def signature(self) -> str:
+        """The module's own state every rank must share (checked with each call's options, `check_call`)."""
+        return f"{type(self).__name__}|{self.attention.signature()}"
+
+    def forward_with_lse(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out, lse) of this rank's shard (batch, N/p, heads, head_dim) of the whole sequence; cu_seqlens:
+        packed documents of the whole sequence, the same on every rank (distributed/documents.py)."""
+        return self._call(q, k, v, is_causal, key_padding_mask, cu_seqlens, True)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q, k, v: this rank's shard (batch, N/p, heads, head_dim) -> its output shard."""
+        return self._call(q, k, v, is_causal, key_padding_mask, cu_seqlens, False)[0]
+
+    def _call(self, q, k, v, is_causal, key_padding_mask, cu_seqlens, need_lse: bool):
+        rank, world = group_rank_size(self.process_group)
+        if world == 1:
+            return self.attention.forward_with_lse(
+                q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens
+            )
+        check_qkv(q, k, v)
+        check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[1], q.device)
+        return self._distributed(q, k, v, is_causal, key_padding_mask, cu_seqlens, need_lse, rank, world)
+
+    def _distributed(self, q, k, v, is_causal, key_padding_mask, cu_seqlens, need_lse: bool, rank: int, world: int):
+        """(out, lse) of a call over world > 1 ranks (lse may be None when not need_lse)."""
+        raise NotImplementedError
 
     def comm_stats(self) -> dict[str, int]:
         return self.stats.snapshot()

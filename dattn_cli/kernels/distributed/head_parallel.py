@@ -19,8 +19,7 @@ import torch.distributed as dist
 
 from ..documents import document_spans
 from ..heads import expand_kv, kv_group
-from ..validation import check_key_padding_mask, check_qkv
-from .comm import CommStats, DistributedAttention, check_consistent, group_rank_size
+from .comm import CommStats, DistributedAttention, check_call, group_rank_size
 from .documents import check_documents
 
 
@@ -67,35 +66,17 @@ def spread_kv_heads(k: torch.Tensor, v: torch.Tensor, heads: int, world: int) ->
 class HeadParallelDilatedAttention(DistributedAttention):
     """Sequence-sharded in, sequence-sharded out; dilated attention on H/p heads per rank in between."""
 
-    def forward_with_lse(self, q, k, v, is_causal: bool = False, *, key_padding_mask=None, cu_seqlens=None):
-        """(out, lse) of this rank's sequence shard; moving lse back costs one more all-to-all (counted).
-        cu_seqlens: packed documents of the whole sequence (the same on every rank): after the all-to-all every
-        rank holds whole documents of its heads."""
-        return self._run(q, k, v, is_causal, key_padding_mask, True, cu_seqlens)
-
-    def forward(self, q, k, v, is_causal: bool = False, *, key_padding_mask=None, cu_seqlens=None):
-        return self._run(q, k, v, is_causal, key_padding_mask, False, cu_seqlens)[0]
-
-    def _run(self, q, k, v, is_causal, key_padding_mask, with_lse: bool, cu_seqlens=None):
-        rank, world = group_rank_size(self.process_group)
-        if world == 1:
-            return self.attention.forward_with_lse(
-                q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens
-            )
-        check_qkv(q, k, v)
+    def _distributed(self, q, k, v, is_causal, key_padding_mask, cu_seqlens, need_lse, rank, world):
+        """Moving lse back costs one more all-to-all (counted), made only for forward_with_lse. cu_seqlens: packed
+        documents of the whole sequence: after the all-to-all every rank holds whole documents of its heads."""
         batch, length, heads, _ = q.shape
-        check_key_padding_mask(key_padding_mask, batch, length, q.device)
         if heads % world:
             raise ValueError(
                 f"HeadParallelDilatedAttention: {heads} heads cannot be split over {world} ranks; "
                 "use a head count divisible by the world size, or a sequence-parallel implementation"
             )
         k, v = spread_kv_heads(k, v, heads, world)
-        config = (
-            f"{self.segment_lengths}|{self.dilation_rates}|{self.semantics}|{is_causal}|{k.shape[2]}|"
-            f"{key_padding_mask is not None}|{cu_seqlens is not None}"
-        )
-        check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
+        check_call(self, q, k, is_causal, key_padding_mask, cu_seqlens is not None)
         if cu_seqlens is not None:
             check_documents(
                 self.process_group, type(self).__name__, document_spans(cu_seqlens, length * world, batch), q.device
@@ -120,9 +101,9 @@ class HeadParallelDilatedAttention(DistributedAttention):
             cu_seqlens=cu_seqlens,
         )
         out = _AllToAll.apply(out.contiguous(), False, group, stats)
-        if with_lse:
+        if need_lse:
             lse = _exchange(lse.unsqueeze(-1).contiguous(), False, group, stats, "forward").squeeze(-1)
-        return out, lse if with_lse else None
+        return out, lse if need_lse else None
 
     def describe(self) -> str:
         rank, world = group_rank_size(self.process_group)

@@ -18,19 +18,10 @@ segments whose kept rows follow different offsets), so it is not offered; see do
 
 from __future__ import annotations
 
-import torch.distributed as dist
-
 from ..engine import BlockAttention
-from .sequence_parallel import (
-    SequenceParallelBase,
-    SpanningPair,
-    add_home_shares,
-    attend_member,
-    attend_member_backward,
-    ring_computes,
-    ring_receives,
-    ring_sends,
-)
+from .exchange import exchange
+from .sequence_parallel import SequenceParallelBase, add_home_shares, attend_member, attend_member_backward
+from .shards import SpanningPair, ring_computes, ring_receives, ring_sends
 
 TAG_KV, TAG_HOME = 11, 12
 
@@ -43,16 +34,11 @@ class RingExchange:
         self.spanning = [plan for plan in spanning if len(plan.group) > 1]
 
     def _p2p(self, plan, send, send_to, recv, recv_from, tag, phase):
-        group, peer = self.module.process_group, self.module.global_rank
-        ops = []
-        if send is not None:
-            ops.append(dist.P2POp(dist.isend, send, peer(plan.group[send_to]), group, tag))
-        if recv is not None:
-            ops.append(dist.P2POp(dist.irecv, recv, peer(plan.group[recv_from]), group, tag))
-        sent = 0 if send is None else send.numel() * send.element_size()
-        received = 0 if recv is None else recv.numel() * recv.element_size()
-        self.module.stats.add(phase, sent, received)
-        return dist.batch_isend_irecv(ops) if ops else []
+        """Post `send` to member send_to and `recv` from member recv_from (either may be None); the works."""
+        sends = {} if send is None else {plan.group[send_to]: send}
+        receives = {} if recv is None else {plan.group[recv_from]: recv}
+        module = self.module
+        return exchange(sends, receives, module.process_group, module.stats, tag, phase, wait=False)
 
     def _rotation(self, plan: SpanningPair, k, v, key_pad, causal: bool, phase: str):
         """Yields (step, member, rows) for each block this rank computes, prefetching the next buffer."""
