@@ -8,9 +8,13 @@ from .variants import Variant
 
 
 class Error(BaseModel):
-    abs: float
-    rel: float
-    limit: float
+    """One quantity of one check (verify/compare.py): the implementation's error against the float64 reference,
+    the naive same-dtype computation's, and the limit on `rel` they give."""
+
+    abs: float  # max |impl - ref|
+    rel: float  # abs / max |ref|
+    naive: float | None = None  # the naive same-dtype computation's relative error (float64: 0, the reference)
+    limit: float  # FACTOR x naive + FLOOR
     passed: bool
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import torch
-
 from ..kernels.backends import available_backends
 from ..kernels.block_sparse.patterns import PATTERNS
 from ..kernels.registry import REGISTRY, names
@@ -16,9 +14,10 @@ from .cases import Case, case_matrix
 from .checks import Checks, group_checks, impl_checks, semantics_skips, unavailable_here
 from .compare import DTYPES
 from .distributed import verify_group
+from .references import ReferenceCache, reference_key
 from .report import CaseResult, VerifyReport
 from .single import check_one
-from .variants import Grid
+from .variants import Grid, Variant
 
 
 def run_verify(
@@ -91,27 +90,39 @@ def collect_checks(
 
 
 def run_checks(checks: Checks, on_result: Callable[[CaseResult], None] | None = None) -> VerifyReport:
-    """Run the collected checks: process groups first, then single-process checks on one shared generator."""
-    results: list[CaseResult] = []
+    """Run the collected checks: process groups first, then single-process checks; the checks that share a
+    reference run one after another, so it is computed once (references.ReferenceCache). The report lists
+    them in the order they were collected."""
+    cache = ReferenceCache(checks.seed)
+    done: list[tuple[int, CaseResult]] = []
 
-    def record(result: CaseResult) -> None:
-        results.append(result)
+    def record(index: int, result: CaseResult) -> None:
+        done.append((index, result))
         if on_result:
             on_result(result)
 
+    start = 0
     for name, world, group in checks.groups:
-        for result in verify_group(
-            name, world, group, checks.grid.dtype, checks.seed, checks.dist_timeout_s, checks.attached
-        ):
-            record(result)
-    gen = torch.Generator().manual_seed(checks.seed)
-    for variant in checks.single:
-        record(check_one(variant, gen))
-    if not results:  # a verify that checked nothing must not pass
+        order = by_reference(group)
+        results = verify_group(name, world, [group[i] for i in order], cache, checks.dist_timeout_s, checks.attached)
+        for i, result in zip(order, results):
+            record(start + i, result)
+        start += len(group)
+    for i in by_reference(checks.single):
+        record(start + i, check_one(checks.single[i], cache))
+    if not done:  # a verify that checked nothing must not pass
         raise ValueError("verify ran no check: " + "; ".join(checks.skipped or ["nothing was collected"]))
+    results = [result for _, result in sorted(done, key=lambda item: item[0])]
     return VerifyReport(
         results=results, passed=all(r.passed for r in results), seed=checks.seed, skipped=checks.skipped
     )
+
+
+def by_reference(variants: list[Variant]) -> list[int]:
+    """Indices of `variants`, those of one reference together (in the order their references first appear)."""
+    first: dict[tuple, int] = {}
+    keys = [first.setdefault(reference_key(v.case, v.problem), len(first)) for v in variants]
+    return sorted(range(len(variants)), key=lambda i: keys[i])
 
 
 def _runnable(chosen: list[str], requested: bool, distributed_run: bool, device: str, skipped: list[str]) -> list[str]:
