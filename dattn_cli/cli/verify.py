@@ -108,8 +108,8 @@ def _note_slow_reference(cases: list, device: str) -> None:
     scores = max(reference_scores(case) for case in cases)
     if scores > SLOW_REFERENCE_SCORES and not device.startswith("cuda"):
         note(
-            f"note: each check computes a dense float64 reference of B x H x N^2 = {scores:.1e} scores, with "
-            "gradients: expect a minute or more per check on a CPU (--impl checks fewer implementations)"
+            f"note: each reference computes {scores:.1e} float64 scores, with gradients: expect a minute or more "
+            "per reference on a CPU (--impl checks fewer implementations)"
         )
 
 
@@ -177,6 +177,9 @@ def verify(
     master_addr: MasterAddrOption = None,
     master_port: MasterPortOption = None,
     json_out: JsonOption = None,
+    plot: Annotated[
+        str | None, typer.Option("--plot", help="Write a PNG of each implementation's error against N (log-log).")
+    ] = None,
     csv_out: CsvOption = None,
     junit: JunitOption = None,
     markdown: MarkdownOption = None,
@@ -214,7 +217,8 @@ def verify(
         )
     machine_output(json_out, csv_out, junit, markdown)
     set_quiet(quiet)
-    from ..verify import OWN_PATTERNS, collect_checks, run_checks
+    from ..plan.solve import predicted_peak_bytes
+    from ..verify import OWN_PATTERNS, collect_checks, plot_growth, run_checks
 
     cases, own = _cases(
         full,
@@ -242,6 +246,7 @@ def verify(
         cases=cases,
         **({"patterns": pattern} if pattern else {"patterns": OWN_PATTERNS} if own else {}),
         token_window=(window_left, window_right) if window_left is not None or window_right is not None else None,
+        impl_memory=predicted_peak_bytes,
     )
     if own:
         _note_slow_reference(cases, device)
@@ -251,5 +256,7 @@ def verify(
         report = run_checks(checks, on_result=lambda r: bar.update(task, advance=1, description=check_line(r)))
     if world is None or world.rank == 0:
         _show(report, details, own, json_out, csv_out, junit, markdown)
+        if plot:
+            plot_growth(report.growth, plot)
     if (code := agreed_exit_code(world, 0 if report.passed else 1, dist_timeout)) != 0:
         raise typer.Exit(code=code)

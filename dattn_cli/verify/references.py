@@ -31,6 +31,7 @@ from ..kernels import reference as dense
 from ..kernels import reference_local as local
 from ..kernels.documents import attend_documents
 from ..workload.build import input_shape
+from ..workload.check_memory import CACHE_BYTES  # references kept beyond the one in use
 from ..workload.problem import Problem
 from .compare import DTYPES, naive_errors
 from .outputs import core_outputs, document_options, multihead_outputs
@@ -38,7 +39,6 @@ from .weights import seeded_multihead
 
 LOCAL_REFERENCE_ABOVE = 2048  # tokens: longer sequences are checked against the block-local references
 CHUNK_ELEMENTS = {"cpu": local.DEFAULT_CHUNK_ELEMENTS, "cuda": 1 << 26}  # scores per chunk of the local references
-CACHE_BYTES = 256 * 2**20  # references kept beyond the one in use; a larger one replaces all the others
 
 
 def case_seed(case: str, seed: int) -> int:
