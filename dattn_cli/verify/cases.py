@@ -93,16 +93,6 @@ def own_cases(seq_lens: list[int] | None = None, **shape) -> list[Case]:
     return [Case(name, Problem(seq_len=n, **fields)) for name, n in named]
 
 
-def reference_scores(case: Case) -> int:
-    """Scores the float64 reference of `case` computes: B x H x N^2 dense; block-local (N above
-    references.LOCAL_REFERENCE_ABOVE), B x H x N x the widest segment."""
-    from .references import uses_local_reference
-
-    p = case.problem
-    keys = min(p.seq_len, max(p.segment_lengths)) if uses_local_reference(p) else p.seq_len
-    return p.batch * p.heads * p.seq_len * keys
-
-
 VERIFY_BLOCK_SIZE = 8  # small blocks, so the quick cases hold several, a ragged last one included
 
 

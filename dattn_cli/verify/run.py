@@ -83,15 +83,7 @@ def collect_checks(
     sharded = [n for n in chosen if distributed_run and REGISTRY[n].distributed]
     groups = [(name, world, group_checks(name, world, checked, grid, skipped)) for name in sharded for world in worlds]
     single = [v for name in chosen if name not in sharded for v in impl_checks(name, checked, grid, skipped)]
-    checks = Checks(
-        groups=[g for g in groups if g[2]],
-        single=single,
-        skipped=skipped,
-        grid=grid,
-        seed=seed,
-        dist_timeout_s=dist_timeout_s,
-        attached=attached,
-    )
+    checks = Checks([g for g in groups if g[2]], single, skipped, grid, seed, dist_timeout_s, attached)
     if not checks.total:
         raise ValueError("nothing to check: " + "; ".join(skipped or ["no implementation was chosen"]))
     _check_memory(checks, device, impl_memory)
