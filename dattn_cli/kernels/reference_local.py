@@ -34,62 +34,83 @@ NEG_INF = float("-inf")
 class Chunk:
     start: int  # query rows [start, end)
     end: int
-    keys: torch.Tensor  # 1-D int64, ascending: every key some row of the chunk may attend
+    keys: torch.Tensor  # 1-D int64, ascending: every key some row of the chunk may attend (for these heads)
+    heads: torch.Tensor | None = None  # the query heads this chunk computes (None: all)
+    rule: object = None  # restrict_(scores, rows, keys): the layout's mask for these heads (None: the layout's)
+
+
+class _HeadClass:
+    """Heads that use every pair with the same offset: one key set and one count c(t, u) for all of them."""
+
+    def __init__(self, n, pairs, causal, heads, device):
+        self.n, self.pairs, self.causal, self.heads, self.device = n, pairs, causal, heads, device
+
+    def keys(self, t0: int, t1: int) -> torch.Tensor:
+        """The keys some row in [t0, t1) attends: the kept keys of its segments, under any pair."""
+        spans = [(t0 // w * w, min(self.n, ((t1 - 1) // w + 1) * w), w, r, o) for w, r, o in self.pairs]
+        k0, k1 = min(s[0] for s in spans), max(s[1] for s in spans)
+        positions = torch.arange(k0, min(k1, t1) if self.causal else k1, device=self.device)
+        keep = torch.zeros_like(positions, dtype=torch.bool)
+        for a, b, w, r, o in spans:
+            keep |= (positions >= a) & (positions < b) & (positions % w % r == o)
+        return positions[keep]
+
+    def restrict_(self, scores: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
+        """-inf where c(t, u) = 0, in place; returns c (rows, keys) when some pair may count twice."""
+        counts = torch.zeros(rows.numel(), keys.numel(), dtype=torch.int8, device=self.device)
+        first, last = int(rows[0]), int(rows[-1])
+        for w, r, o in self.pairs:
+            kept_t = (rows % w % r == o).view(-1, 1)
+            kept_u = (keys % w % r == o).view(1, -1)
+            if first // w == last // w:  # the chunk lies in one segment of this pair: its keys are one slice
+                a, b = torch.searchsorted(
+                    keys, torch.tensor([first // w * w, (first // w + 1) * w], device=keys.device)
+                )
+                counts[:, a:b] += kept_t & kept_u[:, a:b]
+            else:
+                counts += kept_t & kept_u & ((rows // w).view(-1, 1) == (keys // w).view(1, -1))
+        if self.causal:
+            counts.masked_fill_(keys.view(1, -1) > rows.view(-1, 1), 0)
+        scores.masked_fill_(counts == 0, NEG_INF)
+        return counts if len(self.pairs) > 1 else None
 
 
 class _Dilated:
     """docs/semantics.md: pair i keeps position t for head h when pi_i(t) mod r_i = o_i(h); a kept query attends
-    the kept keys of its own segment (causal: u <= t); c_h(t, u) counts the pairs that allow (t, u)."""
+    the kept keys of its own segment (causal: u <= t); c_h(t, u) counts the pairs that allow (t, u). Heads with
+    the same offsets in every pair form a class (longnet: h mod lcm(r); head_groups: a group), computed together
+    over only the keys its rows can attend."""
 
     def __init__(self, n, heads, segs, rates, semantics, causal, rows_per_chunk, device):
-        self.n, self.causal, self.device = n, causal, device
-        self.pairs = []  # (w_hat, r, offsets (H,): the head's offset, -1 where the head does not use the pair)
+        self.n = n
         m = len(segs)
         group = [i for i in range(m) for _ in range(heads // m + (1 if i < heads % m else 0))]
-        for i, (w, r) in enumerate(zip(segs, rates)):
-            if semantics == "longnet":
-                offsets = [h % r for h in range(heads)]
-            else:
-                offsets = [i % r if group[h] == i else -1 for h in range(heads)]
-            self.pairs.append((min(w, n), r, torch.tensor(offsets, device=device).view(-1, 1)))
-        widest = max(w for w, _, _ in self.pairs)
-        self.rows = rows_per_chunk(min(n, widest))
+        classes: dict[tuple, list[int]] = {}
+        for h in range(heads):
+            used = [(i, h % r if semantics == "longnet" else i % r) for i, r in enumerate(rates)]
+            used = [(min(segs[i], n), rates[i], o) for i, o in used if semantics == "longnet" or group[h] == i]
+            classes.setdefault(tuple(used), []).append(h)
+        whole = len(classes) == 1
+        self.classes = [
+            _HeadClass(n, list(pairs), causal, None if whole else torch.tensor(hs, device=device), device)
+            for pairs, hs in classes.items()
+        ]
+        self.widths = sorted({w for pairs in classes for w, _, _ in pairs})
+        widest = self.widths[-1]
+        self.rows = rows_per_chunk(min(n, widest), max(len(hs) for hs in classes.values()))
         if self.rows >= widest:  # whole segments per chunk: the key range is the rows' own
             self.rows -= self.rows % widest
 
     def chunks(self) -> Iterator[Chunk]:
         # a chunk never crosses a segment boundary of a pair whose segments are longer than a chunk
         bounds = set(range(0, self.n, self.rows)) | {self.n}
-        for w, _, _ in self.pairs:
+        for w in self.widths:
             if w > self.rows:
                 bounds |= set(range(0, self.n, w))
         bounds = sorted(bounds)
         for t0, t1 in zip(bounds, bounds[1:]):
-            k0 = min(t0 // w * w for w, _, _ in self.pairs)
-            k1 = max(min(self.n, ((t1 - 1) // w + 1) * w) for w, _, _ in self.pairs)
-            k1 = min(k1, t1) if self.causal else k1
-            yield Chunk(t0, t1, torch.arange(k0, k1, device=self.device))
-
-    def restrict_(self, scores: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
-        """-inf where c_h(t, u) = 0, in place; returns c (H, rows, keys) when some pair may count twice."""
-        counts = torch.zeros(
-            self.pairs[0][2].shape[0], rows.numel(), keys.numel(), dtype=torch.int8, device=self.device
-        )
-        first, last, k0 = int(rows[0]), int(rows[-1]), int(keys[0])
-        for w, r, offsets in self.pairs:
-            kept_t = ((rows % w % r).view(1, -1) == offsets).unsqueeze(2)  # (H, R, 1)
-            kept_u = ((keys % w % r).view(1, -1) == offsets).unsqueeze(1)  # (H, 1, K)
-            if first // w == last // w:  # the chunk lies in one segment of this pair: its keys are one slice
-                a = max(0, first // w * w - k0)
-                b = max(a, min(keys.numel(), (first // w + 1) * w - k0))
-                counts[:, :, a:b] += kept_t & kept_u[:, :, a:b]
-            else:
-                same = (rows // w).view(-1, 1) == (keys // w).view(1, -1)
-                counts += kept_t & kept_u & same
-        if self.causal:
-            counts.masked_fill_(keys.view(1, -1) > rows.view(-1, 1), 0)
-        scores.masked_fill_(counts == 0, NEG_INF)
-        return counts if len(self.pairs) > 1 else None
+            for c in self.classes:
+                yield Chunk(t0, t1, c.keys(t0, t1), c.heads, c)
 
 
 class _Blocks:
@@ -144,19 +165,33 @@ def _chunk_scores(q, k, v, key_mask, layout, chunk, scale):
     """Scale x q k^T (B, H, R, K) of the chunk's rows and keys, -inf where the layout or the key padding mask
     forbids; the pair counts c to weigh exp by (None: all 1); the chunk's q (B, H, R, D), and K and V
     repeated to the query heads (B, H, K, D)."""
-    heads = q.shape[2]
     rows = torch.arange(chunk.start, chunk.end, device=q.device)
-    qs = q[:, chunk.start : chunk.end].transpose(1, 2)
+    qs = _heads(q[:, chunk.start : chunk.end], chunk.heads).transpose(1, 2)
     ks, vs = (x.index_select(1, chunk.keys) for x in (k, v))
-    group = heads // k.shape[2]
-    if group > 1:  # GQA/MQA: query head h attends with kv head h // group
+    group = q.shape[2] // k.shape[2]
+    if chunk.heads is not None:  # GQA/MQA: query head h attends with kv head h // group
+        ks, vs = ks.index_select(2, chunk.heads // group), vs.index_select(2, chunk.heads // group)
+    elif group > 1:
         ks, vs = ks.repeat_interleave(group, dim=2), vs.repeat_interleave(group, dim=2)
     ks, vs = ks.transpose(1, 2), vs.transpose(1, 2)
     scores = torch.matmul(qs, ks.transpose(-1, -2)).mul_(scale)
-    counts = layout.restrict_(scores, rows, chunk.keys)
+    counts = (chunk.rule or layout).restrict_(scores, rows, chunk.keys)
     if key_mask is not None:
         scores.masked_fill_(key_mask.index_select(1, chunk.keys).view(q.shape[0], 1, 1, -1), NEG_INF)
     return scores, counts, qs, ks, vs
+
+
+def _heads(x: torch.Tensor, heads: torch.Tensor | None) -> torch.Tensor:
+    """x (B, R, H, ...) at `heads` (None: all)."""
+    return x if heads is None else x.index_select(2, heads)
+
+
+def _put(target: torch.Tensor, start: int, end: int, heads: torch.Tensor | None, value: torch.Tensor) -> None:
+    """target[:, start:end] (at `heads`) = value."""
+    if heads is None:
+        target[:, start:end] = value
+    else:
+        target[:, start:end].index_copy_(2, heads, value)
 
 
 def _weights_(scores: torch.Tensor, shift: torch.Tensor, counts: torch.Tensor | None) -> torch.Tensor:
@@ -183,8 +218,9 @@ class _LocalAttention(torch.autograd.Function):
             total = weights.sum(dim=-1, keepdim=True)
             rows_lse = top + torch.log(total)
             weights.div_(total.masked_fill(total == 0, 1.0))
-            out[:, chunk.start : chunk.end] = torch.matmul(weights, vs).transpose(1, 2)
-            lse[:, chunk.start : chunk.end] = rows_lse.masked_fill(total == 0, NEG_INF).squeeze(-1).transpose(1, 2)
+            rows_lse = rows_lse.masked_fill(total == 0, NEG_INF).squeeze(-1).transpose(1, 2)
+            _put(out, chunk.start, chunk.end, chunk.heads, torch.matmul(weights, vs).transpose(1, 2))
+            _put(lse, chunk.start, chunk.end, chunk.heads, rows_lse)
         ctx.save_for_backward(q, k, v, out, lse, key_mask)
         ctx.layout, ctx.scale = layout, scale
         ctx.mark_non_differentiable(lse)
@@ -210,24 +246,28 @@ def _accumulate(ctx, q, k, v, key_mask, chunk, saved, grads):
     (dout, out, lse), (dq, dk, dv) = saved, grads
     scale, rows = ctx.scale, slice(chunk.start, chunk.end)
     scores, counts, qs, ks, vs = _chunk_scores(q, k, v, key_mask, ctx.layout, chunk, scale)
-    rows_lse = lse[:, rows].transpose(1, 2).unsqueeze(-1)
+    rows_lse = _heads(lse[:, rows], chunk.heads).transpose(1, 2).unsqueeze(-1)
     probs = _weights_(scores, rows_lse.masked_fill(rows_lse == NEG_INF, float("inf")), counts)  # dead rows: 0
-    do = dout[:, rows].transpose(1, 2)
-    delta = (do * out[:, rows].transpose(1, 2)).sum(dim=-1, keepdim=True)
+    do = _heads(dout[:, rows], chunk.heads).transpose(1, 2)
+    delta = (do * _heads(out[:, rows], chunk.heads).transpose(1, 2)).sum(dim=-1, keepdim=True)
     dvs = torch.matmul(probs.transpose(-1, -2), do)
     ds = torch.matmul(do, vs.transpose(-1, -2)).sub_(delta).mul_(probs)
-    dq[:, rows] = (torch.matmul(ds, ks) * scale).transpose(1, 2)
+    _put(dq, chunk.start, chunk.end, chunk.heads, (torch.matmul(ds, ks) * scale).transpose(1, 2))
     dks = torch.matmul(ds.transpose(-1, -2), qs).mul_(scale)
-    kv_heads = k.shape[2]
+    heads, kv_heads = q.shape[2], k.shape[2]
+    kv_of = (chunk.heads if chunk.heads is not None else torch.arange(heads, device=q.device)) // (heads // kv_heads)
     for grad, share in ((dk, dks), (dv, dvs)):
-        b, h, n_keys, d = share.shape
-        share = share.to(grad.dtype).view(b, kv_heads, h // kv_heads, n_keys, d).sum(dim=2)
-        grad.index_add_(1, chunk.keys, share.transpose(1, 2))
+        share = share.to(grad.dtype).transpose(1, 2)  # (B, K, H_chunk, D)
+        if chunk.heads is not None or kv_heads != heads:  # sum each kv head's query heads
+            summed = torch.zeros(*share.shape[:2], kv_heads, share.shape[3], dtype=grad.dtype, device=grad.device)
+            share = summed.index_add_(2, kv_of, share)
+        grad.index_add_(1, chunk.keys, share)
 
 
 def _rows_per_chunk(batch: int, heads: int, max_chunk_elements: int):
-    """rows_per_chunk(keys): how many query rows a chunk of that many keys may hold within the budget."""
-    return lambda keys: max(1, max_chunk_elements // max(1, batch * heads * keys))
+    """rows_per_chunk(keys, heads): how many query rows a chunk of that many keys (and heads, default all)
+    may hold within the budget."""
+    return lambda keys, h=heads: max(1, max_chunk_elements // max(1, batch * h * keys))
 
 
 def _attend(q, k, v, layout_of, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens):
