@@ -8,7 +8,7 @@ tests do the same).
 
 The reference of a check, out, lse and the gradients in float64, and the error of the naive same-dtype
 computation against it, depend on (case, seed, semantics, causal, block pattern, dtype, device) and, for a
-multihead module, its class (its weights): `reference_key`. `ReferenceCache` computes each once and keeps
+multihead module, its forward, settings and weights: `reference_key`. `ReferenceCache` computes each once and keeps
 it while later checks use it (verify runs the checks of one key together).
 
 Which definition: the dense references of kernels/reference.py for N <= LOCAL_REFERENCE_ABOVE, the
@@ -20,6 +20,7 @@ module under test.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
@@ -62,14 +63,30 @@ def chunk_elements(device: str) -> int:
     return CHUNK_ELEMENTS["cuda" if device.startswith("cuda") else "cpu"]
 
 
-def reference_key(case: str, p: Problem) -> tuple:
-    """What a check's reference depends on beyond the run's seed."""
+def reference_key(case: str, p: Problem, seed: int) -> tuple:
+    """What a check's reference depends on beyond the run's seed: a multihead module's by its forward, its
+    settings and its weights (the registered multihead classes share one forward, and the same weights from
+    one seed, so they share a reference)."""
     pattern = None
     if p.spec.block_sparse:
         pattern = tuple(sorted(p.block_options().items(), key=lambda kv: kv[0]))
         pattern = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in pattern)
-    kind = p.impl if p.spec.kind == "multihead" else "core"
+    kind = _module_fingerprint(case, p.model_dump_json(), seed) if p.spec.kind == "multihead" else "core"
     return (case, kind, p.semantics, p.causal, pattern, p.dtype, p.device)
+
+
+@functools.lru_cache(maxsize=64)
+def _module_fingerprint(case: str, problem: str, seed: int) -> tuple:
+    p = Problem.model_validate_json(problem)
+    module = multihead_module(p, case_seed(case, seed))
+    settings = tuple(
+        sorted((k, v) for k, v in vars(module).items() if isinstance(v, (int, float, bool, str)) and k != "training")
+    )
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return (type(module).forward.__qualname__, type(module).forward.__module__, settings, digest.hexdigest())
 
 
 def draw_inputs(p: Problem, seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -162,7 +179,7 @@ class ReferenceCache:
         self.computed = 0  # how many references were computed (tests: shared, not recomputed)
 
     def get(self, case: str, p: Problem) -> Reference:
-        key = reference_key(case, p)
+        key = reference_key(case, p, self.seed)
         if key in self.entries:
             self.entries.move_to_end(key)
             return self.entries[key]

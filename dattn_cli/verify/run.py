@@ -104,12 +104,12 @@ def run_checks(checks: Checks, on_result: Callable[[CaseResult], None] | None = 
 
     start = 0
     for name, world, group in checks.groups:
-        order = by_reference(group)
+        order = by_reference(group, checks.seed)
         results = verify_group(name, world, [group[i] for i in order], cache, checks.dist_timeout_s, checks.attached)
         for i, result in zip(order, results):
             record(start + i, result)
         start += len(group)
-    for i in by_reference(checks.single):
+    for i in by_reference(checks.single, checks.seed):
         record(start + i, check_one(checks.single[i], cache))
     if not done:  # a verify that checked nothing must not pass
         raise ValueError("verify ran no check: " + "; ".join(checks.skipped or ["nothing was collected"]))
@@ -123,10 +123,10 @@ def run_checks(checks: Checks, on_result: Callable[[CaseResult], None] | None = 
     )
 
 
-def by_reference(variants: list[Variant]) -> list[int]:
+def by_reference(variants: list[Variant], seed: int) -> list[int]:
     """Indices of `variants`, those of one reference together (in the order their references first appear)."""
     first: dict[tuple, int] = {}
-    keys = [first.setdefault(reference_key(v.case, v.problem), len(first)) for v in variants]
+    keys = [first.setdefault(reference_key(v.case, v.problem, seed), len(first)) for v in variants]
     return sorted(range(len(variants)), key=lambda i: keys[i])
 
 

@@ -120,3 +120,12 @@ def test_the_local_reference_holds_one_chunk_not_the_scores():
         out, _ = dilated_attention_local(*xs, [512, 1024], [1, 2])
     assert sum(saved) <= 8 * q.numel() * 8  # q, k, v, out, lse: O(N x H x D)
     torch.autograd.grad(out, xs, up)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_local_reference_on_a_gpu_equals_the_cpu_one():
+    q, k, v, up = draw(1, 300, 8, 2)
+    args = ([64, 128, 256], [1, 2, 4], True)
+    cpu = outputs(dilated_attention_local, q, k, v, up, *args, max_chunk_elements=1 << 12)
+    gpu = outputs(dilated_attention_local, *(x.cuda() for x in (q, k, v, up)), *args, max_chunk_elements=1 << 12)
+    assert_same(cpu, [x.cpu() for x in gpu])

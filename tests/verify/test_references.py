@@ -73,3 +73,23 @@ def test_the_local_reference_is_picked_above_the_stated_length():
         impl_checks("DilatedAttention", own_cases([n], **SHAPE), grid(), [])[0].problem for n in (2048, 2049)
     )
     assert not uses_local_reference(short) and uses_local_reference(long)
+
+
+def test_multihead_classes_with_one_forward_and_the_same_weights_share_a_reference(monkeypatch):
+    computed = []
+    original = ReferenceCache.get
+
+    def counting(self, case, p):
+        before = self.computed
+        entry = original(self, case, p)
+        computed.extend([p.impl] * (self.computed - before))
+        return entry
+
+    monkeypatch.setattr(ReferenceCache, "get", counting)
+    report = run_verify(
+        ["MultiheadDilatedAttention", "ImprovedMultiheadDilatedAttention"],
+        cases=own_cases([64], **SHAPE),
+        semantics=["longnet"],
+        causal=[False],
+    )
+    assert report.passed and computed == ["MultiheadDilatedAttention"]
