@@ -78,6 +78,7 @@ def collect_checks(
     _check_implementations(requested)
     _check_backends(grid.backends, device)
     checked = cases if cases is not None else case_matrix(full)
+    _check_case_memory(checked, device)
     skipped = semantics_skips(checked, grid.semantics)
     chosen = _runnable(_implementations(requested, distributed_run), bool(requested), distributed_run, device, skipped)
     sharded = [n for n in chosen if distributed_run and REGISTRY[n].distributed]
@@ -216,11 +217,23 @@ def _check_memory(checks: Checks, device: str, impl_memory: ImplMemory | None) -
     needs = [(check_need(v, impl_memory=impl_memory), v) for v in checks.single]
     needs += [(check_need(v, w, len(g), impl_memory), v) for _, w, g in checks.groups for v in g]
     need, worst = max(needs, key=lambda item: item[0])
-    if need <= available:
-        return
-    p = worst.problem
-    fit = sorted({v.problem.impl for n, v in needs if n <= available})
-    way = f"--impl {' --impl '.join(fit)} (those fit), or " if fit else ""
+    if need > available:
+        fit = sorted({v.problem.impl for n, v in needs if n <= available})
+        _refuse(worst.problem, need, available, where, f"--impl {' --impl '.join(fit)} (those fit), or " if fit else "")
+
+
+def _check_case_memory(cases: list[Case], device: str) -> None:
+    """The same refusal before the checks are built (building one allocates per position): each case's reference
+    alone, without the implementation."""
+    available, where = available_on(device)
+    for case in cases if available is not None else []:
+        p = case.problem.with_(mode="fwdbwd", device=device)
+        need = check_items(p, uses_local_reference(p), chunk_elements(device), impl_bytes=0)[1]
+        if need > available:
+            _refuse(p, need, available, where, "")
+
+
+def _refuse(p, need: int, available: int, where: str, way: str) -> None:
     raise ValueError(
         f"verify needs about {need / 2**30:,.1f} GiB for {p.impl}{f' p={p.world_size}' if p.world_size > 1 else ''}"
         f" at B={p.batch} N={p.seq_len:,} H={p.heads} D={p.head_dim} {p.dtype} (a float64 reference with "
