@@ -67,6 +67,8 @@ def reference_items(p: Problem, local: bool, chunk_elements: int, compute: str =
     }
     if fwdbwd:
         items["gradients"] = (x + 2 * kv if kv else x) * e
+        if compute != p.dtype:
+            items["upstream gradient"] = x * e  # cast to the compute dtype
     if p.spec.kind == "multihead":
         items["projections"] = MULTIHEAD_ACTIVATIONS * x * e
     if local:
