@@ -327,7 +327,8 @@ OPTIONS: dict[str, Cli] = {
     "plot": Cli(
         "PNG of time and memory against N (log-log, fitted exponents), or against density (--plot-x density).",
         OUTPUT,
-        ("bench",),
+        ("bench", "verify"),
+        forms={"verify": dict(help="PNG of each implementation's error, and the naive computation's, against N.")},
         **PATH,
     ),
     "plot_x": Cli(

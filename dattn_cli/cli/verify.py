@@ -19,7 +19,7 @@ AXES = (
     *("impl", "backend", "device", "dtype", "semantics", "causal", "pattern", "window_left", "window_right"),
     "world_size",
 )
-OUTPUTS = ("json_out", "csv_out", "junit", "markdown")  # rank 0's alone when attached
+OUTPUTS = ("json_out", "csv_out", "junit", "markdown", "plot")  # rank 0's alone when attached
 
 
 def _cases(full: bool, given: dict[str, Any]) -> tuple[list, bool]:
@@ -62,8 +62,8 @@ def _note_slow_reference(cases: list, device: str) -> None:
     scores = max(reference_scores(case) for case in cases)
     if scores > SLOW_REFERENCE_SCORES and not device.startswith("cuda"):
         note(
-            f"note: each check computes a dense float64 reference of B x H x N^2 = {scores:.1e} scores, with "
-            "gradients: expect a minute or more per check on a CPU (--impl checks fewer implementations)"
+            f"note: each reference computes {scores:.1e} float64 scores, with gradients: expect a minute or more "
+            "per reference on a CPU (--impl checks fewer implementations)"
         )
 
 
@@ -105,6 +105,7 @@ def _note_distributed(impl: list[str] | None, world_sizes: list[int]) -> None:
 
 
 def _checks(o: SimpleNamespace, world, world_sizes: list[int], cases: list, own: bool):
+    from ..plan.solve import predicted_peak_bytes
     from ..verify import OWN_PATTERNS, collect_checks
 
     window = (o.window_left, o.window_right)
@@ -121,6 +122,7 @@ def _checks(o: SimpleNamespace, world, world_sizes: list[int], cases: list, own:
         cases=cases,
         **({"patterns": o.pattern} if o.pattern else {"patterns": OWN_PATTERNS} if own else {}),
         token_window=window if window != (None, None) else None,
+        impl_memory=predicted_peak_bytes,
     )
 
 
@@ -158,5 +160,9 @@ def verify(**given: Any) -> None:
         report = run_checks(checks, on_result=lambda r: bar.update(task, advance=1, description=check_line(r)))
     if world is None or world.rank == 0:
         _show(report, o.details, own, o.json_out, o.csv_out, o.junit, o.markdown)
+        if o.plot:
+            from ..verify import plot_growth
+
+            plot_growth(report.growth, o.plot)
     if (code := agreed_exit_code(world, 0 if report.passed else 1, o.dist_timeout)) != 0:
         raise typer.Exit(code=code)

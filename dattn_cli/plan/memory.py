@@ -247,11 +247,12 @@ def _sequence_parallel_buffers(s: Problem, fwdbwd: bool) -> int:
 
 
 def reference_items(s: Problem) -> dict[str, int]:
-    """The float64 reference: float64 copies of q, k, v, out (and their gradients), plus its bounded block
-    of scores (64 MiB, three of them with backward)."""
-    x64 = s.batch * s.seq_len * s.heads * s.head_dim * 8
-    fwdbwd = s.mode == "fwdbwd"
-    return {"float64 copies": (16 if fwdbwd else 8) * x64, "score blocks": 64 * 2**20 * (3 if fwdbwd else 1)}
+    """The float64 reference baseline: one dense reference call as workload/check_memory.py models it (its
+    float64 copies, out, gradients and, with backward, the scores autograd saves), beside its inputs."""
+    from ..workload.check_memory import input_bytes
+    from ..workload.check_memory import reference_items as reference_call
+
+    return {"inputs": input_bytes(s), **reference_call(s, local=False, chunk_elements=0)}
 
 
 def framework_bytes(profile: HardwareProfile, mode: str) -> int:

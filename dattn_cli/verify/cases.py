@@ -93,12 +93,6 @@ def own_cases(seq_lens: list[int] | None = None, **shape) -> list[Case]:
     return [Case(name, Problem(seq_len=n, **fields)) for name, n in named]
 
 
-def reference_scores(case: Case) -> int:
-    """Scores the dense float64 reference of one check of `case` computes: B x H x N^2."""
-    p = case.problem
-    return p.batch * p.heads * p.seq_len**2
-
-
 VERIFY_BLOCK_SIZE = 8  # small blocks, so the quick cases hold several, a ragged last one included
 
 

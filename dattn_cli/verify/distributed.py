@@ -1,5 +1,6 @@
 """Verification of distributed implementations: each rank computes its shard, the caller compares
-the concatenation with the single-process reference on the whole sequence.
+the concatenation with the reference on the whole sequence (references.ReferenceCache: the same one the
+single-process checks of the case use).
 
 Any N over any p: each rank takes its shard of the sequence padded at the end, the padding masked
 (kernels/distributed/sharding.py), and the padding is cut off the concatenation. Core modules: out, lse and
@@ -22,11 +23,11 @@ from ..runtime.attach import backend as attach_backend
 from ..runtime.launch import run_distributed
 from ..workload.build import build_module
 from ..workload.problem import Problem
-from .compare import DTYPES, Reference, errors_against
-from .outputs import CORE_KEYS, ReferenceCore, core_outputs, document_options, draw_inputs, multihead_outputs
+from .compare import DTYPES, errors_against
+from .outputs import CORE_KEYS, core_outputs, multihead_outputs
+from .references import ReferenceCache, case_seed, draw_inputs, multihead_module
 from .report import CaseResult, case_result
 from .variants import Variant
-from .weights import seeded_multihead
 
 
 def rank_outputs(rank: int, world: int, jobs: list[tuple[dict, int]]) -> list[dict]:
@@ -36,18 +37,17 @@ def rank_outputs(rank: int, world: int, jobs: list[tuple[dict, int]]) -> list[di
     results = []
     for data, seed in jobs:
         p = _on_rank_device(Problem.model_validate(data), rank)
-        dtype = DTYPES[p.dtype]
         length = shard_length(p, world)
-        inputs, upstream = draw_inputs(p, torch.Generator().manual_seed(seed))
+        inputs, upstream = draw_inputs(p, seed)
         shards = [rank_shard(x, rank, world, length)[0] for x in inputs]
         upstream, mask = rank_shard(upstream, rank, world, length)
         options = shard_call_options(p, mask, length * world)
         if p.spec.kind == "multihead":
-            module = seeded_multihead(p, seed, torch.float64).to(device=p.device, dtype=dtype)
-            result = multihead_outputs(module, shards[0].to(dtype), upstream, p.causal, **options)
+            module = multihead_module(p, seed)
+            result = multihead_outputs(module, shards[0], upstream, p.causal, **options)
         else:
             module = build_module(p)
-            xs = [x.to(dtype).clone().requires_grad_() for x in shards]
+            xs = [x.clone().requires_grad_() for x in shards]
             result = core_outputs(lambda q, k, v: module.forward_with_lse(q, k, v, p.causal, **options), xs, upstream)
         result = {k: v.cpu() for k, v in result.items()}  # CUDA tensors do not travel between processes as values
         results.append({**result, "comm": module.comm_stats(), "seq_len": p.seq_len})
@@ -74,34 +74,16 @@ def combine(multihead: bool, per_rank: list[list[dict]], job: int, device: str =
     return got
 
 
-def reference_of(p: Problem, seed: int) -> Reference:
-    """The dense reference of job (p, seed) on the whole sequence, in this process."""
-
-    def reference(compute_dtype: torch.dtype, src_dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        inputs, upstream = draw_inputs(p, torch.Generator().manual_seed(seed))
-        documents = document_options(p)
-        if p.spec.kind == "multihead":
-            module = seeded_multihead(p, seed, torch.float64).to(p.device)
-            module.attention = ReferenceCore(module.attention, compute_dtype)
-            return multihead_outputs(module.to(src_dtype), inputs[0].to(src_dtype), upstream, p.causal, **documents)
-        core = build_module(p)
-        xs = [x.to(src_dtype).requires_grad_() for x in inputs]
-        return core_outputs(
-            lambda q, k, v: core.reference(q, k, v, p.causal, compute_dtype=compute_dtype, **documents), xs, upstream
-        )
-
-    return reference
-
-
 def verify_group(
-    impl: str, world: int, checks: list[Variant], dtype: str, seed: int, timeout_s: float, attached: Any = None
+    impl: str, world: int, checks: list[Variant], cache: ReferenceCache, timeout_s: float, attached: Any = None
 ) -> list[CaseResult]:
     """One process group of `world` ranks runs `checks`, the checks of `impl`: spawned here (gloo on CPU,
     "cpu:gloo,cuda:nccl" on CUDA, a GPU per rank), or the launcher's world when `attached`
-    (runtime.attach.World; every rank gets every rank's shards)."""
+    (runtime.attach.World; every rank gets every rank's shards). Each is judged against its case's reference
+    from `cache`."""
     if not checks:
         return []
-    jobs = [(v.problem.model_dump(), seed * 1000 + j) for j, v in enumerate(checks)]
+    jobs = [(v.problem.model_dump(), case_seed(v.case, cache.seed)) for v in checks]
     try:
         if attached is None:
             backend = attach_backend() if checks[0].problem.device.startswith("cuda") else "gloo"
@@ -111,16 +93,17 @@ def verify_group(
     except Exception as exc:  # the whole group failed: every check of it is a failure, reported
         return [case_result(v, failure=str(exc)) for v in checks]
     multihead = REGISTRY[impl].kind == "multihead"
-    return [
-        case_result(
-            v,
-            errors_against(
-                combine(multihead, per_rank, j, v.problem.device), reference_of(v.problem, job_seed), DTYPES[dtype]
-            ),
-            comm=[r[j]["comm"] for r in per_rank],
-        )
-        for j, (v, (_, job_seed)) in enumerate(zip(checks, jobs))
-    ]
+    results = []
+    for j, v in enumerate(checks):
+        comm = [r[j]["comm"] for r in per_rank]
+        try:
+            reference = cache.get(v.case, v.problem)
+        except Exception as exc:
+            results.append(case_result(v, failure=f"reference: {type(exc).__name__}: {exc}", comm=comm))
+            continue
+        got = combine(multihead, per_rank, j, v.problem.device)
+        results.append(case_result(v, errors_against(got, reference, DTYPES[v.problem.dtype]), comm=comm))
+    return results
 
 
 def _attached_outputs(world: Any, impl: str, jobs: list[tuple[dict, int]], timeout_s: float) -> list[list[dict]]:

@@ -9,20 +9,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..workload.build import input_shape, make_inputs
 from ..workload.problem import Problem
 
 CORE_KEYS = ("out", "lse", "dq", "dk", "dv")
-
-
-def draw_inputs(p: Problem, generator: torch.Generator) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """float64 inputs of the whole sequence (q, k, v of a core; x of a multihead module) and the upstream
-    gradient, drawn from `generator` in that order."""
-    inputs = list(make_inputs(p, generator=generator, dtype=torch.float64, requires_grad=False))
-    if p.spec.kind == "multihead":
-        inputs = inputs[:1]
-    upstream = torch.randn(input_shape(p), generator=generator, dtype=torch.float64).to(p.device)
-    return inputs, upstream
 
 
 def _grads(outputs: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Tensor) -> list[torch.Tensor]:
@@ -59,7 +48,8 @@ def document_options(p: Problem) -> dict:
 
 
 class ReferenceCore(nn.Module):
-    """Stands in for a multihead module's core: the dense reference, differentiable."""
+    """Stands in for a multihead module's core: that core's own dense reference, differentiable (tests use it;
+    verify uses references.PatternReference, the Problem's reference)."""
 
     def __init__(self, core: nn.Module, compute_dtype: torch.dtype):
         super().__init__()

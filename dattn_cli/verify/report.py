@@ -8,9 +8,13 @@ from .variants import Variant
 
 
 class Error(BaseModel):
-    abs: float
-    rel: float
-    limit: float
+    """One quantity of one check (verify/compare.py): the implementation's error against the float64 reference,
+    the naive same-dtype computation's, and the limit on `rel` they give."""
+
+    abs: float  # max |impl - ref|
+    rel: float  # abs / max |ref|
+    naive: float | None = None  # the naive same-dtype computation's relative error (float64: 0, the reference)
+    limit: float  # FACTOR x naive + FLOOR
     passed: bool
 
 
@@ -38,12 +42,28 @@ class CaseResult(BaseModel):
     comm: list[dict[str, int]] | None = None  # distributed runs: each rank's comm_stats()
 
 
+class GrowthPoint(BaseModel):
+    """One implementation's worst error of one quantity group at one N, and the naive computation's."""
+
+    impl: str
+    world_size: int = 1
+    pattern: str | None = None
+    semantics: str
+    causal: bool
+    dtype: str
+    quantity: str  # out, lse, or grads (the worst of the gradients)
+    seq_len: int
+    error: float  # the implementation's relative error against the float64 reference
+    naive: float | None  # the naive same-dtype computation's
+
+
 class VerifyReport(BaseModel):
     results: list[CaseResult]
     passed: bool
     seed: int
     skipped: list[str] = []  # what was not checked, and why (device, semantics, shard rules, refused cases)
     environment: dict | None = None  # filled by the CLI: versions, devices, command line
+    growth: list[GrowthPoint] = []  # error against N (verify/growth.py), one point per line and N
 
     @property
     def failures(self) -> list[CaseResult]:

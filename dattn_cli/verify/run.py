@@ -11,14 +11,19 @@ from ..kernels.backends import available_backends
 from ..kernels.block_sparse.patterns import PATTERNS
 from ..kernels.registry import REGISTRY, names
 from ..runtime.limits import available_memory_bytes, check_spawned_ranks
+from ..workload.check_memory import check_items, group_peak
 from ..workload.parse import MAX_SECONDS, MAX_SEED, check_count, check_number, shown
 from .cases import Case, case_matrix
 from .checks import Checks, group_checks, impl_checks, semantics_skips, unavailable_here
 from .compare import DTYPES
 from .distributed import verify_group
+from .growth import error_growth
+from .references import ReferenceCache, chunk_elements, reference_key, uses_local_reference
 from .report import CaseResult, VerifyReport
 from .single import check_one
-from .variants import Grid
+from .variants import Grid, Variant
+
+ImplMemory = Callable[[Any], "int | None"]
 
 
 def run_verify(
@@ -46,9 +51,12 @@ def collect_checks(
     patterns: Iterable[str] = PATTERNS,
     token_window: tuple[int, int] | None = None,
     attached: Any = None,
+    impl_memory: ImplMemory | None = None,
 ) -> Checks:
     """Every check of a run, and what is skipped with the reason. Default implementations that cannot run
-    here are skipped; requested ones are refused (ValueError), as is a run left with nothing to check."""
+    here are skipped; requested ones are refused (ValueError), as is a run left with nothing to check or one
+    whose largest check does not fit in memory. `impl_memory(problem)`: an implementation's peak bytes (the CLI
+    passes the planner's model; None or 0: a stated multiple of the input size)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is unknown: use one of {', '.join(DTYPES)}")
     worlds = sorted(set(world_sizes))
@@ -70,48 +78,57 @@ def collect_checks(
     _check_implementations(requested)
     _check_backends(grid.backends, device)
     checked = cases if cases is not None else case_matrix(full)
-    _check_memory(checked, device)
+    _check_case_memory(checked, device)
     skipped = semantics_skips(checked, grid.semantics)
     chosen = _runnable(_implementations(requested, distributed_run), bool(requested), distributed_run, device, skipped)
     sharded = [n for n in chosen if distributed_run and REGISTRY[n].distributed]
     groups = [(name, world, group_checks(name, world, checked, grid, skipped)) for name in sharded for world in worlds]
     single = [v for name in chosen if name not in sharded for v in impl_checks(name, checked, grid, skipped)]
-    checks = Checks(
-        groups=[g for g in groups if g[2]],
-        single=single,
-        skipped=skipped,
-        grid=grid,
-        seed=seed,
-        dist_timeout_s=dist_timeout_s,
-        attached=attached,
-    )
+    checks = Checks([g for g in groups if g[2]], single, skipped, grid, seed, dist_timeout_s, attached)
     if not checks.total:
         raise ValueError("nothing to check: " + "; ".join(skipped or ["no implementation was chosen"]))
+    _check_memory(checks, device, impl_memory)
     return checks
 
 
 def run_checks(checks: Checks, on_result: Callable[[CaseResult], None] | None = None) -> VerifyReport:
-    """Run the collected checks: process groups first, then single-process checks on one shared generator."""
-    results: list[CaseResult] = []
+    """Run the collected checks: process groups first, then single-process checks; the checks that share a
+    reference run one after another, so it is computed once (references.ReferenceCache). The report lists
+    them in the order they were collected."""
+    cache = ReferenceCache(checks.seed)
+    done: list[tuple[int, CaseResult]] = []
 
-    def record(result: CaseResult) -> None:
-        results.append(result)
+    def record(index: int, result: CaseResult) -> None:
+        done.append((index, result))
         if on_result:
             on_result(result)
 
+    start = 0
     for name, world, group in checks.groups:
-        for result in verify_group(
-            name, world, group, checks.grid.dtype, checks.seed, checks.dist_timeout_s, checks.attached
-        ):
-            record(result)
-    gen = torch.Generator().manual_seed(checks.seed)
-    for variant in checks.single:
-        record(check_one(variant, gen))
-    if not results:  # a verify that checked nothing must not pass
+        order = by_reference(group, checks.seed)
+        results = verify_group(name, world, [group[i] for i in order], cache, checks.dist_timeout_s, checks.attached)
+        for i, result in zip(order, results):
+            record(start + i, result)
+        start += len(group)
+    for i in by_reference(checks.single, checks.seed):
+        record(start + i, check_one(checks.single[i], cache))
+    if not done:  # a verify that checked nothing must not pass
         raise ValueError("verify ran no check: " + "; ".join(checks.skipped or ["nothing was collected"]))
+    results = [result for _, result in sorted(done, key=lambda item: item[0])]
     return VerifyReport(
-        results=results, passed=all(r.passed for r in results), seed=checks.seed, skipped=checks.skipped
+        results=results,
+        passed=all(r.passed for r in results),
+        seed=checks.seed,
+        skipped=checks.skipped,
+        growth=error_growth(results),
     )
+
+
+def by_reference(variants: list[Variant], seed: int) -> list[int]:
+    """Indices of `variants`, those of one reference together (in the order their references first appear)."""
+    first: dict[tuple, int] = {}
+    keys = [first.setdefault(reference_key(v.case, v.problem, seed), len(first)) for v in variants]
+    return sorted(range(len(variants)), key=lambda i: keys[i])
 
 
 def _runnable(chosen: list[str], requested: bool, distributed_run: bool, device: str, skipped: list[str]) -> list[str]:
@@ -171,29 +188,58 @@ def _check_implementations(chosen: list[str]) -> None:
             raise ValueError(f"--impl {shown(name)} is not registered: use one of {', '.join(REGISTRY)}")
 
 
-def check_bytes(problem) -> int:
-    """Memory one check of `problem` takes, about: inputs, outputs and gradients in float64 for the reference
-    and in the input dtype for the implementation (12 B x N x H x D tensors of up to 8 bytes), the coverage
-    mask, and the reference's chunk of scores."""
-    p = problem
-    return p.batch * p.seq_len * p.heads * (p.head_dim * 12 * 8 + 1) + (1 << 22) * 8
+def check_need(v: Variant, world: int = 1, checks: int = 1, impl_memory: ImplMemory | None = None) -> int:
+    """Peak bytes of check `v` (workload/check_memory.py): one process, or a group of `world` ranks running
+    `checks` checks; the implementation's part from `impl_memory` (the planner's model) where it has one."""
+    p = v.problem
+    known = impl_memory(p) if impl_memory is not None else None
+    impl = known if known else None  # None: the planner has no model; 0: a shape it cannot plan
+    local, chunk = uses_local_reference(p), chunk_elements(p.device)
+    if world > 1:
+        return group_peak(p, world, checks, local, chunk, impl)
+    return check_items(p, local, chunk, impl)[1]
 
 
-def _check_memory(cases: list[Case], device: str) -> None:
-    """Refuse a case no check of which can fit in this machine's memory (a CPU run): one line naming the shape,
-    rather than an allocation failure halfway through."""
-    available = available_memory_bytes()
-    if device.startswith("cuda") or available is None:
+def available_on(device: str) -> tuple[int | None, str]:
+    """Bytes a check can use on `device` now, and where that figure comes from."""
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return free, f"free on {device}"
+    return available_memory_bytes(), "available here (MemAvailable)"
+
+
+def _check_memory(checks: Checks, device: str, impl_memory: ImplMemory | None) -> None:
+    """Refuse, before anything runs, a run whose largest check does not fit in this device's memory: one line
+    naming the need, what is available and the way out (never an allocation failure or the OOM killer)."""
+    available, where = available_on(device)
+    if available is None:
         return
-    for case in cases:
-        need = check_bytes(case.problem)
+    needs = [(check_need(v, impl_memory=impl_memory), v) for v in checks.single]
+    needs += [(check_need(v, w, len(g), impl_memory), v) for _, w, g in checks.groups for v in g]
+    need, worst = max(needs, key=lambda item: item[0])
+    if need > available:
+        fit = sorted({v.problem.impl for n, v in needs if n <= available})
+        _refuse(worst.problem, need, available, where, f"--impl {' --impl '.join(fit)} (those fit), or " if fit else "")
+
+
+def _check_case_memory(cases: list[Case], device: str) -> None:
+    """The same refusal before the checks are built (building one allocates per position): each case's reference
+    alone, without the implementation."""
+    available, where = available_on(device)
+    for case in cases if available is not None else []:
+        p = case.problem.with_(mode="fwdbwd", device=device)
+        need = check_items(p, uses_local_reference(p), chunk_elements(device), impl_bytes=0)[1]
         if need > available:
-            p = case.problem
-            raise ValueError(
-                f"--seq-len/--batch/--heads/--head-dim: a check of B={p.batch} N={p.seq_len:,} H={p.heads} "
-                f"D={p.head_dim} needs about {need / 2**30:,.1f} GiB (a float64 reference with gradients), "
-                f"more than the {available / 2**30:,.1f} GiB available here: check a smaller configuration"
-            )
+            _refuse(p, need, available, where, "")
+
+
+def _refuse(p, need: int, available: int, where: str, way: str) -> None:
+    raise ValueError(
+        f"verify needs about {need / 2**30:,.1f} GiB for {p.impl}{f' p={p.world_size}' if p.world_size > 1 else ''}"
+        f" at B={p.batch} N={p.seq_len:,} H={p.heads} D={p.head_dim} {p.dtype} (a float64 reference with "
+        f"gradients beside the implementation), more than the {available / 2**30:,.1f} GiB {where}: check "
+        f"{way}a smaller --seq-len, --heads or --batch"
+    )
 
 
 def _check_backends(backends: list[str], device: str) -> None:

@@ -8,6 +8,7 @@ import torch
 from dattn_cli.verify import distributed
 from dattn_cli.verify.cases import case_matrix
 from dattn_cli.verify.checks import group_checks
+from dattn_cli.verify.references import ReferenceCache
 from dattn_cli.verify.variants import Grid
 
 IMPL = "RingDilatedAttention"
@@ -32,7 +33,7 @@ def test_spawned_group_backend_follows_the_device(monkeypatch, device, expected)
     monkeypatch.setattr(distributed, "attach_backend", lambda: "cpu:gloo,cuda:nccl")
     checks = _checks(device)
     assert checks and all(v.problem.device == device for v in checks)
-    results = distributed.verify_group(IMPL, 2, checks, "float32", 0, 10.0)
+    results = distributed.verify_group(IMPL, 2, checks, ReferenceCache(0), 10.0)
     assert used == {"backend": expected, "devices": {device}}
     assert all(not r.passed and "stopped here" in r.message for r in results)
 

@@ -47,7 +47,11 @@ def junit_xml(report: VerifyReport) -> str:
         )
         for r in results:
             case = ET.SubElement(suite, "testcase", classname=f"dattn.verify.{impl}", name=_check_name(r))
-            errors = "; ".join(f"{k} rel {e.rel:.2e} (limit {e.limit:.1e})" for k, e in r.errors.items())
+            errors = "; ".join(
+                f"{k} rel {e.rel:.2e} (naive {e.naive if e.naive is not None else float('nan'):.2e}, "
+                f"limit {e.limit:.1e})"
+                for k, e in r.errors.items()
+            )
             if not r.passed:
                 ET.SubElement(case, "failure", message=(r.message or "error above the limit")[:500]).text = errors
             else:
@@ -103,11 +107,15 @@ def bench_markdown(rows: list[BenchRow]) -> str:
 
 def verify_markdown(report: VerifyReport) -> str:
     def worst(r, grads: bool) -> str:
-        values = [e.rel for k, e in r.errors.items() if (k.startswith("d") if grads else k == "out")]
-        return f"{max(values):.1e}" if values else "-"
+        """The worst error and, after the slash, the naive same-dtype computation's worst."""
+        chosen = [e for k, e in r.errors.items() if (k.startswith("d") if grads else k == "out")]
+        if not chosen:
+            return "-"
+        naive = [e.naive for e in chosen if e.naive is not None]
+        return f"{max(e.rel for e in chosen):.1e}" + (f" / {max(naive):.1e}" if naive else "")
 
     table = markdown_table(
-        ["impl", "check", "out", "grads", "status"],
+        ["impl", "check", "out / naive", "grads / naive", "status"],
         (
             [
                 r.impl,

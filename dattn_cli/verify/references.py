@@ -1,0 +1,200 @@
+"""What every check is compared with, computed once and shared.
+
+Inputs are a function of (case, seed): `case_seed` seeds the generator that draws them (and a multihead
+module's weights), so every implementation checked on a case sees the same inputs, in one process or on
+every rank. They are rounded to the checked dtype once, and the reference is computed from exactly those
+values in float64: an error is the implementation's computation, not its inputs' rounding (flash-attn's
+tests do the same).
+
+The reference of a check, out, lse and the gradients in float64, and the error of the naive same-dtype
+computation against it, depend on (case, seed, semantics, causal, block pattern, dtype, device) and, for a
+multihead module, its forward, settings and weights: `reference_key`. `ReferenceCache` computes each once and keeps
+it while later checks use it (verify runs the checks of one key together).
+
+Which definition: the dense references of kernels/reference.py for N <= LOCAL_REFERENCE_ABOVE, the
+block-local ones of kernels/reference_local.py above (the same function, tested equal; memory
+O(N x H x D) plus a chunk instead of B x H x N^2 saved scores). Both follow the Problem's pattern, not the
+module under test.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels import reference as dense
+from ..kernels import reference_local as local
+from ..kernels.documents import attend_documents
+from ..workload.build import input_shape
+from ..workload.check_memory import CACHE_BYTES  # references kept beyond the one in use
+from ..workload.problem import Problem
+from .compare import DTYPES, naive_errors
+from .outputs import core_outputs, document_options, multihead_outputs
+from .weights import seeded_multihead
+
+LOCAL_REFERENCE_ABOVE = 2048  # tokens: longer sequences are checked against the block-local references
+CHUNK_ELEMENTS = {"cpu": local.DEFAULT_CHUNK_ELEMENTS, "cuda": 1 << 26}  # scores per chunk of the local references
+
+
+def case_seed(case: str, seed: int) -> int:
+    """The seed of every draw of `case` under the run's `seed`: the same for every implementation checked."""
+    return int.from_bytes(hashlib.sha256(f"{seed}\0{case}".encode()).digest()[:7], "big")
+
+
+def uses_local_reference(p: Problem) -> bool:
+    return p.seq_len > LOCAL_REFERENCE_ABOVE
+
+
+def reference_scores(case) -> int:
+    """Scores the float64 reference of a check of `case` (a cases.Case) computes: B x H x N^2 dense; block-local
+    (N above LOCAL_REFERENCE_ABOVE), B x H x N x the widest segment."""
+    p = case.problem
+    keys = min(p.seq_len, max(p.segment_lengths)) if uses_local_reference(p) else p.seq_len
+    return p.batch * p.heads * p.seq_len * keys
+
+
+def chunk_elements(device: str) -> int:
+    return CHUNK_ELEMENTS["cuda" if device.startswith("cuda") else "cpu"]
+
+
+def reference_key(case: str, p: Problem, seed: int) -> tuple:
+    """What a check's reference depends on beyond the run's seed: a multihead module's by its forward, its
+    settings and its weights (the registered multihead classes share one forward, and the same weights from
+    one seed, so they share a reference)."""
+    pattern = None
+    if p.spec.block_sparse:
+        pattern = tuple(sorted(p.block_options().items(), key=lambda kv: kv[0]))
+        pattern = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in pattern)
+    kind = _module_fingerprint(case, p.model_dump_json(), seed) if p.spec.kind == "multihead" else "core"
+    return (case, kind, p.semantics, p.causal, pattern, p.dtype, p.device)
+
+
+@functools.lru_cache(maxsize=64)
+def _module_fingerprint(case: str, problem: str, seed: int) -> tuple:
+    p = Problem.model_validate_json(problem)
+    module = multihead_module(p, case_seed(case, seed))
+    settings = tuple(
+        sorted((k, v) for k, v in vars(module).items() if isinstance(v, (int, float, bool, str)) and k != "training")
+    )
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return (type(module).forward.__qualname__, type(module).forward.__module__, settings, digest.hexdigest())
+
+
+def draw_inputs(p: Problem, seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The inputs of the whole sequence (q, k, v of a core; x of a multihead module) and the upstream gradient,
+    drawn in float64 from `seed` and rounded to p's dtype, on p's device."""
+    gen = torch.Generator().manual_seed(seed)
+    dtype, shape = DTYPES[p.dtype], input_shape(p)
+    kv_shape = (*shape[:2], p.kv_head_count, shape[3]) if p.spec.kind != "multihead" else None
+    shapes = [shape] if kv_shape is None else [shape, kv_shape, kv_shape]
+    drawn = [torch.randn(s, generator=gen, dtype=torch.float64).to(p.device, dtype) for s in [*shapes, shape]]
+    return drawn[:-1], drawn[-1]
+
+
+def attention_of(p: Problem, compute_dtype: torch.dtype) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The reference attention of p's pattern: call(q, k, v, is_causal, key_padding_mask=, cu_seqlens=) ->
+    (out, lse), differentiable, computed in `compute_dtype`."""
+    is_local = uses_local_reference(p)
+    options = {"compute_dtype": compute_dtype}
+    if is_local:
+        options["max_chunk_elements"] = chunk_elements(p.device)
+    if not p.spec.block_sparse:
+        fn = local.dilated_attention_local if is_local else dense.dilated_attention_reference
+        args = (p.segment_lengths, p.dilation_rates)
+        extra = {"semantics": p.semantics}
+    elif p.pattern == "sliding_window":
+        fn = local.sliding_window_local if is_local else dense.sliding_window_reference
+        args, extra = p.block_pattern().token_window, {}
+    else:
+        pattern, heads = p.block_pattern(), p.heads
+        fn = local.block_sparse_local if is_local else dense.block_sparse_reference
+        args, extra = (lambda n: pattern.table(n, heads), p.block_size), {}
+
+    def one_document(q, k, v, is_causal, key_padding_mask):
+        table_args = (args[0](q.shape[1]), args[1]) if callable(args[0]) else args
+        return fn(q, k, v, *table_args, is_causal, key_padding_mask=key_padding_mask, **extra, **options)
+
+    def call(q, k, v, is_causal=False, key_padding_mask=None, cu_seqlens=None):
+        if cu_seqlens is None:
+            return one_document(q, k, v, is_causal, key_padding_mask)
+        return attend_documents(lambda *x: one_document(*x[:3], is_causal, x[3]), q, k, v, key_padding_mask, cu_seqlens)
+
+    return call
+
+
+class PatternReference(torch.nn.Module):
+    """Stands in for a multihead module's core: the reference attention, differentiable."""
+
+    def __init__(self, attention: Callable[..., tuple[torch.Tensor, torch.Tensor]]):
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, q, k, v, is_causal=False, key_padding_mask=None, **documents):
+        return self.attention(q, k, v, is_causal, key_padding_mask=key_padding_mask, **documents)[0]
+
+
+def reference_outputs(p: Problem, seed: int, compute_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """What an implementation of p outputs, by the reference computed in `compute_dtype` from the inputs of
+    `seed` (in p's dtype, upcast): out, lse and the gradients (multihead: out, dx, dparams)."""
+    inputs, upstream = draw_inputs(p, seed)
+    attention, documents = attention_of(p, compute_dtype), document_options(p)
+    if p.spec.kind == "multihead":
+        module = copy.deepcopy(multihead_module(p, seed)).to(compute_dtype)
+        module.attention = PatternReference(attention)
+        return multihead_outputs(module, inputs[0].to(compute_dtype), upstream, p.causal, **documents)
+    xs = [x.to(compute_dtype).requires_grad_() for x in inputs]
+    return core_outputs(lambda q, k, v: attention(q, k, v, p.causal, **documents), xs, upstream)
+
+
+def multihead_module(p: Problem, seed: int) -> torch.nn.Module:
+    """The multihead module checked for p: weights from `seed`, built in float64 and rounded to p's dtype."""
+    return seeded_multihead(p, seed, torch.float64).to(device=p.device, dtype=DTYPES[p.dtype])
+
+
+@dataclass
+class Reference:
+    outputs: dict[str, torch.Tensor]  # float64
+    naive: dict[str, float]  # relative error of the naive same-dtype computation, per quantity
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.outputs.values())
+
+
+class ReferenceCache:
+    """References by key, each computed once; kept while they fit in CACHE_BYTES, and always the last one."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.entries: OrderedDict[tuple, Reference] = OrderedDict()
+        self.computed = 0  # how many references were computed (tests: shared, not recomputed)
+
+    def get(self, case: str, p: Problem) -> Reference:
+        key = reference_key(case, p, self.seed)
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return self.entries[key]
+        if sum(e.nbytes for e in self.entries.values()) > CACHE_BYTES:  # one large reference: drop it first
+            self.entries.clear()
+        seed = case_seed(case, self.seed)
+        outputs = reference_outputs(p, seed, torch.float64)
+        dtype = DTYPES[p.dtype]
+        naive = (
+            naive_errors(reference_outputs(p, seed, dtype), outputs)
+            if dtype != torch.float64
+            else {k: 0.0 for k in outputs}  # the naive float64 computation is the reference itself
+        )
+        entry = self.entries[key] = Reference(outputs, naive)
+        self.computed += 1
+        while sum(e.nbytes for e in self.entries.values()) > CACHE_BYTES and len(self.entries) > 1:
+            self.entries.popitem(last=False)
+        return entry

@@ -1,0 +1,131 @@
+"""The block-local references equal the dense ones (the definitions) on the awkward cases, forward and
+gradients: w > N, w % r != 0, causal, head_groups, GQA/MQA, packed documents, key padding, ragged N, chunks
+much smaller than a segment; and the naive half computation stays as close to float64 as the dense one."""
+
+import pytest
+import torch
+
+from dattn_cli.kernels.documents import offsets
+from dattn_cli.kernels.reference import block_sparse_reference, dilated_attention_reference, sliding_window_reference
+from dattn_cli.kernels.reference_local import block_sparse_local, dilated_attention_local, sliding_window_local
+
+
+def outputs(fn, q, k, v, upstream, *args, **kw):
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, lse = fn(*xs, *args, **kw)
+    return [out.detach(), lse, *torch.autograd.grad(out, xs, upstream.to(out.dtype))]
+
+
+def assert_same(a, b, tol=1e-12):
+    assert torch.equal(torch.isinf(a[1]), torch.isinf(b[1]))  # uncovered rows: lse -inf in both
+    for x, y in zip(a, b):
+        finite = torch.isfinite(x)
+        assert (x[finite].double() - y[finite].double()).abs().max().item() <= tol
+
+
+def draw(batch, n, heads, kv_heads, dim=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, n, heads, dim, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(batch, n, kv_heads, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    return q, k, v, torch.randn(batch, n, heads, dim, generator=g, dtype=torch.float64)
+
+
+DILATED = [  # (B, N, H, H_kv, segments, rates)
+    (2, 50, 4, 4, [16, 32], [1, 2]),  # ragged N
+    (1, 24, 4, 2, [8, 64], [1, 4]),  # w > N, GQA
+    (1, 45, 3, 3, [10, 15], [3, 4]),  # w % r != 0, no r = 1 (uncovered rows)
+    (2, 40, 5, 5, [8, 16, 32], [1, 2, 3]),  # H % m != 0, H % r != 0
+    (1, 96, 8, 1, [8, 48, 96], [1, 2, 3]),  # MQA
+]
+
+
+@pytest.mark.parametrize("case", DILATED, ids=lambda c: f"N{c[1]}-H{c[2]}-kv{c[3]}-{c[4]}-{c[5]}")
+@pytest.mark.parametrize("semantics", ["longnet", "head_groups"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dilated_local_equals_dense(case, semantics, causal):
+    batch, n, heads, kv_heads, segs, rates = case
+    if semantics == "head_groups" and heads < len(segs):
+        pytest.skip("head_groups needs a head per pair")
+    q, k, v, up = draw(batch, n, heads, kv_heads)
+    mask = torch.rand(batch, n, generator=torch.Generator().manual_seed(1)) < 0.2
+    args = (segs, rates, causal, semantics)
+    dense = outputs(dilated_attention_reference, q, k, v, up, *args, key_padding_mask=mask)
+    for chunk in (1 << 22, 100, 7):  # one chunk; many; chunks of single rows
+        local = outputs(dilated_attention_local, q, k, v, up, *args, key_padding_mask=mask, max_chunk_elements=chunk)
+        assert_same(dense, local)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_documents_each_attended_on_their_own(causal):
+    lengths = [7, 30, 1, 40, 18]
+    q, k, v, up = draw(1, sum(lengths), 4, 2)
+    cu = offsets(lengths)
+    dense = [[], [], [], [], []]
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):  # the definition: one call per document
+        part = outputs(
+            dilated_attention_reference, q[:, a:b], k[:, a:b], v[:, a:b], up[:, a:b], [8, 16, 64], [1, 2, 4], causal
+        )
+        for i, x in enumerate(part):
+            dense[i].append(x)
+    dense = [torch.cat(x, 1) for x in dense]
+    local = outputs(
+        dilated_attention_local, q, k, v, up, [8, 16, 64], [1, 2, 4], causal, cu_seqlens=cu, max_chunk_elements=64
+    )
+    assert_same(dense, local)
+
+
+@pytest.mark.parametrize("n, block", [(50, 8), (64, 8), (33, 4)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_table_and_window_local_equal_dense(n, block, causal):
+    blocks = -(-n // block)
+    table = torch.rand(blocks, blocks, generator=torch.Generator().manual_seed(n)) < 0.4
+    table[0] = False  # a query block with no key block: rows output 0
+    q, k, v, up = draw(1, n, 4, 2)
+    mask = torch.zeros(1, n, dtype=torch.bool)
+    mask[0, 3] = True
+    for chunk in (1 << 22, 50):
+        dense = outputs(block_sparse_reference, q, k, v, up, table, block, causal, key_padding_mask=mask)
+        local = outputs(
+            block_sparse_local, q, k, v, up, table, block, causal, key_padding_mask=mask, max_chunk_elements=chunk
+        )
+        assert_same(dense, local)
+        for left, right in [(13, 5), (0, 0), (100, 3)]:  # uneven, the diagonal alone, wider than N
+            dense = outputs(sliding_window_reference, q, k, v, up, left, right, causal)
+            local = outputs(sliding_window_local, q, k, v, up, left, right, causal, max_chunk_elements=chunk)
+            assert_same(dense, local)
+
+
+def test_the_naive_bfloat16_computation_is_as_close_to_float64_as_the_dense_one():
+    q, k, v, up = draw(1, 256, 4, 4, dim=32)
+    args = ([64, 128], [1, 2])
+    ref = outputs(dilated_attention_reference, q, k, v, up, *args)
+    half = [x.bfloat16() for x in (q, k, v, up)]
+    dense = outputs(dilated_attention_reference, *half, *args, compute_dtype=torch.bfloat16)
+    local = outputs(dilated_attention_local, *half, *args, compute_dtype=torch.bfloat16, max_chunk_elements=4096)
+    for d, lo, r in zip(dense, local, ref):
+        scale = r.abs().max().item()
+        dense_err = (d.double() - r).abs().max().item() / scale
+        local_err = (lo.double() - r).abs().max().item() / scale
+        assert 0 < local_err <= 3 * dense_err + 1e-3, (local_err, dense_err)  # bf16-sized, not float64-sized
+
+
+def test_the_local_reference_holds_one_chunk_not_the_scores():
+    """At N = 4096 the dense reference saves 2 x B x H x N^2 float64 scores (1 GiB here); the local one a chunk."""
+    q, k, v, up = draw(1, 4096, 4, 4, dim=8)
+    xs = [x.requires_grad_() for x in (q, k, v)]
+    from torch.autograd.graph import saved_tensors_hooks
+
+    saved = []
+    with saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t, lambda t: t):
+        out, _ = dilated_attention_local(*xs, [512, 1024], [1, 2])
+    assert sum(saved) <= 8 * q.numel() * 8  # q, k, v, out, lse: O(N x H x D)
+    torch.autograd.grad(out, xs, up)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_local_reference_on_a_gpu_equals_the_cpu_one():
+    q, k, v, up = draw(1, 300, 8, 2)
+    args = ([64, 128, 256], [1, 2, 4], True)
+    cpu = outputs(dilated_attention_local, q, k, v, up, *args, max_chunk_elements=1 << 12)
+    gpu = outputs(dilated_attention_local, *(x.cuda() for x in (q, k, v, up)), *args, max_chunk_elements=1 << 12)
+    assert_same(cpu, [x.cpu() for x in gpu])
