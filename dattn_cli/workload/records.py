@@ -41,6 +41,8 @@ KEY_FIELDS = (
     "kv_heads",
     "documents",
 )
+PROBLEM_NAMES = {"segments": "segment_lengths", "dilations": "dilation_rates"}  # a row's names for Problem fields
+LAYER_FIELDS = ("embed_dim", "layers", "checkpointing", "amp", "vocab_size")  # set in layer and model rows only
 # The measurement settings that change what a point measures: a resumed point must have been measured with the
 # same ones (the problem is in KEY_FIELDS; the regression gate compares problems whatever their settings).
 SETTINGS = {
@@ -244,44 +246,12 @@ def rows_frame(rows: Iterable[BenchRow]):
 
 def row_fields(p: Problem) -> dict:
     """The row fields that describe problem `p` (besides the measurement)."""
-    layer = {
-        "target": "attention",
-        "embed_dim": None,
-        "layers": None,
-        "checkpointing": False,
-        "amp": None,
-        "vocab_size": None,
-    }
-    if p.target != "attention":
-        model = p.target == "model"
-        layer = {
-            "target": p.target,
-            "embed_dim": p.width,
-            "layers": p.layers,
-            "checkpointing": p.checkpointing,
-            "amp": p.amp,
-            "vocab_size": p.vocab_size if model else None,
-        }
-    return {
-        **layer,
-        "impl": p.impl,
-        "seq_len": p.seq_len,
-        "mode": p.mode,
-        "batch": p.batch,
-        "heads": p.heads,
-        "kv_heads": p.kv_heads,
-        "head_dim": p.head_dim,
-        "segments": list(p.segment_lengths),
-        "dilations": list(p.dilation_rates),
-        "semantics": p.semantics,
-        "causal": p.causal,
-        "dtype": p.dtype,
-        "device": p.device,
-        "world_size": p.world_size,
-        "compiled": p.compiled,
-        "documents": p.documents,
-        **pattern_fields(p),
-    }
+    fields = {name: getattr(p, PROBLEM_NAMES.get(name, name)) for name in KEY_FIELDS if name != "pattern"}
+    if p.target == "attention":
+        fields.update(embed_dim=None, layers=None, vocab_size=None)
+    else:
+        fields.update(embed_dim=p.width, vocab_size=p.vocab_size if p.target == "model" else None)
+    return {**fields, **pattern_fields(p)}
 
 
 def pattern_fields(p: Problem, densities: bool = True) -> dict:
@@ -302,25 +272,11 @@ def pattern_fields(p: Problem, densities: bool = True) -> dict:
 
 def row_problem(row: BenchRow) -> Problem:
     """The Problem a (non-block-sparse) row measured: what plan --check predicts for it."""
-    fields = dict(
-        impl=row.impl,
-        seq_len=row.seq_len,
-        batch=row.batch,
-        heads=row.heads,
-        kv_heads=row.kv_heads,
-        head_dim=row.head_dim,
-        segment_lengths=row.segments,
-        dilation_rates=row.dilations,
-        semantics=row.semantics,
-        causal=row.causal,
-        dtype=row.dtype,
-        device=row.device,
-        mode=row.mode,
-        world_size=row.world_size,
-        target=row.target,
-        compiled=row.compiled,
-        documents=row.documents,
-    )
+    fields = {
+        PROBLEM_NAMES.get(name, name): getattr(row, name)
+        for name in KEY_FIELDS
+        if name not in ("pattern", *LAYER_FIELDS)
+    }
     if row.target != "attention":
         fields.update(
             embed_dim=row.embed_dim or row.heads * row.head_dim,
