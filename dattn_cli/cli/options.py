@@ -22,7 +22,6 @@ from ..workload.option import (
     LAYER,
     MEASURE,
     OUTPUT,
-    PANELS,
     PATTERN,
     PLAN,
     SHAPE,
@@ -100,7 +99,8 @@ FLAG, PATH, FILE = (
     dict(type=Path, default=None),
     dict(type=str, metavar="FILE", default=None),
 )
-UNSET_INT = dict(type=int, default=None, show_default=False)  # its help says what not giving it means
+UNSET = dict(default=None, show_default=False)  # its help says what not giving it means
+UNSET_INT = dict(type=int, **UNSET)
 OPTIONS: dict[str, Cli] = {
     # --- pattern ------------------------------------------------------------------------------------------
     "both": Cli("Causal and non-causal (the default).", PATTERN, ("verify",), **FLAG),
@@ -141,8 +141,7 @@ OPTIONS: dict[str, Cli] = {
         MEASURE,
         ("bench", "profile"),
         type=int,
-        default=None,
-        show_default=False,
+        **UNSET,
         forms={"profile": dict(default=2)},
     ),
     "repeat": Cli(
@@ -207,8 +206,7 @@ OPTIONS: dict[str, Cli] = {
         MEASURE,
         ("bench",),
         type=float,
-        default=None,
-        show_default=False,
+        **UNSET,
     ),
     "baseline": Cli("Earlier JSONL report to compare against.", MEASURE, ("bench",), **PATH),
     "fail_on_regression": Cli(
@@ -253,16 +251,14 @@ OPTIONS: dict[str, Cli] = {
         ("verify", "bench"),
         names=("--attach/--spawn",),
         type=bool,
-        default=None,
-        show_default=False,
+        **UNSET,
     ),
     "master_addr": Cli(
         "Attach: the rendezvous host (default MASTER_ADDR, or srun's first node).",
         DIST,
         ("verify", "bench"),
         type=str,
-        default=None,
-        show_default=False,
+        **UNSET,
     ),
     "master_port": Cli(
         "Attach: the rendezvous port (default MASTER_PORT, else 29500).", DIST, ("verify", "bench"), **UNSET_INT
@@ -354,29 +350,18 @@ OPTIONS: dict[str, Cli] = {
     ),
 }
 
-# --help's order within each panel (the panels in PANELS' order); an option not named here comes last in its panel
+# --help's order within each panel (the panels in PANELS' order): the options named here first, in this order;
+# then the others as they are declared (the Problem's fields, then OPTIONS)
 ORDER = {
-    IMPL: ("impl", "backend", "device"),
-    SHAPE: ("seq_len", "batch", "heads", "kv_heads", "head_dim", "documents", "dtype", "mode"),
-    PATTERN: ("segment_lengths", "dilation_rates", "semantics", "causal", "both"),
-    BLOCK: (
-        *("pattern", "block_size", "window", "window_left", "window_right", "density", "global_blocks", "levels"),
-        *("executor", "show_pattern"),
-    ),
-    LAYER: ("target", "embed_dim", "layers", "vocab_size", "checkpointing", "amp", "optimizer"),
+    IMPL: ("impl", "backend"),
+    SHAPE: ("seq_len", "batch", "heads", "kv_heads", "head_dim", "documents"),
+    BLOCK: ("pattern", "block_size", "window", "window_left", "window_right"),
     MEASURE: (
         *("full", "quick", "until_oom", "start", "iterations", "warmup", "repeat", "precision", "cache", "threads"),
-        *("processes", "interleave", "seed", "compiled", "max_memory", "max_seconds", "baseline"),
-        "fail_on_regression",
+        *("processes", "interleave", "seed", "compiled"),
     ),
-    DIST: ("world_size", "sequence_parallel", "zero", "dist_timeout", "attach", "master_addr", "master_port"),
-    PLAN: ("profile", "max_memory", "backend", "max_seq", "min_devices", "check", "calibrate", "fail_if_infeasible"),
-    OUTPUT: (
-        *("out", "resume", "save", "trace", "json_out", "csv_out", "junit", "plot", "plot_x", "markdown"),
-        *("details", "quiet"),
-    ),
+    PLAN: ("profile", "max_memory", "backend"),
 }
-assert set(ORDER) == set(PANELS)
 
 # the output options of the commands written by hand (compare, env, impls)
 JsonOption = typed("json_out", OPTIONS["json_out"])[0]
