@@ -11,10 +11,11 @@ from typing import Any
 import typer
 
 from ..runtime.signals import Interrupted
+from ..workload.problem_options import DEFAULT_MODE
 from .attach import agreed_exit_code, joined
 from .bench_files import check_outputs, command_line, fail, gate, interrupted, show
 from .build import generated, model_values
-from .options import DEFAULT_MODE, check_ranks
+from .options import check_ranks
 from .render.bench import point_line
 from .render.common import machine_output, note, progress, set_quiet
 

@@ -29,9 +29,8 @@ from ..workload.option import (
     literal_values,
 )
 from ..workload.parse import parse_seq_lens
-from ..workload.problem_options import DEFAULT_MODE
 
-__all__ = ["DEFAULT_MODE", "OPTIONS", "ORDER", "Cli", "check_ranks", "finite", "one_of", "typed"]
+__all__ = ["OPTIONS", "ORDER", "Cli", "check_ranks", "finite", "one_of", "typed"]
 
 
 def one_of(option: str, choices: tuple[str, ...]) -> Callable[[str | None], str | None]:

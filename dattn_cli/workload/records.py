@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
-from .problem import Problem
+from .problem import Problem, Target
 from .reportfile import read_records
 
 KEY_FIELDS = (
@@ -77,7 +77,7 @@ class BenchRow(BaseModel):
     pattern: str | None = None  # block-sparse implementations: the block pattern, e.g. local(window 13, block 128)
     block_density: float | None = None  # active blocks / all blocks
     element_density: float | None = None  # attended (query, key) pairs / N^2 (what the work scales with)
-    target: Literal["attention", "layer", "model"] = "attention"
+    target: Target = "attention"
     embed_dim: int | None = None  # layer/model rows: width, depth (1 for a layer), options, parameters
     layers: int | None = None
     vocab_size: int | None = None  # model rows
