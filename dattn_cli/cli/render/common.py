@@ -152,10 +152,6 @@ def emit_csv(target: str, records: list[dict]) -> None:
     emit(target, pd.json_normalize(records).to_csv(index=False))
 
 
-def fmt_error(x: float) -> str:
-    return "inf" if x == float("inf") else f"{x:.1e}"
-
-
 def size(nbytes: int | None) -> str:
     """Bytes in the largest binary unit; "-" for none, "n/a" for a value that is not a size (NaN, infinite,
     negative), so such a figure never reaches a table as a number."""

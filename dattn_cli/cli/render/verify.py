@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from .common import fmt_error, heads_label, literal
+from .common import heads_label, literal
 
 if TYPE_CHECKING:
     from ...verify import CaseResult, VerifyReport
@@ -40,22 +40,20 @@ def verify_table(report: VerifyReport, details: bool = False) -> Table:
             _label(impl, world),
             literal(pattern or "-"),
             str(len(rows)),
-            *(_pair([e for r in rows for k, e in r.errors.items() if _in(k, q)]) for q in ("out", "lse", "grads")),
+            *(worst(rows, group) for group in ("out", "lse", "grads")),
             "[green]ok[/]" if not bad else f"[red]{bad} failed[/]",
         )
     return table
 
 
-def _in(quantity: str, group: str) -> bool:
-    return quantity == group or (group == "grads" and quantity.startswith("d"))
-
-
-def _pair(errors: list) -> str:
-    """The worst relative error of `errors` / the naive same-dtype computation's worst ("-": none)."""
+def worst(results: list, group: str) -> str:
+    """The worst relative error of `group` (out, lse, or grads: every d*) over `results`, and after a slash the
+    naive same-dtype computation's worst ("-": none)."""
+    errors = [e for r in results for k, e in r.errors.items() if k == group or (group == "grads" and k.startswith("d"))]
     if not errors:
         return "-"
     naive = [e.naive for e in errors if e.naive is not None]
-    return fmt_error(max(e.rel for e in errors)) + (f" / {fmt_error(max(naive))}" if naive else "")
+    return f"{max(e.rel for e in errors):.1e}" + (f" / {max(naive):.1e}" if naive else "")
 
 
 def _verify_cases(report: VerifyReport, details: bool) -> Table:
@@ -64,7 +62,6 @@ def _verify_cases(report: VerifyReport, details: bool) -> Table:
     for col in ("impl", "pattern", "case", "sem", "causal", "backend", "dtype", "out", "lse", "grads", "status"):
         table.add_column(col, justify="right" if col in ("out", "lse", "grads") else "left", overflow="fold")
     for r in report.results if details else report.failures:
-        grads = [e for k, e in r.errors.items() if k.startswith("d")]
         status = "[green]ok[/]" if r.passed else f"[red]FAIL[/] {literal(r.message or '')}".strip()
         table.add_row(
             _label(r.impl, r.world_size),
@@ -74,9 +71,7 @@ def _verify_cases(report: VerifyReport, details: bool) -> Table:
             "yes" if r.causal else "no",
             literal(r.backend),
             r.dtype,
-            _pair([r.errors["out"]] if "out" in r.errors else []),
-            _pair([r.errors["lse"]] if "lse" in r.errors else []),
-            _pair(grads),
+            *(worst([r], group) for group in ("out", "lse", "grads")),
             status,
         )
     return table
