@@ -45,17 +45,7 @@ PROBLEM_NAMES = {"segments": "segment_lengths", "dilations": "dilation_rates"}  
 LAYER_FIELDS = ("embed_dim", "layers", "checkpointing", "amp", "vocab_size")  # set in layer and model rows only
 # The measurement settings that change what a point measures: a resumed point must have been measured with the
 # same ones (the problem is in KEY_FIELDS; the regression gate compares problems whatever their settings).
-SETTINGS = {
-    "repeat": "--repeat",
-    "warmup": "--warmup",
-    "precision": "--precision",
-    "cache": "--cache",
-    "max_memory": "--max-memory",
-    "max_seconds": "--max-seconds",
-    "seed": "--seed",
-    "threads": "--threads",
-    "processes": "--processes",
-}
+SETTINGS = ("repeat", "warmup", "precision", "cache", "max_memory", "max_seconds", "seed", "threads", "processes")
 
 
 class BenchRow(BaseModel):
@@ -161,14 +151,11 @@ POSITIVE_SIZES = ("batch", "heads", "head_dim", "seq_len", "world_size")
 def implausible(row: BenchRow) -> str | None:
     """Why a row read from a file cannot be a measurement (a time of 0, negative or NaN ms; a size of 0...);
     None when it can."""
-    for name in POSITIVE_TIMES:
-        value = getattr(row, name)
-        if value is not None and not (math.isfinite(value) and value > 0):
-            return f"{name} must be a positive, finite number of milliseconds, got {value!r}"
-    for name in NON_NEGATIVE:
-        value = getattr(row, name)
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            return f"{name} must be a finite number >= 0, got {value!r}"
+    for name in (*POSITIVE_TIMES, *NON_NEGATIVE):
+        value, time = getattr(row, name), name in POSITIVE_TIMES
+        if value is not None and not (math.isfinite(value) and (value > 0 if time else value >= 0)):
+            what = "a positive, finite number of milliseconds" if time else "a finite number >= 0"
+            return f"{name} must be {what}, got {value!r}"
     for name in POSITIVE_SIZES:
         if getattr(row, name) < 1:
             return f"{name} must be >= 1, got {getattr(row, name)}"
@@ -231,8 +218,8 @@ def recorded_setting(path: Path, name: str) -> object | None:
 def settings_mismatch(row: BenchRow, settings: dict) -> str | None:
     """The first measurement setting row was measured with that differs from `settings` ('--repeat 1, this
     run --repeat 3'); None when all that are known agree."""
-    for name, option in SETTINGS.items():
-        then, now = getattr(row, name), settings.get(name)
+    for name in SETTINGS:
+        then, now, option = getattr(row, name), settings.get(name), "--" + name.replace("_", "-")
         if then is not None and now is not None and then != now:
             return f"{option} {then}, this run {option} {now}"
     return None

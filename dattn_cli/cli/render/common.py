@@ -107,9 +107,6 @@ class LineProgress:
             total = f"/{int(state['total'])}" if state["total"] else ""
             print(f"[{int(state['completed'])}{total}] {state['description']}", file=sys.stderr, flush=True)
 
-    def advance(self, task: int, advance: float = 1) -> None:
-        self.update(task, advance=advance)
-
 
 def progress(quiet: bool | None = None) -> Progress | LineProgress:
     """A rich bar when stderr is a terminal; else one line per step; silent with --quiet."""
