@@ -142,6 +142,14 @@ def emit_json(target: str, payload: object) -> None:
     emit(target, json.dumps(payload, indent=1, default=str))
 
 
+def emit_files(json_out: str | None, csv_out: str | None, payload: object, records: list[dict]) -> None:
+    """`payload` to --json and `records` to --csv, each where it was asked for."""
+    if json_out:
+        emit_json(json_out, payload)
+    if csv_out:
+        emit_csv(csv_out, records)
+
+
 def emit_csv(target: str, records: list[dict]) -> None:
     """One CSV line per record; nested fields become dotted columns (errors.out.rel), lists stay one cell."""
     import pandas as pd
