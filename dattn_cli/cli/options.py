@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ..workload.option import (
+    ALL,
     BLOCK,
     DIST,
     FIELD,
@@ -299,20 +300,10 @@ OPTIONS: dict[str, Cli] = {
     ),
     "save": Cli("With --calibrate: write the calibrated profile here.", OUTPUT, ("plan",), **PATH),
     "trace": Cli("Write a torch.profiler Chrome trace here.", OUTPUT, ("profile",), **PATH),
-    "json_out": Cli(
-        "Write the result as JSON to this file ('-' = stdout).",
-        OUTPUT,
-        ("verify", "bench", "profile", "plan"),
-        names=("--json",),
-        **FILE,
-    ),
-    "csv_out": Cli(
-        "Write all rows as CSV to this file ('-' = stdout).",
-        OUTPUT,
-        ("verify", "bench", "profile", "plan"),
-        names=("--csv",),
-        **FILE,
-    ),
+    **{
+        key: Cli(f"Write {what} to this file ('-' = stdout).", OUTPUT, ALL, names=(name,), **FILE)
+        for key, name, what in (("json_out", "--json", "the result as JSON"), ("csv_out", "--csv", "all rows as CSV"))
+    },
     "junit": Cli(
         "Write JUnit XML to this file ('-' = stdout): one test case per implementation x check.",
         OUTPUT,

@@ -43,8 +43,7 @@ class _Tables:
         self.quiet = False
 
     def console(self) -> Console:
-        stream = tolerant(sys.stderr if self.to_stderr else sys.stdout)
-        return Console(file=stream, width=None if stream.isatty() else WIDTH)
+        return _console(sys.stderr if self.to_stderr else sys.stdout)
 
     def print(self, *objects: Any, **options: Any) -> None:
         self.console().print(*objects, **options)
@@ -67,8 +66,12 @@ def set_quiet(quiet: bool) -> None:
     stdout.quiet = quiet
 
 
+def _console(stream: Any) -> Console:
+    return Console(file=tolerant(stream), width=None if stream.isatty() else WIDTH)
+
+
 def stderr_console() -> Console:
-    return Console(file=tolerant(sys.stderr), width=None if sys.stderr.isatty() else WIDTH)
+    return _console(sys.stderr)
 
 
 def note(text: str, style: str | None = None) -> None:
@@ -162,10 +165,7 @@ def size(nbytes: int | None) -> str:
     negative), so such a figure never reaches a table as a number."""
     if nbytes is None:
         return "-"
-    try:
-        if not math.isfinite(float(nbytes)) or nbytes < 0:
-            return "n/a"
-    except (OverflowError, TypeError, ValueError):
+    if not _finite(nbytes) or nbytes < 0:
         return "n/a"
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= scale:
@@ -174,12 +174,15 @@ def size(nbytes: int | None) -> str:
 
 
 def num(value: float | None) -> str:
-    if value is None:
-        return "-"
+    return "-" if value is None else f"{value:g}" if _finite(value) else "n/a"
+
+
+def _finite(value: object) -> bool:
+    """A finite number (NaN, infinities, text and what is not a number are not)."""
     try:
-        return f"{value:g}" if math.isfinite(float(value)) else "n/a"
+        return not isinstance(value, str) and math.isfinite(float(value))
     except (OverflowError, TypeError, ValueError):
-        return "n/a"
+        return False
 
 
 def heads_label(heads: int, kv_heads: int | None) -> str:

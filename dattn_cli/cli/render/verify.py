@@ -26,13 +26,10 @@ def verify_table(report: VerifyReport, details: bool = False) -> Table:
         title=f"dattn verify ({dtypes}): worst relative error vs the float64 reference / the naive {dtypes} "
         "computation's"
     )
-    for col in ("impl", "pattern", "checks", "out", "lse", "grads", "status"):
-        if col == "impl":
-            table.add_column(col, overflow="fold")
-        else:
-            table.add_column(
-                col, justify="left" if col in ("status", "pattern") else "right", no_wrap=True, min_width=len(col)
-            )
+    table.add_column("impl", overflow="fold")
+    for col in ("pattern", "checks", "out", "lse", "grads", "status"):
+        justify = "left" if col in ("status", "pattern") else "right"
+        table.add_column(col, justify=justify, no_wrap=True, min_width=len(col))
     for impl, world, pattern in dict.fromkeys((r.impl, r.world_size, r.pattern) for r in report.results):
         rows = [r for r in report.results if (r.impl, r.world_size, r.pattern) == (impl, world, pattern)]
         bad = sum(not r.passed for r in rows)
