@@ -38,9 +38,7 @@ def default_max_memory(device: str = "cpu") -> int:
     if device.startswith("cuda"):
         from ..runtime.gpustate import gpu_memory_bytes
 
-        index = int(device.split(":")[1]) if ":" in device else 0
-        total = gpu_memory_bytes(index)
-        if total:
+        if total := gpu_memory_bytes(int(device.split(":")[1]) if ":" in device else 0):
             return total
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

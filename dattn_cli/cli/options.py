@@ -140,8 +140,7 @@ OPTIONS: dict[str, Cli] = {
         "Untimed calls before timing (bench's default: until the last 3 are within 10%).",
         MEASURE,
         ("bench", "profile"),
-        type=int,
-        **UNSET,
+        **UNSET_INT,
         forms={"profile": dict(default=2)},
     ),
     "repeat": Cli(

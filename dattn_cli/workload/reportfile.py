@@ -16,6 +16,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from .parse import clip
+
 NOT_A_FILE = {
     stat.S_IFDIR: "directory",
     stat.S_IFIFO: "FIFO (named pipe)",
@@ -253,11 +255,6 @@ def _last_line_start(fd: int, size: int) -> int:
     return 0
 
 
-def _shorten(raw: bytes, limit: int = 80) -> str:
-    text = raw.decode("utf-8", "replace")
-    return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
 def read_records(path: Path | str) -> list[tuple[int, dict]]:
     """(line number, object) for every line of a JSONL report; blank lines skipped, and a last line cut off
     by an interrupted write (no newline, not JSON) skipped. Any other line that is not one JSON object is a
@@ -285,7 +282,8 @@ def read_records(path: Path | str) -> list[tuple[int, dict]]:
             if torn:
                 continue  # the line a killed writer left half-written
             raise ValueError(
-                f"{path}:{number}: not valid JSON ({exc}): {_shorten(raw)}; remove or repair that line"
+                f"{path}:{number}: not valid JSON ({exc}): {clip(raw.decode('utf-8', 'replace'), 80)!r}; "
+                "remove or repair that line"
             ) from None
         if not isinstance(value, dict):
             raise ValueError(

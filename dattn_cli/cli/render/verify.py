@@ -103,10 +103,7 @@ def verify_warnings(report: VerifyReport, details: bool = False, own: bool = Fal
 
 
 def _uncovered(report: VerifyReport) -> list[str]:
-    seen: dict[tuple[str, str, str | None], float] = {}
-    for r in report.results:
-        if r.uncovered_fraction > 0:
-            seen[(r.case, r.semantics, r.pattern)] = r.uncovered_fraction
+    seen = {(r.case, r.semantics, r.pattern): r.uncovered_fraction for r in report.results if r.uncovered_fraction > 0}
     return [
         f"warning: case '{c}' ({s}{', pattern ' + p if p else ''}): {f:.0%} of (position, head) rows are kept "
         "by no pair and output 0 (docs/semantics.md)"
@@ -127,22 +124,10 @@ def verify_summary(report: VerifyReport, own: bool = False) -> str:
 def _configuration(report: VerifyReport) -> str:
     """The user's configuration as checked: shape and pattern, semantics, causal."""
     shapes = dict.fromkeys(
-        (
-            r.batch,
-            r.seq_len,
-            heads_label(r.heads, r.kv_heads),
-            r.head_dim,
-            tuple(r.segment_lengths),
-            tuple(r.dilation_rates),
-        )
+        f"B={r.batch} N={r.seq_len:,} {heads_label(r.heads, r.kv_heads)} D={r.head_dim}, segments "
+        f"{','.join(map(str, r.segment_lengths))}, dilations {','.join(map(str, r.dilation_rates))}"
         for r in report.results
     )
     semantics = " and ".join(dict.fromkeys(r.semantics for r in report.results))
     causal = " and ".join(dict.fromkeys("causal" if r.causal else "non-causal" for r in report.results))
-    return (
-        "; ".join(
-            f"B={b} N={n:,} {h} D={d}, segments {','.join(map(str, w))}, dilations {','.join(map(str, r))}"
-            for b, n, h, d, w, r in shapes
-        )
-        + f", {semantics}, {causal}"
-    )
+    return "; ".join(shapes) + f", {semantics}, {causal}"
