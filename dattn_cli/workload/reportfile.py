@@ -89,29 +89,27 @@ def check_report_path(path: Path | str, option: str = "--out") -> None:
     """Refuse, before anything is measured, a report path that cannot take appended rows: a directory, a
     FIFO, a device or socket (never opened: a FIFO would block, /dev/full never ends), a parent that is a
     file, a directory or file this process cannot write (permissions, read-only file system)."""
-    path = Path(path)
-    st = _stat(path, option)
-    if st is None:
-        return _probe_directory(path, option, "report")
-    if kind := _kind(st.st_mode):
-        raise ValueError(
-            f"{option} {path} is a {kind}, not a regular file: give a file path for the JSONL "
-            f"report, e.g. {option} report.jsonl"
-        )
-    _probe_file(path, option)
+    _check_path(Path(path), option, "report")
 
 
 def check_output_path(path: Path | str | None, option: str) -> None:
     """A file written once at the end (--csv, --json, --plot): refuse, before anything is measured, a
     directory or a missing or unwritable directory. '-' (stdout), FIFOs and character devices (/dev/stdout,
     a shell's >(...)) are written as given; they are not opened here."""
-    if path is None or str(path) == "-":
-        return
-    path = Path(path)
+    if path is not None and str(path) != "-":
+        _check_path(Path(path), option, "output")
+
+
+def _check_path(path: Path, option: str, what: str) -> None:
     st = _stat(path, option)
     if st is None:
-        return _probe_directory(path, option, "output")
+        return _probe_directory(path, option, what)
     kind = _kind(st.st_mode)
+    if kind and what == "report":
+        raise ValueError(
+            f"{option} {path} is a {kind}, not a regular file: give a file path for the JSONL "
+            f"report, e.g. {option} report.jsonl"
+        )
     if kind in ("directory", "block device", "socket", "special file"):
         raise ValueError(f"{option} {path} is a {kind}, not a file: give a file path")
     if kind is None:
