@@ -29,7 +29,7 @@ from ..workload.option import (
     Cli,
     literal_values,
 )
-from ..workload.parse import parse_seq_lens
+from ..workload.parse import check_number, parse_seq_lens
 
 __all__ = ["OPTIONS", "ORDER", "Cli", "check_ranks", "finite", "one_of", "typed"]
 
@@ -50,8 +50,6 @@ def finite(option: str, low: float, high: float, low_open: bool = False) -> Call
     the option and the range (click's own ranges let NaN through)."""
 
     def check(value: float | None) -> float | None:
-        from ..workload.parse import check_number
-
         return value if value is None else check_number(option, value, low, high, low_open=low_open)
 
     return check

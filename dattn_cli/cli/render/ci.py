@@ -21,12 +21,8 @@ if TYPE_CHECKING:
 
 def _check_name(r: CaseResult) -> str:
     parts = [r.case, r.semantics, "causal" if r.causal else "non-causal", r.backend, r.dtype]
-    return " ".join(
-        str(p)
-        for p in parts
-        + ([f"pattern {r.pattern}"] if r.pattern else [])
-        + ([f"p={r.world_size}"] if r.world_size > 1 else [])
-    )
+    parts += [f"pattern {r.pattern}"] * bool(r.pattern) + [f"p={r.world_size}"] * (r.world_size > 1)
+    return " ".join(map(str, parts))
 
 
 def _suite(parent: ET.Element, name: str, tests: int, failures: int, skipped: int = 0) -> ET.Element:
