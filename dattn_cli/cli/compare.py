@@ -66,6 +66,5 @@ def compare(
         from .render.ci import compare_markdown, emit_markdown
 
         emit_markdown(markdown, compare_markdown(report))
-    code = report.exit_code()
-    if code:
+    if code := report.exit_code():
         raise typer.Exit(code=code)

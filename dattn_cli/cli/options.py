@@ -99,6 +99,7 @@ FLAG, PATH, FILE = (
 )
 UNSET = dict(default=None, show_default=False)  # its help says what not giving it means
 UNSET_INT = dict(type=int, **UNSET)
+PCT = dict(type=float, metavar="PCT")  # a percentage
 OPTIONS: dict[str, Cli] = {
     # --- pattern ------------------------------------------------------------------------------------------
     "both": Cli("Causal and non-causal (the default).", PATTERN, ("verify",), **FLAG),
@@ -151,8 +152,7 @@ OPTIONS: dict[str, Cli] = {
         "Without --repeat: sample until the 95% CI of the median is within +-PCT of it, or --max-seconds.",
         MEASURE,
         ("bench",),
-        type=float,
-        metavar="PCT",
+        **PCT,
         check=finite("--precision", 0, 100),
         default=3.0,
     ),
@@ -210,8 +210,7 @@ OPTIONS: dict[str, Cli] = {
         "Exit 1 if a point is slower by more than PCT percent by dattn compare's test; 3 if too noisy to tell.",
         MEASURE,
         ("bench",),
-        type=float,
-        metavar="PCT",
+        **PCT,
         check=finite("--fail-on-regression", 0, 1e6),
         default=None,
     ),
