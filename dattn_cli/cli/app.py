@@ -35,16 +35,12 @@ def git_commit() -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
-def version_line() -> str:
-    import torch
-
-    commit = git_commit()
-    return f"dattn {__version__}" + (f" (git {commit})" if commit else "") + f", torch {torch.__version__}"
-
-
 def _version(value: bool) -> None:
     if value:
-        stdout.print(version_line())
+        import torch
+
+        commit = git_commit()
+        stdout.print(f"dattn {__version__}" + (f" (git {commit})" if commit else "") + f", torch {torch.__version__}")
         raise typer.Exit()
 
 

@@ -11,10 +11,11 @@ from typing import Any
 import typer
 
 from ..runtime.signals import Interrupted
+from ..workload.problem_options import DEFAULT_MODE
 from .attach import agreed_exit_code, joined
 from .bench_files import check_outputs, command_line, fail, gate, interrupted, show
 from .build import generated, model_values
-from .options import DEFAULT_MODE, check_ranks
+from .options import check_ranks
 from .render.bench import point_line
 from .render.common import machine_output, note, progress, set_quiet
 
@@ -37,9 +38,7 @@ def default_max_memory(device: str = "cpu") -> int:
     if device.startswith("cuda"):
         from ..runtime.gpustate import gpu_memory_bytes
 
-        index = int(device.split(":")[1]) if ":" in device else 0
-        total = gpu_memory_bytes(index)
-        if total:
+        if total := gpu_memory_bytes(int(device.split(":")[1]) if ":" in device else 0):
             return total
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

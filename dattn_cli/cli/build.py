@@ -33,8 +33,9 @@ def options_of(command: str, model: type = Problem) -> dict[str, tuple[str, Cli,
 
 
 def _place(key: str, form: Cli) -> tuple[int, int]:
-    """Where --help shows an option: its panel, then ORDER within it (options ORDER leaves out come last)."""
-    order = ORDER[form.panel]
+    """Where --help shows an option: its panel, then ORDER within it (options ORDER leaves out come last, as
+    declared: sorted() keeps their order)."""
+    order = ORDER.get(form.panel, ())
     return PANELS.index(form.panel), order.index(key) if key in order else len(order)
 
 

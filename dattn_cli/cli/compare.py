@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from .options import CsvOption, JsonOption, MarkdownOption, finite
-from .render.common import emit_csv, emit_json, machine_output
+from .render.common import emit_files, machine_output
 from .render.compare import show_report
 
 ReportsArgument = Annotated[
@@ -60,17 +60,11 @@ def compare(
     else:
         raise ValueError(f"give two reports (BASE.jsonl NEW.jsonl), or one with --a IMPL --b IMPL; got {len(reports)}")
     show_report(report, labels)
-    if json_out:
-        emit_json(
-            json_out,
-            report.model_dump(include={"points", "verdict", "warnings", "comparable", "threshold_pct", "alpha"}),
-        )
-    if csv_out:
-        emit_csv(csv_out, [p.model_dump() for p in report.points])
+    summary = report.model_dump(include={"points", "verdict", "warnings", "comparable", "threshold_pct", "alpha"})
+    emit_files(json_out, csv_out, summary, [p.model_dump() for p in report.points])
     if markdown:
         from .render.ci import compare_markdown, emit_markdown
 
         emit_markdown(markdown, compare_markdown(report))
-    code = report.exit_code()
-    if code:
+    if code := report.exit_code():
         raise typer.Exit(code=code)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .options import CsvOption, JsonOption
-from .render.common import emit_csv, emit_json, machine_output, stdout
+from .render.common import emit_files, machine_output, stdout
 from .render.env import env_table
 
 
@@ -14,7 +14,4 @@ def env(json_out: JsonOption = None, csv_out: CsvOption = None) -> None:
     machine_output(json_out, csv_out)
     info = collect_environment()
     stdout.print(env_table(info))
-    if json_out:
-        emit_json(json_out, info.model_dump())
-    if csv_out:
-        emit_csv(csv_out, [info.model_dump()])
+    emit_files(json_out, csv_out, info.model_dump(), [info.model_dump()])

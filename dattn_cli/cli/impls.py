@@ -6,6 +6,9 @@ from .options import JsonOption
 from .render.common import emit_json, stdout
 from .render.env import impls_table
 
+# the spec's own fields a record repeats as they are
+FLAGS = ("name", "kind", "strategy", "baseline", "block_sparse", "distributed", "single_device")
+
 
 def availability(spec) -> dict:
     """The devices `spec` can run on here, or why it runs nowhere here (the reason for its own devices, e.g.
@@ -23,13 +26,7 @@ def record(spec, kernels: dict[str, str] | None = None) -> dict:
     """The registry entry as JSON; `kernels`: what each backend's blocks run on here (block_kernels)."""
     kernels = kernels or {}
     return {
-        "name": spec.name,
-        "kind": spec.kind,
-        "strategy": spec.strategy,
-        "baseline": spec.baseline,
-        "block_sparse": spec.block_sparse,
-        "distributed": spec.distributed,
-        "single_device": spec.single_device,
+        **{key: getattr(spec, key) for key in FLAGS},
         "backends": list(spec.backends),
         "block_kernels": {b: kernels[b] for b in spec.backends if b in kernels},
         "devices": list(spec.devices),

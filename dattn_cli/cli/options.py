@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ..workload.option import (
+    ALL,
     BLOCK,
     DIST,
     FIELD,
@@ -22,17 +23,15 @@ from ..workload.option import (
     LAYER,
     MEASURE,
     OUTPUT,
-    PANELS,
     PATTERN,
     PLAN,
     SHAPE,
     Cli,
     literal_values,
 )
-from ..workload.parse import parse_seq_lens
-from ..workload.problem_options import DEFAULT_MODE
+from ..workload.parse import check_number, parse_seq_lens
 
-__all__ = ["DEFAULT_MODE", "OPTIONS", "ORDER", "Cli", "check_ranks", "finite", "one_of", "typed"]
+__all__ = ["OPTIONS", "ORDER", "Cli", "check_ranks", "finite", "one_of", "typed"]
 
 
 def one_of(option: str, choices: tuple[str, ...]) -> Callable[[str | None], str | None]:
@@ -51,8 +50,6 @@ def finite(option: str, low: float, high: float, low_open: bool = False) -> Call
     the option and the range (click's own ranges let NaN through)."""
 
     def check(value: float | None) -> float | None:
-        from ..workload.parse import check_number
-
         return value if value is None else check_number(option, value, low, high, low_open=low_open)
 
     return check
@@ -100,7 +97,9 @@ FLAG, PATH, FILE = (
     dict(type=Path, default=None),
     dict(type=str, metavar="FILE", default=None),
 )
-UNSET_INT = dict(type=int, default=None, show_default=False)  # its help says what not giving it means
+UNSET = dict(default=None, show_default=False)  # its help says what not giving it means
+UNSET_INT = dict(type=int, **UNSET)
+PCT = dict(type=float, metavar="PCT")  # a percentage
 OPTIONS: dict[str, Cli] = {
     # --- pattern ------------------------------------------------------------------------------------------
     "both": Cli("Causal and non-causal (the default).", PATTERN, ("verify",), **FLAG),
@@ -140,9 +139,7 @@ OPTIONS: dict[str, Cli] = {
         "Untimed calls before timing (bench's default: until the last 3 are within 10%).",
         MEASURE,
         ("bench", "profile"),
-        type=int,
-        default=None,
-        show_default=False,
+        **UNSET_INT,
         forms={"profile": dict(default=2)},
     ),
     "repeat": Cli(
@@ -155,8 +152,7 @@ OPTIONS: dict[str, Cli] = {
         "Without --repeat: sample until the 95% CI of the median is within +-PCT of it, or --max-seconds.",
         MEASURE,
         ("bench",),
-        type=float,
-        metavar="PCT",
+        **PCT,
         check=finite("--precision", 0, 100),
         default=3.0,
     ),
@@ -207,16 +203,14 @@ OPTIONS: dict[str, Cli] = {
         MEASURE,
         ("bench",),
         type=float,
-        default=None,
-        show_default=False,
+        **UNSET,
     ),
     "baseline": Cli("Earlier JSONL report to compare against.", MEASURE, ("bench",), **PATH),
     "fail_on_regression": Cli(
         "Exit 1 if a point is slower by more than PCT percent by dattn compare's test; 3 if too noisy to tell.",
         MEASURE,
         ("bench",),
-        type=float,
-        metavar="PCT",
+        **PCT,
         check=finite("--fail-on-regression", 0, 1e6),
         default=None,
     ),
@@ -253,16 +247,14 @@ OPTIONS: dict[str, Cli] = {
         ("verify", "bench"),
         names=("--attach/--spawn",),
         type=bool,
-        default=None,
-        show_default=False,
+        **UNSET,
     ),
     "master_addr": Cli(
         "Attach: the rendezvous host (default MASTER_ADDR, or srun's first node).",
         DIST,
         ("verify", "bench"),
         type=str,
-        default=None,
-        show_default=False,
+        **UNSET,
     ),
     "master_port": Cli(
         "Attach: the rendezvous port (default MASTER_PORT, else 29500).", DIST, ("verify", "bench"), **UNSET_INT
@@ -304,20 +296,10 @@ OPTIONS: dict[str, Cli] = {
     ),
     "save": Cli("With --calibrate: write the calibrated profile here.", OUTPUT, ("plan",), **PATH),
     "trace": Cli("Write a torch.profiler Chrome trace here.", OUTPUT, ("profile",), **PATH),
-    "json_out": Cli(
-        "Write the result as JSON to this file ('-' = stdout).",
-        OUTPUT,
-        ("verify", "bench", "profile", "plan"),
-        names=("--json",),
-        **FILE,
-    ),
-    "csv_out": Cli(
-        "Write all rows as CSV to this file ('-' = stdout).",
-        OUTPUT,
-        ("verify", "bench", "profile", "plan"),
-        names=("--csv",),
-        **FILE,
-    ),
+    **{
+        key: Cli(f"Write {what} to this file ('-' = stdout).", OUTPUT, ALL, names=(name,), **FILE)
+        for key, name, what in (("json_out", "--json", "the result as JSON"), ("csv_out", "--csv", "all rows as CSV"))
+    },
     "junit": Cli(
         "Write JUnit XML to this file ('-' = stdout): one test case per implementation x check.",
         OUTPUT,
@@ -354,29 +336,18 @@ OPTIONS: dict[str, Cli] = {
     ),
 }
 
-# --help's order within each panel (the panels in PANELS' order); an option not named here comes last in its panel
+# --help's order within each panel (the panels in PANELS' order): the options named here first, in this order;
+# then the others as they are declared (the Problem's fields, then OPTIONS)
 ORDER = {
-    IMPL: ("impl", "backend", "device"),
-    SHAPE: ("seq_len", "batch", "heads", "kv_heads", "head_dim", "documents", "dtype", "mode"),
-    PATTERN: ("segment_lengths", "dilation_rates", "semantics", "causal", "both"),
-    BLOCK: (
-        *("pattern", "block_size", "window", "window_left", "window_right", "density", "global_blocks", "levels"),
-        *("executor", "show_pattern"),
-    ),
-    LAYER: ("target", "embed_dim", "layers", "vocab_size", "checkpointing", "amp", "optimizer"),
+    IMPL: ("impl", "backend"),
+    SHAPE: ("seq_len", "batch", "heads", "kv_heads", "head_dim", "documents"),
+    BLOCK: ("pattern", "block_size", "window", "window_left", "window_right"),
     MEASURE: (
         *("full", "quick", "until_oom", "start", "iterations", "warmup", "repeat", "precision", "cache", "threads"),
-        *("processes", "interleave", "seed", "compiled", "max_memory", "max_seconds", "baseline"),
-        "fail_on_regression",
+        *("processes", "interleave", "seed", "compiled"),
     ),
-    DIST: ("world_size", "sequence_parallel", "zero", "dist_timeout", "attach", "master_addr", "master_port"),
-    PLAN: ("profile", "max_memory", "backend", "max_seq", "min_devices", "check", "calibrate", "fail_if_infeasible"),
-    OUTPUT: (
-        *("out", "resume", "save", "trace", "json_out", "csv_out", "junit", "plot", "plot_x", "markdown"),
-        *("details", "quiet"),
-    ),
+    PLAN: ("profile", "max_memory", "backend"),
 }
-assert set(ORDER) == set(PANELS)
 
 # the output options of the commands written by hand (compare, env, impls)
 JsonOption = typed("json_out", OPTIONS["json_out"])[0]

@@ -11,7 +11,7 @@ import typer
 
 from .build import generated, model_values
 from .options import check_ranks
-from .render.common import emit_csv, emit_json, machine_output, note, stdout
+from .render.common import emit_files, machine_output, note, stdout
 from .render.plan import check_table, plan_table
 
 DEFAULT_IMPL = {
@@ -48,20 +48,15 @@ def _calibrate(hw, report: Path, save: Path | None) -> None:
         note(f"{kernel}: {value:.3f} x the profile's efficiency curve")
 
 
-def _check_files(
-    check: Path | None, calibrate: Path | None, save: Path | None, json_out: str | None, csv_out: str | None
-) -> None:
+def _check_files(o: SimpleNamespace) -> None:
     """Before any work: no output over an input (--save over the --calibrate report), outputs writable."""
     from ..workload.reportfile import check_distinct, check_output_path
 
-    check_distinct(
-        {"--check": check, "--calibrate": calibrate, "--save": save, "--json": json_out, "--csv": csv_out},
-        inputs=("--check", "--calibrate"),
-    )
-    check_output_path(save, "--save")
-    check_output_path(json_out, "--json")
-    check_output_path(csv_out, "--csv")
-    if calibrate is not None and (json_out or csv_out):
+    outputs = {"--save": o.save, "--json": o.json_out, "--csv": o.csv_out}
+    check_distinct({"--check": o.check, "--calibrate": o.calibrate, **outputs}, inputs=("--check", "--calibrate"))
+    for option, path in outputs.items():
+        check_output_path(path, option)
+    if o.calibrate is not None and (o.json_out or o.csv_out):
         raise ValueError("--json and --csv write a plan or a --check; --calibrate writes its profile with --save")
 
 
@@ -71,10 +66,8 @@ def _check(hw, report: Path, json_out: str | None, csv_out: str | None) -> None:
     frame = check.check_rows(check.ok_rows(report), hw)
     stats = check.summary(frame)
     stdout.print(check_table(frame, hw.name, stats))
-    if json_out:
-        emit_json(json_out, {"profile": hw.name, "rows": frame.to_dict(orient="records"), "summary": stats})
-    if csv_out:
-        emit_csv(csv_out, frame.to_dict(orient="records"))
+    rows = frame.to_dict(orient="records")
+    emit_files(json_out, csv_out, {"profile": hw.name, "rows": rows, "summary": stats}, rows)
 
 
 def _solve(problem, hw, max_seq: bool, min_devices: bool, training=None):
@@ -117,10 +110,7 @@ def _solve(problem, hw, max_seq: bool, min_devices: bool, training=None):
 def _emit(result, solved: str | None, advice: str, room, json_out, csv_out) -> None:
     stdout.print(plan_table(result, solved, advice, room))
     record = {**result.model_dump(), "solved": solved, "chunk_advice": advice, "headroom": room.model_dump()}
-    if json_out:
-        emit_json(json_out, record)
-    if csv_out:
-        emit_csv(csv_out, [record])
+    emit_files(json_out, csv_out, record, [record])
 
 
 def _min_model_devices(solve, problem, hw, training):
@@ -196,7 +186,7 @@ def plan(**given: Any) -> None:
     """
     o = SimpleNamespace(**given)
     machine_output(o.json_out, o.csv_out)
-    _check_files(o.check, o.calibrate, o.save, o.json_out, o.csv_out)
+    _check_files(o)
     from ..plan import solve
 
     hw = _hardware(o.profile, o.max_memory)

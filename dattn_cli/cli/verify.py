@@ -70,6 +70,7 @@ def _note_slow_reference(cases: list, device: str) -> None:
 def _show(report, details: bool, own: bool, json_out, csv_out, junit, markdown) -> None:
     """The table, warnings and summary, and the files asked for."""
     from ..runtime.envinfo import collect_environment
+    from .render.ci import emit_markdown, junit_xml, verify_markdown
 
     stdout.print(verify_table(report, details))
     for line in verify_warnings(report, details, own):
@@ -80,12 +81,6 @@ def _show(report, details: bool, own: bool, json_out, csv_out, junit, markdown) 
         emit(json_out, report.model_dump_json(indent=1))
     if csv_out is not None:
         emit_csv(csv_out, [result.model_dump() for result in report.results])
-    _ci_outputs(report, junit, markdown)
-
-
-def _ci_outputs(report, junit: str | None, markdown: str | None) -> None:
-    from .render.ci import emit_markdown, junit_xml, verify_markdown
-
     if junit:
         emit(junit, junit_xml(report))
     if markdown:

@@ -94,21 +94,17 @@ def build_call(p: Problem, length: int | None = None, options: dict | None = Non
     module = build_module(p, device=device, dtype=dtype).to(device)
     fn = torch.compile(module) if p.compiled else module
     options = options or {}
-    if p.spec.kind == "multihead":
 
-        def run(q, k, v):
-            return fn(q, k, v, is_causal=p.causal, **options)[0]
-    else:
-
-        def run(q, k, v):
-            return fn(q, k, v, is_causal=p.causal, **options)
+    def run(q, k, v):
+        out = fn(q, k, v, is_causal=p.causal, **options)
+        return out[0] if p.spec.kind == "multihead" else out  # a multihead module returns (out, weights)
 
     return Call(module, lambda: make_inputs(p, length), run)
 
 
 def _autocast(p: Problem):
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(p.amp)
-    return torch.autocast(torch.device(p.device).type, dtype=amp) if amp else contextlib.nullcontext()
+    dtype = getattr(torch, p.compute_dtype)  # the amp dtype where p.amp is set
+    return torch.autocast(torch.device(p.device).type, dtype=dtype) if p.amp else contextlib.nullcontext()
 
 
 def _layer_options(p: Problem) -> dict:
@@ -133,14 +129,7 @@ def _layer_call(p: Problem) -> Call:
                 return torch.utils.checkpoint.checkpoint(block, x, p.causal, use_reentrant=False)
             return block(x, p.causal)
 
-    def inputs():
-        return (
-            torch.randn(
-                p.batch, p.seq_len, p.width, dtype=getattr(torch, p.dtype), device=p.device, requires_grad=train
-            ),
-        )
-
-    return Call(block, inputs, run)
+    return Call(block, lambda: make_inputs(p)[:1], run)  # x, once
 
 
 def _model_call(p: Problem) -> Call:

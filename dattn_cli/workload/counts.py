@@ -26,10 +26,6 @@ from .problem import ELEMENT_BYTES, Problem
 
 FWD_BWD_FACTOR = 3.5
 LINEAR_FWD_BWD_FACTOR = 3.0
-FLOP_CONVENTION = (
-    "fwd FLOPs = 4*D*P, P = attended (query, key) pairs summed over batch, heads and dilation pairs "
-    "(causal counted exactly); fwd+bwd = 3.5 x fwd"
-)
 
 
 def attended_pairs(p: Problem) -> int:

@@ -9,18 +9,8 @@ import re
 _SIZE_UNITS = {
     "": 1,
     "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "t": 10**12,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
+    **{prefix + unit: 1000**i for i, prefix in enumerate("kmgt", 1) for unit in ("", "b")},  # k, kb: 10**3 ...
+    **{prefix + "ib": 1024**i for i, prefix in enumerate("kmgt", 1)},  # kib: 2**10 ...
 }
 ECHO_LIMIT = 200  # characters of user input a message repeats
 MAX_SIZE_BYTES = 2**60  # 1 EiB: far above any memory, far below a float's overflow

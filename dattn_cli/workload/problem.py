@@ -58,6 +58,11 @@ SIZE_LIMITS = {
 MAX_PAIRS = 64  # (segment length, dilation) pairs of a pattern
 MAX_DOCUMENTS = 2**20  # packed documents of one sequence
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+# the fields a block pattern is made from (kernels/block_sparse/patterns.py: block_sparse_options)
+BLOCK_FIELDS = (
+    *("pattern", "segment_lengths", "dilation_rates", "semantics", "block_size", "window", "global_blocks"),
+    *("levels", "density", "window_left", "window_right"),
+)
 Target = Literal["attention", "layer", "model"]
 
 
@@ -295,19 +300,7 @@ class Problem(BaseModel):
         """Constructor keywords of this problem's block-sparse module (without the executor)."""
         from ..kernels.block_sparse.patterns import block_sparse_options
 
-        return block_sparse_options(
-            self.pattern,
-            self.segment_lengths,
-            self.dilation_rates,
-            self.semantics,
-            block_size=self.block_size,
-            window=self.window,
-            global_blocks=self.global_blocks,
-            levels=self.levels,
-            density=self.density,
-            window_left=self.window_left,
-            window_right=self.window_right,
-        )
+        return block_sparse_options(**{name: getattr(self, name) for name in BLOCK_FIELDS})
 
     def block_pattern(self):
         from ..kernels.block_sparse.patterns import BlockPattern

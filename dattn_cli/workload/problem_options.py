@@ -23,7 +23,6 @@ from .option import (
 )
 from .parse import parse_float_list, parse_int_list, parse_seq_len, parse_seq_lens
 
-Target = Literal["attention", "layer", "model"]
 DEFAULT_MODE = "fwdbwd"  # the command line's --mode (bench, plan, profile): what training needs; bench --quick: fwd
 IMPL_HELP = "Registered implementation or baseline (sdpa, math, flash, reference); 'dattn impls' lists them"
 PATTERN_NAMES = "local, dilated, global_local, hierarchical or longnet"
@@ -75,24 +74,9 @@ SEQ_LEN_OPTION = Cli(
     },
 )
 
-SEGMENT_LENGTHS_OPTION = Cli(
-    "Segment lengths, comma-separated.",
-    PATTERN,
-    ALL,
-    names=("--segments",),
-    type=str,
-    parse=parse_int_list,
-    forms=UNSET_IN_VERIFY,
-)
-
-DILATION_RATES_OPTION = Cli(
-    "Dilation rates, comma-separated.",
-    PATTERN,
-    ALL,
-    names=("--dilations",),
-    type=str,
-    parse=parse_int_list,
-    forms=UNSET_IN_VERIFY,
+SEGMENT_LENGTHS_OPTION, DILATION_RATES_OPTION = (
+    Cli(f"{what}, comma-separated.", PATTERN, ALL, names=(name,), type=str, parse=parse_int_list, forms=UNSET_IN_VERIFY)
+    for what, name in (("Segment lengths", "--segments"), ("Dilation rates", "--dilations"))
 )
 
 SEMANTICS_OPTION = Cli(

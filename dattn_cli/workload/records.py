@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
-from .problem import Problem
+from .problem import Problem, Target
 from .reportfile import read_records
 
 KEY_FIELDS = (
@@ -41,19 +41,11 @@ KEY_FIELDS = (
     "kv_heads",
     "documents",
 )
+PROBLEM_NAMES = {"segments": "segment_lengths", "dilations": "dilation_rates"}  # a row's names for Problem fields
+LAYER_FIELDS = ("embed_dim", "layers", "checkpointing", "amp", "vocab_size")  # set in layer and model rows only
 # The measurement settings that change what a point measures: a resumed point must have been measured with the
 # same ones (the problem is in KEY_FIELDS; the regression gate compares problems whatever their settings).
-SETTINGS = {
-    "repeat": "--repeat",
-    "warmup": "--warmup",
-    "precision": "--precision",
-    "cache": "--cache",
-    "max_memory": "--max-memory",
-    "max_seconds": "--max-seconds",
-    "seed": "--seed",
-    "threads": "--threads",
-    "processes": "--processes",
-}
+SETTINGS = ("repeat", "warmup", "precision", "cache", "max_memory", "max_seconds", "seed", "threads", "processes")
 
 
 class BenchRow(BaseModel):
@@ -75,7 +67,7 @@ class BenchRow(BaseModel):
     pattern: str | None = None  # block-sparse implementations: the block pattern, e.g. local(window 13, block 128)
     block_density: float | None = None  # active blocks / all blocks
     element_density: float | None = None  # attended (query, key) pairs / N^2 (what the work scales with)
-    target: Literal["attention", "layer", "model"] = "attention"
+    target: Target = "attention"
     embed_dim: int | None = None  # layer/model rows: width, depth (1 for a layer), options, parameters
     layers: int | None = None
     vocab_size: int | None = None  # model rows
@@ -159,14 +151,11 @@ POSITIVE_SIZES = ("batch", "heads", "head_dim", "seq_len", "world_size")
 def implausible(row: BenchRow) -> str | None:
     """Why a row read from a file cannot be a measurement (a time of 0, negative or NaN ms; a size of 0...);
     None when it can."""
-    for name in POSITIVE_TIMES:
-        value = getattr(row, name)
-        if value is not None and not (math.isfinite(value) and value > 0):
-            return f"{name} must be a positive, finite number of milliseconds, got {value!r}"
-    for name in NON_NEGATIVE:
-        value = getattr(row, name)
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            return f"{name} must be a finite number >= 0, got {value!r}"
+    for name in (*POSITIVE_TIMES, *NON_NEGATIVE):
+        value, time = getattr(row, name), name in POSITIVE_TIMES
+        if value is not None and not (math.isfinite(value) and (value > 0 if time else value >= 0)):
+            what = "a positive, finite number of milliseconds" if time else "a finite number >= 0"
+            return f"{name} must be {what}, got {value!r}"
     for name in POSITIVE_SIZES:
         if getattr(row, name) < 1:
             return f"{name} must be >= 1, got {getattr(row, name)}"
@@ -229,8 +218,8 @@ def recorded_setting(path: Path, name: str) -> object | None:
 def settings_mismatch(row: BenchRow, settings: dict) -> str | None:
     """The first measurement setting row was measured with that differs from `settings` ('--repeat 1, this
     run --repeat 3'); None when all that are known agree."""
-    for name, option in SETTINGS.items():
-        then, now = getattr(row, name), settings.get(name)
+    for name in SETTINGS:
+        then, now, option = getattr(row, name), settings.get(name), "--" + name.replace("_", "-")
         if then is not None and now is not None and then != now:
             return f"{option} {then}, this run {option} {now}"
     return None
@@ -244,44 +233,12 @@ def rows_frame(rows: Iterable[BenchRow]):
 
 def row_fields(p: Problem) -> dict:
     """The row fields that describe problem `p` (besides the measurement)."""
-    layer = {
-        "target": "attention",
-        "embed_dim": None,
-        "layers": None,
-        "checkpointing": False,
-        "amp": None,
-        "vocab_size": None,
-    }
-    if p.target != "attention":
-        model = p.target == "model"
-        layer = {
-            "target": p.target,
-            "embed_dim": p.width,
-            "layers": p.layers,
-            "checkpointing": p.checkpointing,
-            "amp": p.amp,
-            "vocab_size": p.vocab_size if model else None,
-        }
-    return {
-        **layer,
-        "impl": p.impl,
-        "seq_len": p.seq_len,
-        "mode": p.mode,
-        "batch": p.batch,
-        "heads": p.heads,
-        "kv_heads": p.kv_heads,
-        "head_dim": p.head_dim,
-        "segments": list(p.segment_lengths),
-        "dilations": list(p.dilation_rates),
-        "semantics": p.semantics,
-        "causal": p.causal,
-        "dtype": p.dtype,
-        "device": p.device,
-        "world_size": p.world_size,
-        "compiled": p.compiled,
-        "documents": p.documents,
-        **pattern_fields(p),
-    }
+    fields = {name: getattr(p, PROBLEM_NAMES.get(name, name)) for name in KEY_FIELDS if name != "pattern"}
+    if p.target == "attention":
+        fields.update(embed_dim=None, layers=None, vocab_size=None)
+    else:
+        fields.update(embed_dim=p.width, vocab_size=p.vocab_size if p.target == "model" else None)
+    return {**fields, **pattern_fields(p)}
 
 
 def pattern_fields(p: Problem, densities: bool = True) -> dict:
@@ -302,25 +259,11 @@ def pattern_fields(p: Problem, densities: bool = True) -> dict:
 
 def row_problem(row: BenchRow) -> Problem:
     """The Problem a (non-block-sparse) row measured: what plan --check predicts for it."""
-    fields = dict(
-        impl=row.impl,
-        seq_len=row.seq_len,
-        batch=row.batch,
-        heads=row.heads,
-        kv_heads=row.kv_heads,
-        head_dim=row.head_dim,
-        segment_lengths=row.segments,
-        dilation_rates=row.dilations,
-        semantics=row.semantics,
-        causal=row.causal,
-        dtype=row.dtype,
-        device=row.device,
-        mode=row.mode,
-        world_size=row.world_size,
-        target=row.target,
-        compiled=row.compiled,
-        documents=row.documents,
-    )
+    fields = {
+        PROBLEM_NAMES.get(name, name): getattr(row, name)
+        for name in KEY_FIELDS
+        if name not in ("pattern", *LAYER_FIELDS)
+    }
     if row.target != "attention":
         fields.update(
             embed_dim=row.embed_dim or row.heads * row.head_dim,

@@ -16,6 +16,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from .parse import clip
+
 NOT_A_FILE = {
     stat.S_IFDIR: "directory",
     stat.S_IFIFO: "FIFO (named pipe)",
@@ -87,29 +89,27 @@ def check_report_path(path: Path | str, option: str = "--out") -> None:
     """Refuse, before anything is measured, a report path that cannot take appended rows: a directory, a
     FIFO, a device or socket (never opened: a FIFO would block, /dev/full never ends), a parent that is a
     file, a directory or file this process cannot write (permissions, read-only file system)."""
-    path = Path(path)
-    st = _stat(path, option)
-    if st is None:
-        return _probe_directory(path, option, "report")
-    if kind := _kind(st.st_mode):
-        raise ValueError(
-            f"{option} {path} is a {kind}, not a regular file: give a file path for the JSONL "
-            f"report, e.g. {option} report.jsonl"
-        )
-    _probe_file(path, option)
+    _check_path(Path(path), option, "report")
 
 
 def check_output_path(path: Path | str | None, option: str) -> None:
     """A file written once at the end (--csv, --json, --plot): refuse, before anything is measured, a
     directory or a missing or unwritable directory. '-' (stdout), FIFOs and character devices (/dev/stdout,
     a shell's >(...)) are written as given; they are not opened here."""
-    if path is None or str(path) == "-":
-        return
-    path = Path(path)
+    if path is not None and str(path) != "-":
+        _check_path(Path(path), option, "output")
+
+
+def _check_path(path: Path, option: str, what: str) -> None:
     st = _stat(path, option)
     if st is None:
-        return _probe_directory(path, option, "output")
+        return _probe_directory(path, option, what)
     kind = _kind(st.st_mode)
+    if kind and what == "report":
+        raise ValueError(
+            f"{option} {path} is a {kind}, not a regular file: give a file path for the JSONL "
+            f"report, e.g. {option} report.jsonl"
+        )
     if kind in ("directory", "block device", "socket", "special file"):
         raise ValueError(f"{option} {path} is a {kind}, not a file: give a file path")
     if kind is None:
@@ -253,11 +253,6 @@ def _last_line_start(fd: int, size: int) -> int:
     return 0
 
 
-def _shorten(raw: bytes, limit: int = 80) -> str:
-    text = raw.decode("utf-8", "replace")
-    return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
 def read_records(path: Path | str) -> list[tuple[int, dict]]:
     """(line number, object) for every line of a JSONL report; blank lines skipped, and a last line cut off
     by an interrupted write (no newline, not JSON) skipped. Any other line that is not one JSON object is a
@@ -285,7 +280,8 @@ def read_records(path: Path | str) -> list[tuple[int, dict]]:
             if torn:
                 continue  # the line a killed writer left half-written
             raise ValueError(
-                f"{path}:{number}: not valid JSON ({exc}): {_shorten(raw)}; remove or repair that line"
+                f"{path}:{number}: not valid JSON ({exc}): {clip(raw.decode('utf-8', 'replace'), 80)!r}; "
+                "remove or repair that line"
             ) from None
         if not isinstance(value, dict):
             raise ValueError(

@@ -92,3 +92,17 @@ def test_help_shows_each_command_its_own_defaults(command):
     assert defaults["seq_lens" if command == "bench" else "seq_len"] == expected[command]
     if command != "verify":  # verify: an unset shape option means the case matrix
         assert defaults["segment_lengths"] == "2048,4096,8192" and defaults["heads"] == 8
+
+
+def test_help_lists_order_first_then_the_rest_as_declared():
+    """ORDER names only the options --help shows out of declaration order; the rest keep it."""
+    plan = [p.name for p in parameters("plan")]
+    in_plan_panel = ["profile", "max_memory", "backend", "max_seq", "min_devices", "check", "calibrate"]
+    assert [name for name in plan if name in in_plan_panel + ["fail_if_infeasible"]] == [
+        *in_plan_panel,
+        "fail_if_infeasible",
+    ]
+    bench = [p.name for p in parameters("bench")]
+    assert bench.index("seed") < bench.index("compiled") < bench.index("max_memory") < bench.index("baseline")
+    assert bench[-2:] == ["markdown", "quiet"]  # the output panel, as OPTIONS declares it
+    assert [p.name for p in parameters("verify")][:3] == ["impl", "backend", "device"]

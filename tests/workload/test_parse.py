@@ -19,3 +19,8 @@ def test_parse_size():
     for bad in ("lots", "2 parsecs", "-1GiB"):
         with pytest.raises(ValueError, match="--max-memory"):
             parse_size(bad)
+
+
+def test_size_units_decimal_and_binary():
+    for unit, scale in (("k", 10**3), ("kb", 10**3), ("tb", 10**12), ("kib", 2**10), ("tib", 2**40), ("b", 1)):
+        assert parse_size(f"3{unit.upper()}") == 3 * scale

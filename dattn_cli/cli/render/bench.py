@@ -142,9 +142,7 @@ class BenchTable:
         yield from (Text(line) for line in lines)
 
 
-def bench_table(result: SweepResult) -> BenchTable:
-    """The sweep's table, its legend, each line's sentence and the footnotes (BenchTable)."""
-    return BenchTable(result)
+bench_table = BenchTable  # the sweep's table, its legend, each line's sentence and the footnotes
 
 
 def scaling_lines(result: SweepResult) -> list[str]:
@@ -153,10 +151,9 @@ def scaling_lines(result: SweepResult) -> list[str]:
         f"{s.impl} {s.pattern}" if s.pattern else s.impl: {"time": s.time_exponent, "memory": s.memory_exponent}
         for s in result.summaries
     }
-    lines = exponent_lines(fits)
-    return (
-        ["scaling, least-squares fit over the lengths that ran ok:", *[f"  {line}" for line in lines]] if lines else []
-    )
+    parts = {name: [f"{q} ~ N^{v:.2f}" for q, v in fit.items() if v is not None] for name, fit in fits.items()}
+    lines = [f"  {name}: " + ", ".join(found) for name, found in parts.items() if found]
+    return ["scaling, least-squares fit over the lengths that ran ok:", *lines] if lines else []
 
 
 def point_line(row) -> str:
@@ -170,13 +167,3 @@ def point_line(row) -> str:
 
 def _ms(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
-
-
-def exponent_lines(exponents: dict[str, dict[str, float | None]]) -> list[str]:
-    """'impl: time ~ N^1.02, memory ~ N^1.00' per implementation with a fit."""
-    lines = []
-    for name, fits in exponents.items():
-        parts = [f"{q} ~ N^{v:.2f}" for q, v in fits.items() if v is not None]
-        if parts:
-            lines.append(f"{name}: " + ", ".join(parts))
-    return lines

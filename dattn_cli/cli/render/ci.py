@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .common import emit
 from .compare import ms, point_cells
+from .verify import worst
 
 if TYPE_CHECKING:
     from ...compare import CompareReport
@@ -20,12 +21,13 @@ if TYPE_CHECKING:
 
 def _check_name(r: CaseResult) -> str:
     parts = [r.case, r.semantics, "causal" if r.causal else "non-causal", r.backend, r.dtype]
-    return " ".join(
-        str(p)
-        for p in parts
-        + ([f"pattern {r.pattern}"] if r.pattern else [])
-        + ([f"p={r.world_size}"] if r.world_size > 1 else [])
-    )
+    parts += [f"pattern {r.pattern}"] * bool(r.pattern) + [f"p={r.world_size}"] * (r.world_size > 1)
+    return " ".join(map(str, parts))
+
+
+def _suite(parent: ET.Element, name: str, tests: int, failures: int, skipped: int = 0) -> ET.Element:
+    counts = dict(tests=str(tests), failures=str(failures), skipped=str(skipped))
+    return ET.SubElement(parent, "testsuite", name=name, **counts)
 
 
 def junit_xml(report: VerifyReport) -> str:
@@ -37,14 +39,7 @@ def junit_xml(report: VerifyReport) -> str:
     for r in report.results:
         by_impl.setdefault(r.impl, []).append(r)
     for impl, results in by_impl.items():
-        suite = ET.SubElement(
-            suites,
-            "testsuite",
-            name=impl,
-            tests=str(len(results)),
-            failures=str(sum(not r.passed for r in results)),
-            skipped="0",
-        )
+        suite = _suite(suites, impl, len(results), sum(not r.passed for r in results))
         for r in results:
             case = ET.SubElement(suite, "testcase", classname=f"dattn.verify.{impl}", name=_check_name(r))
             errors = "; ".join(
@@ -57,14 +52,7 @@ def junit_xml(report: VerifyReport) -> str:
             else:
                 ET.SubElement(case, "system-out").text = errors
     if report.skipped:
-        skipped = ET.SubElement(
-            suites,
-            "testsuite",
-            name="skipped",
-            tests=str(len(report.skipped)),
-            failures="0",
-            skipped=str(len(report.skipped)),
-        )
+        skipped = _suite(suites, "skipped", len(report.skipped), 0, len(report.skipped))
         for reason in report.skipped:
             ET.SubElement(
                 ET.SubElement(skipped, "testcase", classname="dattn.verify", name=reason[:200]),
@@ -106,22 +94,14 @@ def bench_markdown(rows: list[BenchRow]) -> str:
 
 
 def verify_markdown(report: VerifyReport) -> str:
-    def worst(r, grads: bool) -> str:
-        """The worst error and, after the slash, the naive same-dtype computation's worst."""
-        chosen = [e for k, e in r.errors.items() if (k.startswith("d") if grads else k == "out")]
-        if not chosen:
-            return "-"
-        naive = [e.naive for e in chosen if e.naive is not None]
-        return f"{max(e.rel for e in chosen):.1e}" + (f" / {max(naive):.1e}" if naive else "")
-
     table = markdown_table(
         ["impl", "check", "out / naive", "grads / naive", "status"],
         (
             [
                 r.impl,
                 _check_name(r),
-                worst(r, False),
-                worst(r, True),
+                worst([r], "out"),
+                worst([r], "grads"),
                 "ok" if r.passed else f"FAIL {r.message or ''}".strip(),
             ]
             for r in report.results

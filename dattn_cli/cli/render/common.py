@@ -43,8 +43,7 @@ class _Tables:
         self.quiet = False
 
     def console(self) -> Console:
-        stream = tolerant(sys.stderr if self.to_stderr else sys.stdout)
-        return Console(file=stream, width=None if stream.isatty() else WIDTH)
+        return _console(sys.stderr if self.to_stderr else sys.stdout)
 
     def print(self, *objects: Any, **options: Any) -> None:
         self.console().print(*objects, **options)
@@ -67,8 +66,12 @@ def set_quiet(quiet: bool) -> None:
     stdout.quiet = quiet
 
 
+def _console(stream: Any) -> Console:
+    return Console(file=tolerant(stream), width=None if stream.isatty() else WIDTH)
+
+
 def stderr_console() -> Console:
-    return Console(file=tolerant(sys.stderr), width=None if sys.stderr.isatty() else WIDTH)
+    return _console(sys.stderr)
 
 
 def note(text: str, style: str | None = None) -> None:
@@ -107,9 +110,6 @@ class LineProgress:
             total = f"/{int(state['total'])}" if state["total"] else ""
             print(f"[{int(state['completed'])}{total}] {state['description']}", file=sys.stderr, flush=True)
 
-    def advance(self, task: int, advance: float = 1) -> None:
-        self.update(task, advance=advance)
-
 
 def progress(quiet: bool | None = None) -> Progress | LineProgress:
     """A rich bar when stderr is a terminal; else one line per step; silent with --quiet."""
@@ -145,6 +145,14 @@ def emit_json(target: str, payload: object) -> None:
     emit(target, json.dumps(payload, indent=1, default=str))
 
 
+def emit_files(json_out: str | None, csv_out: str | None, payload: object, records: list[dict]) -> None:
+    """`payload` to --json and `records` to --csv, each where it was asked for."""
+    if json_out:
+        emit_json(json_out, payload)
+    if csv_out:
+        emit_csv(csv_out, records)
+
+
 def emit_csv(target: str, records: list[dict]) -> None:
     """One CSV line per record; nested fields become dotted columns (errors.out.rel), lists stay one cell."""
     import pandas as pd
@@ -152,19 +160,12 @@ def emit_csv(target: str, records: list[dict]) -> None:
     emit(target, pd.json_normalize(records).to_csv(index=False))
 
 
-def fmt_error(x: float) -> str:
-    return "inf" if x == float("inf") else f"{x:.1e}"
-
-
 def size(nbytes: int | None) -> str:
     """Bytes in the largest binary unit; "-" for none, "n/a" for a value that is not a size (NaN, infinite,
     negative), so such a figure never reaches a table as a number."""
     if nbytes is None:
         return "-"
-    try:
-        if not math.isfinite(float(nbytes)) or nbytes < 0:
-            return "n/a"
-    except (OverflowError, TypeError, ValueError):
+    if not _finite(nbytes) or nbytes < 0:
         return "n/a"
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= scale:
@@ -173,12 +174,15 @@ def size(nbytes: int | None) -> str:
 
 
 def num(value: float | None) -> str:
-    if value is None:
-        return "-"
+    return "-" if value is None else f"{value:g}" if _finite(value) else "n/a"
+
+
+def _finite(value: object) -> bool:
+    """A finite number (NaN, infinities, text and what is not a number are not)."""
     try:
-        return f"{value:g}" if math.isfinite(float(value)) else "n/a"
+        return not isinstance(value, str) and math.isfinite(float(value))
     except (OverflowError, TypeError, ValueError):
-        return "n/a"
+        return False
 
 
 def heads_label(heads: int, kv_heads: int | None) -> str:

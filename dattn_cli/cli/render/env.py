@@ -31,13 +31,10 @@ def env_table(info: EnvironmentInfo) -> Table:
         ("nvidia driver", info.nvidia_driver or "-"),
         ("nvml", info.nvml_status),
     ]
-    for d in info.nvidia_devices:
-        rows.append(
-            (
-                f"gpu {d.index}",
-                f"{d.name}, {d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_used_bytes / 2**30:.1f} used)",
-            )
-        )
+    rows += [
+        (f"gpu {d.index}", f"{d.name}, {d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_used_bytes / 2**30:.1f} used)")
+        for d in info.nvidia_devices
+    ]
     rows.append(("backends", ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in info.backends.items())))
     rows.extend(block_kernel_rows(info))
     for k, v in rows:  # what the machine reports (CPU and GPU names) is text, not markup

@@ -112,19 +112,15 @@ def headroom_text(result: Plan, room: Headroom) -> str:
     free = f"{size(room.free_bytes)} free" if room.free_bytes >= 0 else f"over by {size(-room.free_bytes)}"
     if s.documents is not None:
         return f"{free}; packed documents fix N and batch 1"
-    if room.largest_seq_len is None:
-        seq = f"no N fits at batch {s.batch}"
-    else:
-        seq = f"largest N at batch {s.batch}: {room.largest_seq_len:,}" + (
-            " (the search cap)" if room.seq_len_capped else ""
-        )
-    if room.largest_batch is None:
-        batch = f"no batch fits at N={s.seq_len:,}"
-    else:
-        batch = f"largest batch at N={s.seq_len:,}: {room.largest_batch:,}" + (
-            " (the cap)" if room.batch_capped else ""
-        )
+    seq = _largest("N", f"batch {s.batch}", room.largest_seq_len, "the search cap" if room.seq_len_capped else "")
+    batch = _largest("batch", f"N={s.seq_len:,}", room.largest_batch, "the cap" if room.batch_capped else "")
     return f"{free}; {seq}; {batch}"
+
+
+def _largest(what: str, at: str, value: int | None, cap: str) -> str:
+    if value is None:
+        return f"no {what} fits at {at}"
+    return f"largest {what} at {at}: {value:,}" + (f" ({cap})" if cap else "")
 
 
 def _pct(v) -> str:

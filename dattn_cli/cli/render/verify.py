@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from .common import fmt_error, heads_label, literal
+from .common import heads_label, literal
 
 if TYPE_CHECKING:
     from ...verify import CaseResult, VerifyReport
@@ -26,13 +26,10 @@ def verify_table(report: VerifyReport, details: bool = False) -> Table:
         title=f"dattn verify ({dtypes}): worst relative error vs the float64 reference / the naive {dtypes} "
         "computation's"
     )
-    for col in ("impl", "pattern", "checks", "out", "lse", "grads", "status"):
-        if col == "impl":
-            table.add_column(col, overflow="fold")
-        else:
-            table.add_column(
-                col, justify="left" if col in ("status", "pattern") else "right", no_wrap=True, min_width=len(col)
-            )
+    table.add_column("impl", overflow="fold")
+    for col in ("pattern", "checks", "out", "lse", "grads", "status"):
+        justify = "left" if col in ("status", "pattern") else "right"
+        table.add_column(col, justify=justify, no_wrap=True, min_width=len(col))
     for impl, world, pattern in dict.fromkeys((r.impl, r.world_size, r.pattern) for r in report.results):
         rows = [r for r in report.results if (r.impl, r.world_size, r.pattern) == (impl, world, pattern)]
         bad = sum(not r.passed for r in rows)
@@ -40,22 +37,20 @@ def verify_table(report: VerifyReport, details: bool = False) -> Table:
             _label(impl, world),
             literal(pattern or "-"),
             str(len(rows)),
-            *(_pair([e for r in rows for k, e in r.errors.items() if _in(k, q)]) for q in ("out", "lse", "grads")),
+            *(worst(rows, group) for group in ("out", "lse", "grads")),
             "[green]ok[/]" if not bad else f"[red]{bad} failed[/]",
         )
     return table
 
 
-def _in(quantity: str, group: str) -> bool:
-    return quantity == group or (group == "grads" and quantity.startswith("d"))
-
-
-def _pair(errors: list) -> str:
-    """The worst relative error of `errors` / the naive same-dtype computation's worst ("-": none)."""
+def worst(results: list, group: str) -> str:
+    """The worst relative error of `group` (out, lse, or grads: every d*) over `results`, and after a slash the
+    naive same-dtype computation's worst ("-": none)."""
+    errors = [e for r in results for k, e in r.errors.items() if k == group or (group == "grads" and k.startswith("d"))]
     if not errors:
         return "-"
     naive = [e.naive for e in errors if e.naive is not None]
-    return fmt_error(max(e.rel for e in errors)) + (f" / {fmt_error(max(naive))}" if naive else "")
+    return f"{max(e.rel for e in errors):.1e}" + (f" / {max(naive):.1e}" if naive else "")
 
 
 def _verify_cases(report: VerifyReport, details: bool) -> Table:
@@ -64,7 +59,6 @@ def _verify_cases(report: VerifyReport, details: bool) -> Table:
     for col in ("impl", "pattern", "case", "sem", "causal", "backend", "dtype", "out", "lse", "grads", "status"):
         table.add_column(col, justify="right" if col in ("out", "lse", "grads") else "left", overflow="fold")
     for r in report.results if details else report.failures:
-        grads = [e for k, e in r.errors.items() if k.startswith("d")]
         status = "[green]ok[/]" if r.passed else f"[red]FAIL[/] {literal(r.message or '')}".strip()
         table.add_row(
             _label(r.impl, r.world_size),
@@ -74,9 +68,7 @@ def _verify_cases(report: VerifyReport, details: bool) -> Table:
             "yes" if r.causal else "no",
             literal(r.backend),
             r.dtype,
-            _pair([r.errors["out"]] if "out" in r.errors else []),
-            _pair([r.errors["lse"]] if "lse" in r.errors else []),
-            _pair(grads),
+            *(worst([r], group) for group in ("out", "lse", "grads")),
             status,
         )
     return table
@@ -111,10 +103,7 @@ def verify_warnings(report: VerifyReport, details: bool = False, own: bool = Fal
 
 
 def _uncovered(report: VerifyReport) -> list[str]:
-    seen: dict[tuple[str, str, str | None], float] = {}
-    for r in report.results:
-        if r.uncovered_fraction > 0:
-            seen[(r.case, r.semantics, r.pattern)] = r.uncovered_fraction
+    seen = {(r.case, r.semantics, r.pattern): r.uncovered_fraction for r in report.results if r.uncovered_fraction > 0}
     return [
         f"warning: case '{c}' ({s}{', pattern ' + p if p else ''}): {f:.0%} of (position, head) rows are kept "
         "by no pair and output 0 (docs/semantics.md)"
@@ -135,22 +124,10 @@ def verify_summary(report: VerifyReport, own: bool = False) -> str:
 def _configuration(report: VerifyReport) -> str:
     """The user's configuration as checked: shape and pattern, semantics, causal."""
     shapes = dict.fromkeys(
-        (
-            r.batch,
-            r.seq_len,
-            heads_label(r.heads, r.kv_heads),
-            r.head_dim,
-            tuple(r.segment_lengths),
-            tuple(r.dilation_rates),
-        )
+        f"B={r.batch} N={r.seq_len:,} {heads_label(r.heads, r.kv_heads)} D={r.head_dim}, segments "
+        f"{','.join(map(str, r.segment_lengths))}, dilations {','.join(map(str, r.dilation_rates))}"
         for r in report.results
     )
     semantics = " and ".join(dict.fromkeys(r.semantics for r in report.results))
     causal = " and ".join(dict.fromkeys("causal" if r.causal else "non-causal" for r in report.results))
-    return (
-        "; ".join(
-            f"B={b} N={n:,} {h} D={d}, segments {','.join(map(str, w))}, dilations {','.join(map(str, r))}"
-            for b, n, h, d, w, r in shapes
-        )
-        + f", {semantics}, {causal}"
-    )
+    return "; ".join(shapes) + f", {semantics}, {causal}"
