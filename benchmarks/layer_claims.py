@@ -32,8 +32,7 @@ from pathlib import Path
 from _reports import Report, add_deprecated_alias, add_resume_option, report_path, script_command
 
 from dattn_cli.bench import Sweep
-from dattn_cli.plan import predicted_peak_bytes
-from dattn_cli.plan import solve as planner
+from dattn_cli.plan import predicted_peak_bytes, solve as planner
 from dattn_cli.plan.profiles import load_profile
 from dattn_cli.workload import Problem, parse_seq_lens, parse_size
 from dattn_cli.workload.records import read_rows, row_problem

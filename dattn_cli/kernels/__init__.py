@@ -5,69 +5,48 @@ sequence/head-parallel forms in kernels/distributed/, block-sparse patterns and 
 kernels/block_sparse/; every one of them is described by one ImplSpec in registry.py."""
 
 from . import entries  # noqa: F401  (dattn's register() calls: the registry complete on import)
-from .block_sparse.attention import BlockSparseRingDilatedAttention
-from .block_sparse.patterns import PATTERNS, BlockPattern
-from .cache import PatternCache, get_global_pattern_cache, reset_global_pattern_cache
-from .dilated import DilatedAttention, ImprovedDilatedAttention
-from .distributed.allgather import DistributedImprovedDilatedAttention
-from .distributed.head_parallel import HeadParallelDilatedAttention
-from .distributed.ring import RingDilatedAttention
-from .distributed.sharding import gather_sequence, padded_length, shard_sequence
-from .merge import merge_partial_, merge_partials
+from .block_sparse.attention import BlockSparseRingDilatedAttention as BlockSparseRingDilatedAttention
+from .block_sparse.patterns import PATTERNS as PATTERNS, BlockPattern as BlockPattern
+from .cache import (
+    PatternCache as PatternCache,
+    get_global_pattern_cache as get_global_pattern_cache,
+    reset_global_pattern_cache as reset_global_pattern_cache,
+)
+from .dilated import DilatedAttention as DilatedAttention, ImprovedDilatedAttention as ImprovedDilatedAttention
+from .distributed.allgather import DistributedImprovedDilatedAttention as DistributedImprovedDilatedAttention
+from .distributed.head_parallel import HeadParallelDilatedAttention as HeadParallelDilatedAttention
+from .distributed.ring import RingDilatedAttention as RingDilatedAttention
+from .distributed.sharding import (
+    gather_sequence as gather_sequence,
+    padded_length as padded_length,
+    shard_sequence as shard_sequence,
+)
+from .merge import merge_partial_ as merge_partial_, merge_partials as merge_partials
 from .multihead import (
-    BlockSparseRingMultiheadDilatedAttention,
-    DistributedImprovedMultiheadDilatedAttention,
-    HeadParallelMultiheadDilatedAttention,
-    ImprovedMultiheadDilatedAttention,
-    MultiheadDilatedAttention,
-    RingMultiheadDilatedAttention,
+    BlockSparseRingMultiheadDilatedAttention as BlockSparseRingMultiheadDilatedAttention,
+    DistributedImprovedMultiheadDilatedAttention as DistributedImprovedMultiheadDilatedAttention,
+    HeadParallelMultiheadDilatedAttention as HeadParallelMultiheadDilatedAttention,
+    ImprovedMultiheadDilatedAttention as ImprovedMultiheadDilatedAttention,
+    MultiheadDilatedAttention as MultiheadDilatedAttention,
+    RingMultiheadDilatedAttention as RingMultiheadDilatedAttention,
 )
-from .pool import MemoryPool, get_global_memory_pool, reset_global_memory_pool
-from .reference import block_sparse_reference, dilated_attention_reference
+from .pool import (
+    MemoryPool as MemoryPool,
+    get_global_memory_pool as get_global_memory_pool,
+    reset_global_memory_pool as reset_global_memory_pool,
+)
+from .reference import (
+    block_sparse_reference as block_sparse_reference,
+    dilated_attention_reference as dilated_attention_reference,
+)
 from .registry import (
-    REGISTRY,
-    ImplSpec,
-    create_dilated_attention,
-    create_multihead_dilated_attention,
-    get_implementation,
+    REGISTRY as REGISTRY,
+    ImplSpec as ImplSpec,
+    create_dilated_attention as create_dilated_attention,
+    create_multihead_dilated_attention as create_multihead_dilated_attention,
+    get_implementation as get_implementation,
     load_plugins,
-    register,
+    register as register,
 )
-
-__all__ = [
-    "DilatedAttention",
-    "ImprovedDilatedAttention",
-    "HeadParallelDilatedAttention",
-    "RingDilatedAttention",
-    "RingMultiheadDilatedAttention",
-    "DistributedImprovedDilatedAttention",
-    "DistributedImprovedMultiheadDilatedAttention",
-    "HeadParallelMultiheadDilatedAttention",
-    "BlockSparseRingDilatedAttention",
-    "BlockSparseRingMultiheadDilatedAttention",
-    "BlockPattern",
-    "PATTERNS",
-    "block_sparse_reference",
-    "MultiheadDilatedAttention",
-    "ImprovedMultiheadDilatedAttention",
-    "dilated_attention_reference",
-    "merge_partial_",
-    "merge_partials",
-    "PatternCache",
-    "get_global_pattern_cache",
-    "reset_global_pattern_cache",
-    "MemoryPool",
-    "get_global_memory_pool",
-    "reset_global_memory_pool",
-    "REGISTRY",
-    "ImplSpec",
-    "register",
-    "get_implementation",
-    "create_dilated_attention",
-    "create_multihead_dilated_attention",
-    "shard_sequence",
-    "gather_sequence",
-    "padded_length",
-]
 
 load_plugins()  # implementations registered outside dattn (DATTN_PLUGINS, entry points)

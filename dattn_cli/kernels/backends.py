@@ -20,25 +20,15 @@ import torch
 
 from .block_kernels import (
     KERNELS,
-    BlockCall,
-    MathBackend,
-    accumulator_dtype,
+    BlockCall as BlockCall,
+    MathBackend as MathBackend,
+    accumulator_dtype as accumulator_dtype,
     half_without_mask,
     note_used,
     takes_view,
 )
 from .flash_kernels import flash_installs
 from .kernel_choice import choose_kernel
-
-__all__ = [
-    "BACKENDS",
-    "BlockCall",
-    "MathBackend",
-    "accumulator_dtype",
-    "available_backends",
-    "check_backend",
-    "resolve_backend",
-]
 
 NEG_INF = float("-inf")
 

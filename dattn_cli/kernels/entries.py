@@ -61,204 +61,92 @@ _BLOCK_SPARSE = dict(
     shard_rule=block_aligned_shards,
 )
 _BASELINE = dict(kind="core", baseline=True, backends=())
+_DENSE = dict(_BASELINE, strategy="dense", pairs=dense_pairs, memory_model="dense")
 # peers are measured beside dattn's classes, not chosen by `auto` nor checked by verify (a baseline's place)
 _PEER = dict(kind="core", strategy="peer", baseline=True, backends=(), memory_model=None)
 
-register(
-    ImplSpec(
-        "DilatedAttention",
+# dattn's classes, each with its multihead wrapper (the same entry with projections around the core)
+_OWN = (
+    (
         DilatedAttention,
-        "core",
-        "single",
-        "gather by index, backend per block, exact LSE merge",
-        memory_model="index_gather",
-    )
-)
-register(
-    ImplSpec(
-        "ImprovedDilatedAttention",
-        ImprovedDilatedAttention,
-        "core",
-        "single",
-        "strided views, pattern cache, memory pool",
-        preferred=True,
-    )
-)
-register(
-    ImplSpec(
-        "MultiheadDilatedAttention",
         MultiheadDilatedAttention,
-        "multihead",
-        "single",
-        "projections around DilatedAttention",
-        memory_model="index_gather",
-    )
-)
-register(
-    ImplSpec(
-        "ImprovedMultiheadDilatedAttention",
+        "gather by index, backend per block, exact LSE merge",
+        dict(strategy="single", memory_model="index_gather"),
+    ),
+    (
+        ImprovedDilatedAttention,
         ImprovedMultiheadDilatedAttention,
-        "multihead",
-        "single",
-        "projections around ImprovedDilatedAttention",
-        preferred=True,
-    )
-)
-register(
-    ImplSpec(
-        "RingDilatedAttention",
+        "strided views, pattern cache, memory pool",
+        dict(strategy="single", preferred=True),
+    ),
+    (
         RingDilatedAttention,
-        "core",
-        "ring",
-        "contiguous shards; sparsified K/V rotated around each segment's ranks",
-        preferred=True,
-        **_SEQUENCE_PARALLEL,
-    )
-)
-register(
-    ImplSpec(
-        "RingMultiheadDilatedAttention",
         RingMultiheadDilatedAttention,
-        "multihead",
-        "ring",
-        "projections around RingDilatedAttention",
-        preferred=True,
-        **_SEQUENCE_PARALLEL,
-    )
-)
-register(
-    ImplSpec(
-        "DistributedImprovedDilatedAttention",
+        "contiguous shards; sparsified K/V rotated around each segment's ranks",
+        dict(strategy="ring", preferred=True, **_SEQUENCE_PARALLEL),
+    ),
+    (
         DistributedImprovedDilatedAttention,
-        "core",
-        "allgather",
-        "contiguous shards; sparsified K/V all-gathered within each segment's ranks (LongNet)",
-        **_SEQUENCE_PARALLEL,
-    )
-)
-register(
-    ImplSpec(
-        "DistributedImprovedMultiheadDilatedAttention",
         DistributedImprovedMultiheadDilatedAttention,
-        "multihead",
-        "allgather",
-        "projections around DistributedImprovedDilatedAttention",
-        **_SEQUENCE_PARALLEL,
-    )
-)
-register(
-    ImplSpec(
-        "HeadParallelDilatedAttention",
+        "contiguous shards; sparsified K/V all-gathered within each segment's ranks (LongNet)",
+        dict(strategy="allgather", **_SEQUENCE_PARALLEL),
+    ),
+    (
         HeadParallelDilatedAttention,
-        "core",
-        "head_parallel",
-        "all-to-all sequence shards -> head shards, dilated attention on H/p heads, all-to-all back",
-        **_HEAD_PARALLEL,
-    )
-)
-register(
-    ImplSpec(
-        "HeadParallelMultiheadDilatedAttention",
         HeadParallelMultiheadDilatedAttention,
-        "multihead",
-        "head_parallel",
-        "projections around HeadParallelDilatedAttention",
-        **_HEAD_PARALLEL,
-    )
-)
-register(
-    ImplSpec(
-        "BlockSparseRingDilatedAttention",
+        "all-to-all sequence shards -> head shards, dilated attention on H/p heads, all-to-all back",
+        dict(strategy="head_parallel", **_HEAD_PARALLEL),
+    ),
+    (
         BlockSparseRingDilatedAttention,
-        "core",
-        summary="block patterns (local, dilated, global_local, hierarchical, longnet) on FlexAttention or "
-        "gathered key blocks; ring form sends only used key blocks",
-        **_BLOCK_SPARSE,
-    )
-)
-register(
-    ImplSpec(
-        "BlockSparseRingMultiheadDilatedAttention",
         BlockSparseRingMultiheadDilatedAttention,
-        "multihead",
-        summary="projections around BlockSparseRingDilatedAttention",
-        **_BLOCK_SPARSE,
-    )
+        "block patterns (local, dilated, global_local, hierarchical, longnet) on FlexAttention or gathered key "
+        "blocks; ring form sends only used key blocks",
+        _BLOCK_SPARSE,
+    ),
 )
-register(
-    ImplSpec(
-        "sdpa",
-        SDPAAttention,
-        strategy="dense",
-        summary="torch scaled_dot_product_attention, all pairs",
-        pairs=dense_pairs,
-        memory_model="dense",
-        **_BASELINE,
-    )
+for core, wrapper, summary, options in _OWN:
+    register(ImplSpec(core.__name__, core, "core", summary=summary, **options))
+    register(ImplSpec(wrapper.__name__, wrapper, "multihead", summary=f"projections around {core.__name__}", **options))
+
+
+def _dense(name: str, cls, summary: str, **options) -> None:
+    """A dense baseline: all pairs, memory of a dense kernel unless said otherwise."""
+    register(ImplSpec(name, cls, summary=summary, **{**_DENSE, **options}))
+
+
+_dense("sdpa", SDPAAttention, "torch scaled_dot_product_attention, all pairs")
+_dense("math", MathAttention, "N x N scores, softmax, weighted sum", memory_model="dense_scores")
+_dense(
+    "flash",
+    FlashAttention,
+    "flash-attn flash_attn_func, all pairs",
+    devices=("cuda",),
+    requires=("flash_attn",),
+    probe=fa2_missing,
+    install_hint="pip install 'dattn[flash]'",
 )
-register(
-    ImplSpec(
-        "math",
-        MathAttention,
-        strategy="dense",
-        summary="N x N scores, softmax, weighted sum",
-        pairs=dense_pairs,
-        memory_model="dense_scores",
-        **_BASELINE,
-    )
+_dense(
+    "reference",
+    ReferenceAttention,
+    "the dense float64 reference of the dilated pattern",
+    strategy="reference",
+    memory_model="reference",
 )
-register(
-    ImplSpec(
-        "flash",
-        FlashAttention,
-        strategy="dense",
-        summary="flash-attn flash_attn_func, all pairs",
-        pairs=dense_pairs,
-        memory_model="dense",
-        devices=("cuda",),
-        requires=("flash_attn",),
-        probe=fa2_missing,
-        install_hint="pip install 'dattn[flash]'",
-        **_BASELINE,
-    )
+_dense(
+    "flash4",
+    FA4Attention,
+    "FlashAttention-4 (flash_attn.cute) flash_attn_func, all pairs",
+    devices=("cuda",),
+    install_hint="pip install flash-attn-4 (CUDA 12.9+ or 13, sm90/sm100)",
+    probe=fa4_import_error,
 )
-register(
-    ImplSpec(
-        "reference",
-        ReferenceAttention,
-        strategy="reference",
-        summary="the dense float64 reference of the dilated pattern",
-        pairs=dense_pairs,
-        memory_model="reference",
-        **_BASELINE,
-    )
-)
-register(
-    ImplSpec(
-        "flash4",
-        FA4Attention,
-        strategy="dense",
-        summary="FlashAttention-4 (flash_attn.cute) flash_attn_func, all pairs",
-        pairs=dense_pairs,
-        memory_model="dense",
-        devices=("cuda",),
-        install_hint="pip install flash-attn-4 (CUDA 12.9+ or 13, sm90/sm100)",
-        probe=fa4_import_error,
-        **_BASELINE,
-    )
-)
-register(
-    ImplSpec(
-        "cudnn",
-        CuDNNAttention,
-        strategy="dense",
-        summary="torch scaled_dot_product_attention forced to the cuDNN kernel, all pairs",
-        pairs=dense_pairs,
-        memory_model="dense",
-        devices=("cuda",),
-        probe=lambda: None if torch.backends.cudnn.is_available() else f"torch {torch.__version__} has no cuDNN",
-        **_BASELINE,
-    )
+_dense(
+    "cudnn",
+    CuDNNAttention,
+    "torch scaled_dot_product_attention forced to the cuDNN kernel, all pairs",
+    devices=("cuda",),
+    probe=lambda: None if torch.backends.cudnn.is_available() else f"torch {torch.__version__} has no cuDNN",
 )
 register(
     ImplSpec(

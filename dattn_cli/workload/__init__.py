@@ -2,15 +2,11 @@
 (build.py), the one formula set for FLOPs and bytes (counts.py), and the records that cross packages
 (records.py)."""
 
-from .parse import parse_float_list, parse_int_list, parse_seq_len, parse_seq_lens, parse_size
-from .problem import ELEMENT_BYTES, Problem
-
-__all__ = [
-    "ELEMENT_BYTES",
-    "Problem",
-    "parse_float_list",
-    "parse_int_list",
-    "parse_seq_len",
-    "parse_seq_lens",
-    "parse_size",
-]
+from .parse import (
+    parse_float_list as parse_float_list,
+    parse_int_list as parse_int_list,
+    parse_seq_len as parse_seq_len,
+    parse_seq_lens as parse_seq_lens,
+    parse_size as parse_size,
+)
+from .problem import ELEMENT_BYTES as ELEMENT_BYTES, Problem as Problem

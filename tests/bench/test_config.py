@@ -1,8 +1,7 @@
 import pytest
 
 from dattn_cli.bench import Sweep
-from dattn_cli.kernels import ImplSpec
-from dattn_cli.kernels import registry as registry_module
+from dattn_cli.kernels import ImplSpec, registry as registry_module
 from dattn_cli.kernels.baselines import SDPAAttention
 
 

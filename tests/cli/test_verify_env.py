@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from dattn_cli.cli import main
-from dattn_cli.kernels import DilatedAttention, ImplSpec
-from dattn_cli.kernels import registry as registry_module
+from dattn_cli.kernels import DilatedAttention, ImplSpec, registry as registry_module
 
 
 def run_cli(args, capsys):
