@@ -58,19 +58,14 @@ class Headroom(BaseModel):
 
 def headroom(result: Plan, profile: HardwareProfile, training: Training | None = None) -> Headroom:
     s = result.problem
+    free = result.capacity_bytes - result.memory.total
     if s.documents is not None:  # fixed documents: neither N nor the batch (1) can grow
-        return Headroom(
-            free_bytes=result.capacity_bytes - result.memory.total,
-            largest_seq_len=None,
-            seq_len_capped=False,
-            largest_batch=None,
-            batch_capped=False,
-        )
+        return Headroom(free_bytes=free, largest_seq_len=None, largest_batch=None)
     devices = s.world_size if training is not None else result.devices
     found = max_seq_search(s, profile, devices, training)
     batch, batch_capped = max_batch(s, profile, devices, training)
     return Headroom(
-        free_bytes=result.capacity_bytes - result.memory.total,
+        free_bytes=free,
         largest_seq_len=found.seq_len or None,
         seq_len_capped=found.capped,
         largest_batch=batch or None,
@@ -130,18 +125,22 @@ def _infeasible(
     )
 
 
-def _memory(s: Problem, profile: HardwareProfile, device_type: str) -> MemoryBreakdown:
+def _device_type(profile: HardwareProfile) -> str:
+    return "cpu" if profile.kind == "cpu" else "cuda"
+
+
+def _memory(s: Problem, profile: HardwareProfile) -> MemoryBreakdown:
     if s.target != "attention":
         if s.world_size > 1:
             raise ValueError(
                 f"--target {s.target} is planned on one device; --world-size {s.world_size} applies to attention"
             )
-        return layer_memory(s, framework_bytes(profile, s.mode), device_type)
+        return layer_memory(s, framework_bytes(profile, s.mode), _device_type(profile))
     if s.world_size > 1 and not s.spec.distributed:
         raise ValueError(f"{s.impl} runs on one process, not on {s.world_size} devices: plan a distributed --impl")
     if s.world_size > 1 and (reason := s.spec.shard_rule(s, s.world_size)):
         raise ValueError(f"{s.impl} cannot shard N={s.seq_len:,} over {s.world_size} devices: {reason}")
-    return estimate_memory(s, framework_bytes(profile, s.mode), device_type)
+    return estimate_memory(s, framework_bytes(profile, s.mode), _device_type(profile))
 
 
 def plan(s: Problem, profile: HardwareProfile, devices: int | None = None, training: Training | None = None) -> Plan:
@@ -151,26 +150,39 @@ def plan(s: Problem, profile: HardwareProfile, devices: int | None = None, train
         return _model_plan(s, profile, training)
     devices = devices or s.world_size
     s = s.model_copy(update={"world_size": devices})
-    device_type = "cpu" if profile.kind == "cpu" else "cuda"
     if devices > s.seq_len:
         return _infeasible(
             s, profile, devices, f"{devices:,} devices for N={s.seq_len:,}: each needs at least one position"
         )
     try:
-        memory = _memory(s, profile, device_type)
+        memory = _memory(s, profile)
     except ValueError as exc:
         return _infeasible(s, profile, devices, str(exc))
-    capacity = profile.memory_bytes
-    fits = memory.total <= capacity
     try:
         time = estimate_layer_time(s, profile) if s.target != "attention" else estimate_time(s, profile)
     except ValueError as exc:
+        fits = memory.total <= profile.memory_bytes
         return _infeasible(s, profile, devices, str(exc), memory).model_copy(update={"fits": fits})
-    if fits:
-        reason = f"fits: {memory.total / 2**30:.2f} GiB of {capacity / 2**30:.2f} GiB per device"
-    else:
-        reason = f"does not fit: needs {memory.total / 2**30:.2f} GiB per device, has {capacity / 2**30:.2f} GiB"
     shard = shard_of(s) if devices > 1 and s.target == "attention" else None
+    return _verdict(s, profile, devices, memory, time, shard)
+
+
+def _verdict(
+    s: Problem,
+    profile: HardwareProfile,
+    devices: int,
+    memory: MemoryBreakdown,
+    time: TimeBreakdown,
+    shard: int | None,
+    training: Training | None = None,
+) -> Plan:
+    """The plan of a problem whose memory and time are known: it is feasible when it fits."""
+    total, capacity = memory.total, profile.memory_bytes
+    fits = total <= capacity
+    if fits:
+        reason = f"fits: {total / 2**30:.2f} GiB of {capacity / 2**30:.2f} GiB per device"
+    else:
+        reason = f"does not fit: needs {total / 2**30:.2f} GiB per device, has {capacity / 2**30:.2f} GiB"
     return Plan(
         problem=s,
         profile=profile.name,
@@ -182,38 +194,19 @@ def plan(s: Problem, profile: HardwareProfile, devices: int | None = None, train
         feasible=fits,
         reason=reason,
         shard_len=shard,
+        training=training,
     )
-
-
-def _verdict(total: int, capacity: int) -> str:
-    if total <= capacity:
-        return f"fits: {total / 2**30:.2f} GiB of {capacity / 2**30:.2f} GiB per device"
-    return f"does not fit: needs {total / 2**30:.2f} GiB per device, has {capacity / 2**30:.2f} GiB"
 
 
 def _model_plan(s: Problem, profile: HardwareProfile, training: Training) -> Plan:
-    device_type = "cpu" if profile.kind == "cpu" else "cuda"
     try:
-        memory = model_memory(s, profile, training, device_type)
+        memory = model_memory(s, profile, training, _device_type(profile))
         time = model_time(s, profile, training)
     except ValueError as exc:
         return _infeasible(s, profile, training.devices, str(exc)).model_copy(update={"training": training})
-    fits = memory.total <= profile.memory_bytes
     sp = training.sequence_parallel
     shard = shard_of(s.attention_problem().model_copy(update={"world_size": sp})) if sp > 1 else None
-    return Plan(
-        problem=s,
-        profile=profile.name,
-        devices=training.devices,
-        memory=memory,
-        capacity_bytes=profile.memory_bytes,
-        fits=fits,
-        time=time,
-        feasible=fits,
-        reason=_verdict(memory.total, profile.memory_bytes),
-        shard_len=shard,
-        training=training,
-    )
+    return _verdict(s, profile, training.devices, memory, time, shard, training)
 
 
 def predicted_peak_bytes(s: Problem) -> int | None:
@@ -223,14 +216,13 @@ def predicted_peak_bytes(s: Problem) -> int | None:
     it cannot plan (e.g. unaligned shards), so that the point decides for itself."""
     if s.spec.memory_model is None:
         return None
-    cpu = not s.device.startswith("cuda")
-    fixed = framework_bytes(load_profile("cpu-host"), s.mode) if cpu else 0
+    device_type = "cuda" if s.device.startswith("cuda") else "cpu"
+    fixed = framework_bytes(load_profile("cpu-host"), s.mode) if device_type == "cpu" else 0
+    estimate = estimate_memory if s.target == "attention" else layer_memory
     try:
-        if s.target != "attention":
-            return layer_memory(s, fixed, "cpu" if cpu else "cuda").total
-        return estimate_memory(s, fixed, "cpu" if cpu else "cuda").total
+        return estimate(s, fixed, device_type).total
     except ValueError:
-        return None if s.target != "attention" else 0
+        return 0 if s.target == "attention" else None
 
 
 def _granule(s: Problem, devices: int) -> int:
@@ -272,22 +264,27 @@ def max_seq_search(
     return SeqSearch(seq_len=n, plan=best, capped=capped)
 
 
+def _fewest(at, limit: int, replicated: bool = False) -> tuple[int | None, Plan | None]:
+    """The smallest k (doubling, then refined) whose plan at(k) fits, with that plan; (None, None) if none up to
+    `limit` (or beyond one when `replicated`: more devices never lower the memory per device)."""
+    k = 1
+    while k <= limit:
+        p = at(k)
+        if p.fits:
+            for candidate in range(k // 2 + 1, k):  # any count: N not divisible by it is padded
+                if (q := at(candidate)).fits:
+                    return candidate, q
+            return k, p
+        if replicated and k > 1:
+            return None, None
+        k *= 2
+    return None, None
+
+
 def min_devices(s: Problem, profile: HardwareProfile, limit: int = DEVICE_SEARCH_CAP) -> tuple[int | None, Plan | None]:
     """Fewest devices (powers of two, then refined) on which N fits; (None, None) if none up to `limit`
     (nor up to N: a device holds at least one position)."""
-    limit = min(limit, s.seq_len)
-    d = 1
-    while d <= limit:
-        p = plan(s, profile, d)
-        if p.fits:
-            lo = d // 2
-            for candidate in range(max(1, lo + 1), d + 1):  # any count: N not divisible by it is padded
-                q = plan(s, profile, candidate)
-                if q.fits:
-                    return candidate, q
-            return d, p
-        d *= 2
-    return None, None
+    return _fewest(lambda d: plan(s, profile, d), min(limit, s.seq_len))
 
 
 def min_model_devices(
@@ -301,19 +298,8 @@ def min_model_devices(
     def at(replicas: int) -> Plan:
         return plan(s, profile, training=training.model_copy(update={"devices": replicas * sp}))
 
-    k = 1
-    while k * sp <= limit:
-        p = at(k)
-        if p.fits:
-            for candidate in range(k // 2 + 1, k):
-                q = at(candidate)
-                if q.fits:
-                    return candidate * sp, q
-            return k * sp, p
-        if training.zero == 0 and k > 1:
-            return None, None  # replicated states: more devices never help
-        k *= 2
-    return None, None
+    replicas, p = _fewest(at, limit // sp, training.zero == 0)
+    return (replicas * sp if replicas else None), p
 
 
 def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
