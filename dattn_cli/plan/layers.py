@@ -337,6 +337,17 @@ def matmul_key(s: Problem) -> str:
     return f"matmul:{s.compute_dtype}"
 
 
+def linear_seconds(s: Problem, profile: HardwareProfile, flops: float) -> float:
+    """The linear layers' FLOPs at the profile's peak rate for the compute dtype times the matmul efficiency."""
+    peak = profile.peak_flops(s.compute_dtype)
+    if peak is None:
+        raise ValueError(
+            f"profile {profile.name!r} has no {s.compute_dtype} rate (null in its peak_tflops): "
+            "pick another --dtype or --amp"
+        )
+    return flops / (peak * profile.efficiency.compute_for(matmul_key(s), s.mode))
+
+
 def attention_part(s: Problem, profile: HardwareProfile) -> tuple[float, float]:
     """(useful FLOPs, seconds) of all the blocks' attention calls at the attention efficiency, the
     checkpoint recompute included in the seconds."""
@@ -349,11 +360,7 @@ def estimate_layer_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
     at the matmul efficiency (no communication: layer and model targets run on one device)."""
     attention_flops, attention_s = attention_part(s, profile)
     useful_linear = linear_flops(s)
-    linear_s = (
-        useful_linear
-        * recompute_factors(s)[1]
-        / (profile.peak_flops(s.compute_dtype) * profile.efficiency.compute_for(matmul_key(s), s.mode))
-    )
+    linear_s = linear_seconds(s, profile, useful_linear * recompute_factors(s)[1])
     compute = attention_s + linear_s
     return TimeBreakdown(
         flops=attention_flops + useful_linear,

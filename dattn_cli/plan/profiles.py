@@ -182,6 +182,21 @@ class HardwareProfile(_Strict):
         value = getattr(self.peak_tflops, dtype, None)
         return None if value is None else value * 1e12
 
+    def link(self, devices: int) -> tuple[str, Link]:
+        """(name, link) a group of `devices` talks over: intra-node while it fits in one node, else inter-node."""
+        if devices <= self.devices_per_node:
+            return "intra-node", self.intra_node
+        return "inter-node", self.inter_node
+
+    def transfer_seconds(self, devices: int, messages: float, nbytes: float) -> float:
+        """Seconds to send `messages` messages of `nbytes` bytes in all over the link of `devices` devices."""
+        link = self.link(devices)[1]
+        return messages * link.latency_us * 1e-6 + nbytes / (link.bandwidth_gb_s * 1e9 * self.efficiency.communication)
+
+    def memory_seconds(self, nbytes: float) -> float:
+        """Seconds to move `nbytes` at the memory bandwidth times its efficiency (a memory-bound pass)."""
+        return nbytes / (self.memory_bandwidth_gb_s * 1e9 * self.efficiency.memory_bandwidth)
+
 
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]

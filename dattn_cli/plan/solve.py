@@ -308,7 +308,7 @@ def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
     if s.spec.strategy != "ring" or devices < 2:
         return "no ring: chunk size does not apply"
     e = ELEMENT_BYTES[s.dtype]
-    link = profile.intra_node if devices <= profile.devices_per_node else profile.inter_node
+    link = profile.link(devices)[1]
     sharded = s.model_copy(update={"world_size": devices})
     # the efficiency of this shard's blocks (plan/time.py: the kernel's curve, or the profile's prior)
     peak = (profile.peak_flops(s.dtype) or 0) * compute_efficiency(sharded, profile)[1]

@@ -64,10 +64,8 @@ def estimate_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
     flops = flops_per_device(s)
     kernel, efficiency, source, traffic = compute_efficiency(s, profile)
     compute = flops / (peak * efficiency)
-    memory_s = traffic / (profile.memory_bandwidth_gb_s * 1e9 * profile.efficiency.memory_bandwidth)
+    memory_s = profile.memory_seconds(traffic)
     p = s.world_size
-    link = profile.intra_node if p <= profile.devices_per_node else profile.inter_node
-    link_name = "intra-node" if p <= profile.devices_per_node else "inter-node"
     comm_bytes, messages, overlappable, note = 0, 0, 0.0, "single device: no communication"
     if p > 1 and s.strategy in ("ring", "allgather"):
         comm_bytes, messages, steps_share = sequence_parallel_traffic(s)
@@ -81,9 +79,7 @@ def estimate_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
     elif p > 1 and s.strategy == "head_parallel":
         comm_bytes, messages = head_parallel_traffic(s)
         note = "head-parallel: all-to-alls before and after attention, not overlapped"
-    comm = messages * link.latency_us * 1e-6 + comm_bytes / (
-        link.bandwidth_gb_s * 1e9 * profile.efficiency.communication
-    )
+    comm = profile.transfer_seconds(p, messages, comm_bytes)
     hidden = comm <= overlappable if messages else True
     total = compute + memory_s + max(0.0, comm - overlappable)
     return TimeBreakdown(
@@ -95,7 +91,7 @@ def estimate_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
         overlappable_s=overlappable,
         comm_hidden=hidden,
         total_s=total,
-        link=link_name,
+        link=profile.link(p)[0],
         note=note,
         kernel=kernel,
         efficiency=efficiency,
