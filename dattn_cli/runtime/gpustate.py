@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,48 +73,41 @@ def nvml_state(nvml: Any, handle: Any) -> dict:
     }
 
 
+def with_nvml(ask: Callable[[Any], Any]) -> Any:
+    """ask(pynvml) between NVML's init and shutdown; None where NVML is absent or unusable or `ask` raises."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        return ask(pynvml)
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
 def gpu_state(index: int) -> dict | None:
     """Clocks (MHz), temperature (C), power and its limit (W) and throttle reasons of CUDA device `index` as
     torch numbers it (CUDA_VISIBLE_DEVICES applied), and `nvml_device`: how NVML's device was found (by UUID,
     PCI bus id, or only by index); None where NVML is absent or unusable; a field None where its query is not
     supported. Never raises."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        handle, how = nvml_device(pynvml, index)
-        return {**nvml_state(pynvml, handle), "nvml_device": how}
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+
+    def state(nvml: Any) -> dict:
+        handle, how = nvml_device(nvml, index)
+        return {**nvml_state(nvml, handle), "nvml_device": how}
+
+    return with_nvml(state)
 
 
 def gpu_memory_bytes(index: int = 0) -> int | None:
     """Total memory of CUDA device `index` from NVML, without starting CUDA in this process; None without NVML."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        return int(pynvml.nvmlDeviceGetMemoryInfo(nvml_device(pynvml, index)[0]).total)
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+    return with_nvml(lambda nvml: int(nvml.nvmlDeviceGetMemoryInfo(nvml_device(nvml, index)[0]).total))
 
 
 def nvml_device(nvml: Any, index: int) -> tuple[Any, str]:

@@ -146,15 +146,6 @@ class LiveTensorBytes:
 def nvml_used_bytes(index: int) -> int | None:
     """Device memory in use on torch's CUDA device `index` according to NVML (all processes); None where NVML is
     absent or unusable. The device is NVML's match of torch's (gpustate.nvml_device), not NVML's number `index`."""
-    try:
-        import pynvml
+    from .gpustate import nvml_device, with_nvml
 
-        from .gpustate import nvml_device
-
-        pynvml.nvmlInit()
-        try:
-            return pynvml.nvmlDeviceGetMemoryInfo(nvml_device(pynvml, index)[0]).used
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # NVML absent or unusable: the caller's column stays empty
-        return None
+    return with_nvml(lambda nvml: nvml.nvmlDeviceGetMemoryInfo(nvml_device(nvml, index)[0]).used)
