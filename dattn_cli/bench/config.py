@@ -16,6 +16,15 @@ from ..workload.parse import MAX_CALLS, MAX_SECONDS, MAX_SEED, MAX_SEQ_LEN, MAX_
 from ..workload.problem import Problem
 
 DEFAULT_PROCESSES = 3  # bench.processes: an outlier process is one of three
+# field: (option, lowest, highest); start, repeat and warmup below their lowest say ">= lowest"
+COUNTS = {
+    "start": ("--start-seq-len", 1, MAX_SEQ_LEN),
+    "repeat": ("--repeat", 1, MAX_CALLS),
+    "warmup": ("--warmup", 0, MAX_CALLS),
+    "seed": ("--seed", 0, MAX_SEED),
+    "threads": ("--threads", 1, MAX_THREADS),
+    "processes": ("--processes", 1, MAX_THREADS),
+}
 
 
 class Sweep(Problem):
@@ -45,40 +54,20 @@ class Sweep(Problem):
             data = {**data, "impl": data["impls"][0]}
         return data
 
-    @field_validator("start", "repeat")
+    @field_validator(*COUNTS)
     @classmethod
-    def _positive_setting(cls, value: int | None, info) -> int | None:
+    def _count(cls, value: int | None, info) -> int | None:
         if value is None:
             return None
-        if value <= 0:
-            raise ValueError(f"--{info.field_name.replace('_', '-')} must be >= 1, got {value}")
-        if info.field_name == "start":
-            return check_count("--start-seq-len", value, 1, MAX_SEQ_LEN)
-        return check_count("--repeat", value, 1, MAX_CALLS)
-
-    @field_validator("warmup")
-    @classmethod
-    def _non_negative(cls, value: int | None) -> int | None:
-        if value is None:
-            return None
-        if value < 0:
-            raise ValueError(f"--warmup must be >= 0, got {value}")
-        return check_count("--warmup", value, 0, MAX_CALLS)
+        option, low, high = COUNTS[info.field_name]
+        if value < low and info.field_name in ("start", "repeat", "warmup"):
+            raise ValueError(f"--{info.field_name} must be >= {low}, got {value}")
+        return check_count(option, value, low, high)
 
     @field_validator("precision")
     @classmethod
     def _precision(cls, value: float) -> float:
         return check_number("--precision", value, 0, 100, low_open=True)
-
-    @field_validator("threads", "processes")
-    @classmethod
-    def _threads(cls, value: int | None, info) -> int | None:
-        return None if value is None else check_count(f"--{info.field_name}", value, 1, MAX_THREADS)
-
-    @field_validator("seed")
-    @classmethod
-    def _seed(cls, value: int) -> int:
-        return check_count("--seed", value, 0, MAX_SEED)
 
     @field_validator("max_seconds", "dist_timeout")
     @classmethod

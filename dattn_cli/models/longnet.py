@@ -209,6 +209,3 @@ class LongNetLM(nn.Module):
         `targets`."""
         logits = self(tokens, position_offset, cu_seqlens)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
