@@ -33,7 +33,7 @@ statistically established); 3 inconclusive. Bad input raises ValueError before a
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
 
 from ..workload.records import BenchRow
 from .match import Side
@@ -45,34 +45,14 @@ OTHER_CPUS_DIFFER = 0.5  # CPUs: a load difference during the point that no test
 EXIT_CODES = {"same": 0, "faster": 0, "slower": 1, "inconclusive": 3}
 
 
-class ComparePoint(BaseModel):
-    """One matched configuration: BASE (or --b) against NEW (or --a); ratio = NEW / BASE. Notes say BASE
-    and NEW for --b and --a too."""
+# a point's configuration: these fields of its rows (NEW's, or --a's), as BenchRow has them
+CONFIG_FIELDS = (
+    "seq_len mode batch heads kv_heads head_dim segments dilations semantics causal dtype device world_size pattern "
+    "target embed_dim layers checkpointing amp compiled documents vocab_size"
+).split()
 
-    impl: str  # NEW's (or --a's) implementation
-    impl_base: str  # BASE's (or --b's): the same as impl when two reports are compared
-    seq_len: int
-    mode: str
-    batch: int
-    heads: int
-    kv_heads: int | None = None
-    head_dim: int
-    segments: list[int]
-    dilations: list[int]
-    semantics: str
-    causal: bool
-    dtype: str
-    device: str
-    world_size: int
-    pattern: str | None = None
-    target: str = "attention"
-    embed_dim: int | None = None
-    layers: int | None = None
-    checkpointing: bool = False
-    amp: str | None = None
-    compiled: bool = False
-    documents: list[int] | None = None
-    vocab_size: int | None = None
+
+class _Figures(BaseModel):
     base_ms: float | None = None  # medians
     new_ms: float | None = None
     ratio: float | None = None
@@ -86,6 +66,17 @@ class ComparePoint(BaseModel):
     noise_new: float | None = None
     note: str | None = None
     no_regression: bool = False  # inconclusive only between same and faster: its whole CI is below 1 + t
+
+
+ComparePoint = create_model(
+    "ComparePoint",
+    __doc__="""One matched configuration: BASE (or --b) against NEW (or --a); ratio = NEW / BASE. Notes say BASE
+    and NEW for --b and --a too.""",
+    impl=(str, ...),  # NEW's (or --a's) implementation
+    impl_base=(str, ...),  # BASE's (or --b's): the same as impl when two reports are compared
+    **{name: (BenchRow.model_fields[name].annotation, BenchRow.model_fields[name]) for name in CONFIG_FIELDS},
+    **{name: (f.annotation, f) for name, f in _Figures.model_fields.items()},
+)
 
 
 class CompareReport(BaseModel):
