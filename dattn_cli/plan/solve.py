@@ -109,22 +109,6 @@ def _largest_fitting(fits, step: int, cap: int) -> tuple[int, Plan | None, bool]
     return lo, best, False
 
 
-def _infeasible(
-    s: Problem, profile: HardwareProfile, devices: int, reason: str, memory: MemoryBreakdown | None = None
-) -> Plan:
-    return Plan(
-        problem=s,
-        profile=profile.name,
-        devices=devices,
-        memory=memory or MemoryBreakdown(items={}, total=0),
-        capacity_bytes=profile.memory_bytes,
-        fits=False,
-        time=None,
-        feasible=False,
-        reason=reason,
-    )
-
-
 def _device_type(profile: HardwareProfile) -> str:
     return "cpu" if profile.kind == "cpu" else "cuda"
 
@@ -151,47 +135,47 @@ def plan(s: Problem, profile: HardwareProfile, devices: int | None = None, train
     devices = devices or s.world_size
     s = s.model_copy(update={"world_size": devices})
     if devices > s.seq_len:
-        return _infeasible(
-            s, profile, devices, f"{devices:,} devices for N={s.seq_len:,}: each needs at least one position"
-        )
+        return _built(s, profile, devices, f"{devices:,} devices for N={s.seq_len:,}: each needs at least one position")
     try:
         memory = _memory(s, profile)
     except ValueError as exc:
-        return _infeasible(s, profile, devices, str(exc))
+        return _built(s, profile, devices, str(exc))
     try:
         time = estimate_layer_time(s, profile) if s.target != "attention" else estimate_time(s, profile)
     except ValueError as exc:
-        fits = memory.total <= profile.memory_bytes
-        return _infeasible(s, profile, devices, str(exc), memory).model_copy(update={"fits": fits})
+        return _built(s, profile, devices, str(exc), memory)
     shard = shard_of(s) if devices > 1 and s.target == "attention" else None
-    return _verdict(s, profile, devices, memory, time, shard)
+    return _built(s, profile, devices, None, memory, time, shard)
 
 
-def _verdict(
+def _built(
     s: Problem,
     profile: HardwareProfile,
     devices: int,
-    memory: MemoryBreakdown,
-    time: TimeBreakdown,
-    shard: int | None,
+    refused: str | None,
+    memory: MemoryBreakdown | None = None,
+    time: TimeBreakdown | None = None,
+    shard: int | None = None,
     training: Training | None = None,
 ) -> Plan:
-    """The plan of a problem whose memory and time are known: it is feasible when it fits."""
-    total, capacity = memory.total, profile.memory_bytes
-    fits = total <= capacity
-    if fits:
-        reason = f"fits: {total / 2**30:.2f} GiB of {capacity / 2**30:.2f} GiB per device"
+    """The plan of `s`: feasible when its memory fits and nothing else (`refused`, the reason) rules it out."""
+    capacity = profile.memory_bytes
+    fits = memory is not None and memory.total <= capacity
+    if refused is not None:
+        reason = refused
+    elif fits:
+        reason = f"fits: {memory.total / 2**30:.2f} GiB of {capacity / 2**30:.2f} GiB per device"
     else:
-        reason = f"does not fit: needs {total / 2**30:.2f} GiB per device, has {capacity / 2**30:.2f} GiB"
+        reason = f"does not fit: needs {memory.total / 2**30:.2f} GiB per device, has {capacity / 2**30:.2f} GiB"
     return Plan(
         problem=s,
         profile=profile.name,
         devices=devices,
-        memory=memory,
+        memory=memory or MemoryBreakdown(items={}, total=0),
         capacity_bytes=capacity,
         fits=fits,
         time=time,
-        feasible=fits,
+        feasible=fits and refused is None,
         reason=reason,
         shard_len=shard,
         training=training,
@@ -203,10 +187,10 @@ def _model_plan(s: Problem, profile: HardwareProfile, training: Training) -> Pla
         memory = model_memory(s, profile, training, _device_type(profile))
         time = model_time(s, profile, training)
     except ValueError as exc:
-        return _infeasible(s, profile, training.devices, str(exc)).model_copy(update={"training": training})
+        return _built(s, profile, training.devices, str(exc), training=training)
     sp = training.sequence_parallel
     shard = shard_of(s.attention_problem().model_copy(update={"world_size": sp})) if sp > 1 else None
-    return _verdict(s, profile, training.devices, memory, time, shard, training)
+    return _built(s, profile, training.devices, None, memory, time, shard, training)
 
 
 def predicted_peak_bytes(s: Problem) -> int | None:
