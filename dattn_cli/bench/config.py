@@ -14,6 +14,7 @@ from ..runtime.contention import measurement_threads
 from ..runtime.limits import check_spawned_ranks
 from ..workload.parse import MAX_CALLS, MAX_SECONDS, MAX_SEED, MAX_SEQ_LEN, MAX_THREADS, check_count, check_number
 from ..workload.problem import Problem
+from ..workload.records import SETTINGS
 
 DEFAULT_PROCESSES = 3  # bench.processes: an outlier process is one of three
 # field: (option, lowest, highest); start, repeat and warmup below their lowest say ">= lowest"
@@ -130,6 +131,13 @@ class Sweep(Problem):
     def point(self, impl: str, seq_len: int) -> Problem:
         """The problem of `impl` at `seq_len` (the first line of a block-sparse density sweep)."""
         return self.variants(impl)[0].with_(seq_len=seq_len)
+
+    def settings(self) -> dict:
+        """The settings each row records beside its problem (records.SETTINGS); a resumed point must have been
+        measured with them. The precision only where it decided the repeats."""
+        return {name: getattr(self, name) for name in SETTINGS} | {
+            "precision": self.precision if self.repeat is None else None
+        }
 
     @property
     def cuda(self) -> bool:

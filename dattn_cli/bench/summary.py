@@ -39,10 +39,8 @@ class ImplSummary(BaseModel):
 
 def stop_reason(row: BenchRow) -> StopReason:
     """Which kind of limit a failed row is."""
-    if row.status == "oom":
-        return "memory"
-    if row.status == "error":
-        return "error"
+    if row.status in ("oom", "error"):
+        return "memory" if row.status == "oom" else "error"
     reason = row.reason or ""
     if reason.startswith("time"):
         return "time"

@@ -66,21 +66,6 @@ def run_points(sweep: Sweep, problem: Problem) -> dict:
     return run_in_processes(sweep, problem, run_isolated)
 
 
-def measurement_settings(sweep: Sweep) -> dict:
-    """The settings each row records beside its problem; a resumed point must have been measured with them."""
-    return {
-        "repeat": sweep.repeat,
-        "warmup": sweep.warmup,
-        "precision": sweep.precision if sweep.repeat is None else None,
-        "cache": sweep.cache,
-        "max_memory": sweep.max_memory,
-        "max_seconds": sweep.max_seconds,
-        "seed": sweep.seed,
-        "threads": sweep.threads,
-        "processes": sweep.processes,
-    }
-
-
 def _would_measure(sweep: Sweep, row: BenchRow) -> bool:
     """Is `row`'s point one this sweep measures (same problem; a length it sweeps)?"""
     if not sweep.until_oom and row.seq_len not in sweep.seq_lens:
@@ -101,7 +86,7 @@ def _start_report(report: ReportFile, sweep: Sweep, resume: bool, environment: d
     report.points = len(rows)
     if rows and not resume:
         raise ValueError(f"--out {report.path} already holds rows: pass --resume to continue it, or choose a new file")
-    settings = measurement_settings(sweep)
+    settings = sweep.settings()
     for number, row in rows:
         if (differs := settings_mismatch(row, settings)) and _would_measure(sweep, row):
             raise ValueError(
@@ -130,7 +115,7 @@ class _Sweeper:
         self.line: Problem | None = None  # the problem of the line being measured (impl, density)
         self.rows: list[BenchRow] = []
         self.done = done
-        self.settings = measurement_settings(sweep)
+        self.settings = sweep.settings()
 
     def point(self, n: int, blocked: str | None = None) -> BenchRow:
         problem = self.line.with_(seq_len=n)

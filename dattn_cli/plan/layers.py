@@ -365,11 +365,6 @@ def estimate_layer_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
     return TimeBreakdown(
         flops=attention_flops + useful_linear,
         compute_s=compute,
-        comm_bytes=0,
-        messages=0,
-        comm_s=0.0,
-        overlappable_s=0.0,
-        comm_hidden=True,
         total_s=compute,
         link="none",
         note=f"attention {attention_s * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms",

@@ -40,11 +40,11 @@ MERGE_PASSES = {"fwd": 3, "fwdbwd": 3 + 9}
 class TimeBreakdown(BaseModel):
     flops: float
     compute_s: float
-    comm_bytes: int
-    messages: int
-    comm_s: float
-    overlappable_s: float
-    comm_hidden: bool
+    comm_bytes: int = 0  # no communication by default: one device
+    messages: int = 0
+    comm_s: float = 0.0
+    overlappable_s: float = 0.0
+    comm_hidden: bool = True
     total_s: float
     link: str
     note: str

@@ -22,16 +22,15 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def rss_bytes(pid: int | str = "self") -> int:
-    """Resident set size of a process now, from /proc/<pid>/statm (Linux)."""
+def rss_bytes(pid: int | str = "self", field: int = 1) -> int:
+    """Resident set size of a process now, from /proc/<pid>/statm (Linux); field 0: its address-space size."""
     with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return int(f.read().split()[field]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def vm_bytes() -> int:
     """Address-space size of this process now (what RLIMIT_AS limits)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    return rss_bytes("self", 0)
 
 
 def return_freed_memory() -> bool:
