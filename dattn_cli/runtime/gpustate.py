@@ -14,20 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# NVML's clocks event (throttle) reason bits (nvml.h nvmlClocksEventReason* / nvmlClocksThrottleReason*)
-REASONS = {
-    0x1: "idle",
-    0x2: "applications_clocks",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal",
-    0x40: "hw_thermal",
-    0x80: "hw_power_brake",
-    0x100: "display_clocks",
-    0x200: "board_limit",
-    0x400: "reliability",
-}
+# NVML's clocks event (throttle) reason bits 0x1, 0x2, ... 0x400 (nvml.h nvmlClocksEventReason* /
+# nvmlClocksThrottleReason*), in bit order
+REASON_NAMES = (
+    "idle applications_clocks sw_power_cap hw_slowdown sync_boost sw_thermal hw_thermal hw_power_brake display_clocks "
+    "board_limit reliability"
+)
+REASONS = {1 << bit: name for bit, name in enumerate(REASON_NAMES.split())}
 # what holds a busy GPU's clocks below what it would run at (idle, application clocks, display, sync boost: not)
 LIMITING = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake", "board_limit", "reliability")
 NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0  # nvml.h enum values
@@ -237,12 +230,8 @@ class CacheFlusher:
             cache, level = cpu_cache_bytes(cache_dir), "last-level cache"
         self.nbytes = 2 * cache if cache else CPU_CACHE_FALLBACK
         self.buffer = torch.empty(self.nbytes, dtype=torch.int8, device=dev)
-        size = f"a {self.nbytes / 2**20:g} MiB buffer zeroed"
-        self.method = (
-            f"{level} flushed before each timed call: {size} (2 x the {cache / 2**20:g} MiB {level})"
-            if cache
-            else f"{level} flushed before each timed call: {size} (its size was not readable)"
-        )
+        size = f"2 x the {cache / 2**20:g} MiB {level}" if cache else "its size was not readable"
+        self.method = f"{level} flushed before each timed call: a {self.nbytes / 2**20:g} MiB buffer zeroed ({size})"
 
     def flush(self) -> None:
         self.buffer.zero_()
