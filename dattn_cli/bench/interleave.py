@@ -64,12 +64,12 @@ def _prepare(sweep: Sweep, line: _Line, returns_memory: bool, cold: ColdCache) -
     if sweep.cuda:
         return None
     peak, exact = peak_of_one_call(line.step, before, returns_memory)
-    line.memory = {
-        "peak_mem_bytes": peak,
-        "mem_method": MEM_METHOD
+    method = (
+        MEM_METHOD
         if exact
-        else "peak RSS of the interleaved worker (all lines) above its RSS before this line was built",
-    }
+        else "peak RSS of the interleaved worker (all lines) above its RSS before this line was built"
+    )
+    line.memory = {"peak_mem_bytes": peak, "mem_method": method}
     return None
 
 

@@ -162,15 +162,10 @@ def _decide(point: dict, base: Side, new: Side, p_adjusted: float | None, thresh
         and not _beyond_load(point, threshold_pct)
         and (spread := spread_differs(base.samples, new.samples))
     ):
-        return {**point, "verdict": "inconclusive", "note": "; ".join(filter(None, [point["note"], spread]))}
+        return {**point, "verdict": "inconclusive", "note": _joined(point["note"], spread)}
     if result == "inconclusive" and point["ci_high"] is not None and point["ci_high"] <= band(threshold_pct)[1]:
         note = f"a regression beyond the threshold is excluded (CI up to {point['ci_high']:.3f})"
-        return {
-            **point,
-            "verdict": result,
-            "no_regression": True,
-            "note": "; ".join(filter(None, [point["note"], note])),
-        }
+        return {**point, "verdict": result, "no_regression": True, "note": _joined(point["note"], note)}
     return {**point, "verdict": result}
 
 
@@ -193,12 +188,11 @@ def _flagged(point: dict, base: Side, new: Side) -> dict:
         )
     if not flags:
         return point
-    return {
-        **point,
-        "verdict": "inconclusive",
-        "no_regression": False,
-        "note": "; ".join(filter(None, [point.get("note"), *flags])),
-    }
+    return {**point, "verdict": "inconclusive", "no_regression": False, "note": _joined(point.get("note"), *flags)}
+
+
+def _joined(*notes: str | None) -> str:
+    return "; ".join(filter(None, notes))
 
 
 def compare_pairs(pairs: list[tuple[Side, Side]], threshold_pct: float, alpha: float = 0.05) -> list[ComparePoint]:
