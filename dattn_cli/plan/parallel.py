@@ -209,8 +209,10 @@ def _timed(
     name: str, nbytes: float, messages: int, profile: HardwareProfile, n: int, overlap: str, exposed: Callable
 ) -> Collective:
     """One collective over n devices; `exposed(seconds)` is the part of its time not hidden under compute."""
-    seconds = profile.transfer_seconds(n, messages, nbytes)
-    return Collective(name=name, bytes=int(nbytes), seconds=seconds, exposed_s=exposed(seconds), overlap=overlap)
+    seconds, link = profile.transfer_seconds(n, messages, nbytes), profile.link(n)[0]
+    return Collective(
+        name=name, bytes=int(nbytes), seconds=seconds, exposed_s=exposed(seconds), overlap=overlap, link=link
+    )
 
 
 def _ddp_all_reduce(total: int, profile: HardwareProfile, n: int, backward_s: float) -> Collective:
@@ -294,10 +296,7 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
     train = s.mode == "fwdbwd"
     forward_s = compute / 3 if train else compute  # linear fwd is 1/3 of fwd+bwd, attention 1/3.5: about a third
     link = profile.link(t.devices)[0]
-    collectives = [
-        c.model_copy(update={"link": link})
-        for c in data_parallel_collectives(s, profile, t, forward_s, compute - forward_s)
-    ]
+    collectives = data_parallel_collectives(s, profile, t, forward_s, compute - forward_s)
     optimizer_s = _optimizer_seconds(s, profile, t) if train else 0.0
     dp_exposed = sum(c.exposed_s for c in collectives)
     comm_bytes = sum(c.bytes for c in collectives) + attention.comm_bytes * s.layers
