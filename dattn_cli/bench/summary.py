@@ -69,13 +69,8 @@ def summarize(impl: str, best: int | None, row: BenchRow | None, extra: str = ""
     """A line's summary; `row` is the one that stopped it (None: every length ran ok)."""
     if row is None:
         return ImplSummary(impl=impl, max_ok_seq_len=best)
-    return ImplSummary(
-        impl=impl,
-        max_ok_seq_len=best,
-        stopped_by=stop_reason(row),
-        stopped_at=row.seq_len,
-        limit=describe_stop(row) + extra,
-    )
+    stop = {"stopped_by": stop_reason(row), "stopped_at": row.seq_len, "limit": describe_stop(row) + extra}
+    return ImplSummary(impl=impl, max_ok_seq_len=best, **stop)
 
 
 def scaling_exponents(rows: list[BenchRow]) -> dict[str, float | None]:

@@ -78,18 +78,21 @@ def max_batch(
 ) -> tuple[int, bool]:
     """Largest batch (at most the Problem's limit) whose plan fits at s.seq_len: doubling, then bisection (memory
     grows with the batch); (0, False) if not even one fits, (cap, True) if the cap does."""
-
-    def fits(b: int) -> Plan | None:
-        p = plan(s.model_copy(update={"batch": b}), profile, devices, training)
-        return p if p.fits else None
-
-    batch, _, capped = _largest_fitting(fits, 1, SIZE_LIMITS["batch"])
+    batch, _, capped = _largest_fitting(s, "batch", 1, SIZE_LIMITS["batch"], profile, devices, training)
     return batch, capped
 
 
-def _largest_fitting(fits, step: int, cap: int) -> tuple[int, Plan | None, bool]:
-    """The largest multiple of `step` up to `cap` for which fits(n) gives a plan (fits is monotone: memory grows with
-    n): doubling, then bisection. (n, its plan, whether the cap itself fits); (0, None, False) if `step` does not."""
+def _largest_fitting(
+    s: Problem, field: str, step: int, cap: int, profile: HardwareProfile, devices: int, training: Training | None
+) -> tuple[int, Plan | None, bool]:
+    """The largest multiple of `step` up to `cap` that `field` of `s` can take with its plan fitting (memory grows
+    with it): doubling, then bisection. (n, its plan, whether the cap itself fits); (0, None, False) if `step`
+    does not fit."""
+
+    def fits(n: int) -> Plan | None:
+        p = plan(s.model_copy(update={field: n}), profile, devices, training)
+        return p if p.fits else None
+
     top = cap // step * step
     lo, best, hi = 0, None, step
     while (p := fits(hi)) is not None:
@@ -239,12 +242,7 @@ def max_seq_search(
     granule = _granule(attention_call(s, devices) if devices > 1 and s.target != "attention" else s, devices)
     if granule > SEQ_SEARCH_CAP:
         return SeqSearch(seq_len=0, plan=None, capped=False)
-
-    def fits(n: int) -> Plan | None:
-        p = plan(s.model_copy(update={"seq_len": n}), profile, devices, training)
-        return p if p.fits else None
-
-    n, best, capped = _largest_fitting(fits, granule, SEQ_SEARCH_CAP)
+    n, best, capped = _largest_fitting(s, "seq_len", granule, SEQ_SEARCH_CAP, profile, devices, training)
     return SeqSearch(seq_len=n, plan=best, capped=capped)
 
 

@@ -43,12 +43,7 @@ def return_freed_memory() -> bool:
     before the work allocates: large chunks already freed into the heap are reused, and stay resident.
     False where the C library is not glibc.
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim(0)
-        return bool(libc.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX) and libc.mallopt(M_MMAP_THRESHOLD, RETURN_THRESHOLD))
-    except (OSError, AttributeError):
-        return False
+    return _mallopt((M_MMAP_MAX, DEFAULT_MMAP_MAX), (M_MMAP_THRESHOLD, RETURN_THRESHOLD), trim=True)
 
 
 def reuse_freed_memory() -> bool:
@@ -57,9 +52,17 @@ def reuse_freed_memory() -> bool:
     its tensors. Measured in fresh processes (attention at N=4096, 1 thread, 256 MiB of scores a call): under
     glibc's own limits (mmap above 32 MiB, trim above 64 MiB) each call faulted its large tensors in again,
     841-1174 ms over 8 processes; with no mmap and no trim 374-449 ms. False where the C library is not glibc."""
+    return _mallopt((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, NEVER_TRIM))
+
+
+def _mallopt(*settings: tuple[int, int], trim: bool = False) -> bool:
+    """glibc's mallopt(parameter, value) for each setting in turn, after malloc_trim(0) with `trim`; whether all
+    took. False where the C library is not glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+        if trim:
+            libc.malloc_trim(0)
+        return all(libc.mallopt(parameter, value) for parameter, value in settings)
     except (OSError, AttributeError):
         return False
 
