@@ -89,15 +89,10 @@ class Sweep(Problem):
             )
         if self.world_size > 1 and not self.attached:
             check_spawned_ranks(self.world_size, device=self.device)
+        single = self.until_oom or self.interleave or self.world_size > 1 or self.attached  # one process a point
         if self.processes is None:
-            self.processes = (
-                1
-                if (
-                    self.repeat is not None or self.until_oom or self.interleave or self.world_size > 1 or self.attached
-                )
-                else DEFAULT_PROCESSES
-            )
-        elif self.processes > 1 and (self.until_oom or self.interleave or self.world_size > 1 or self.attached):
+            self.processes = 1 if single or self.repeat is not None else DEFAULT_PROCESSES
+        elif self.processes > 1 and single:
             raise ValueError(
                 f"--processes {self.processes}: only single-process points of a --seq-len sweep take "
                 "several processes (not --until-oom, --interleave or distributed points): drop it"
@@ -105,13 +100,10 @@ class Sweep(Problem):
         if self.threads is None:  # attached: the ranks on this node share its CPUs
             self.threads = measurement_threads(None, local_ranks() if self.attached else self.world_size)
         if self.interleave and (self.until_oom or self.world_size > 1):
+            why = "--until-oom (its lengths differ per implementation)" if self.until_oom else "--world-size > 1"
             raise ValueError(
-                "--interleave times the lines of each --seq-len round-robin in one process: not with "
-                + (
-                    "--until-oom (its lengths differ per implementation)"
-                    if self.until_oom
-                    else "--world-size > 1; compare the runs with dattn compare instead"
-                )
+                f"--interleave times the lines of each --seq-len round-robin in one process: not with {why}"
+                + ("" if self.until_oom else "; compare the runs with dattn compare instead")
             )
         for impl in self.impls:
             for point in self.variants(impl):
