@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -99,23 +100,20 @@ def _start_report(report: ReportFile, sweep: Sweep, resume: bool, environment: d
     return {row.key(): row for _, row in rows}
 
 
+@dataclass
 class _Sweeper:
-    def __init__(
-        self,
-        sweep: Sweep,
-        report: ReportFile | None,
-        done: dict[tuple, BenchRow],
-        on_row,
-        runner: Runner,
-        predict: Predict | None,
-        group_runner: GroupRunner = run_isolated_group,
-    ):
-        self.sweep, self.report, self.on_row, self.runner, self.predict = sweep, report, on_row, runner, predict
-        self.group_runner = group_runner
-        self.line: Problem | None = None  # the problem of the line being measured (impl, density)
-        self.rows: list[BenchRow] = []
-        self.done = done
-        self.settings = sweep.settings()
+    sweep: Sweep
+    report: ReportFile | None
+    done: dict[tuple, BenchRow]
+    on_row: Callable[[BenchRow], None] | None
+    runner: Runner
+    predict: Predict | None
+    group_runner: GroupRunner
+    line: Problem | None = None  # the problem of the line being measured (impl, density)
+    rows: list[BenchRow] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.settings = self.sweep.settings()
 
     def point(self, n: int, blocked: str | None = None) -> BenchRow:
         problem = self.line.with_(seq_len=n)

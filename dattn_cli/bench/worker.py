@@ -162,8 +162,8 @@ def _combine_ranks(per_rank: list[dict]) -> dict:
         values = [r.get(f"comm_bytes_{way}") for r in per_rank]
         result[f"comm_bytes_{way}"] = max(values) if None not in values else None
     result["mem_method"] = (
-        result.get("mem_method") or ""
-    ) + "; per rank, the largest over ranks (all in peak_mem_bytes_per_rank)"
+        f"{result.get('mem_method') or ''}; per rank, the largest over ranks (all in peak_mem_bytes_per_rank)"
+    )
     return result
 
 

@@ -96,10 +96,9 @@ class DilatedTransformerBlock(nn.Module):
         self.mlp_inner_norm = nn.LayerNorm(hidden, **factory) if norm == "subln" else None
         self.fc2 = nn.Linear(hidden, embed_dim, **factory)
         self.dropout = nn.Dropout(dropout)
-        nn.init.xavier_normal_(self.fc1.weight, gain=gamma)
-        nn.init.xavier_normal_(self.fc2.weight, gain=gamma)
-        nn.init.zeros_(self.fc1.bias)
-        nn.init.zeros_(self.fc2.bias)
+        for fc in (self.fc1, self.fc2):  # zeros_ draws no random numbers: as if both weights were drawn first
+            nn.init.xavier_normal_(fc.weight, gain=gamma)
+            nn.init.zeros_(fc.bias)
 
     def forward(
         self,

@@ -298,10 +298,9 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
     link = profile.link(t.devices)[0]
     collectives = data_parallel_collectives(s, profile, t, forward_s, compute - forward_s)
     optimizer_s = _optimizer_seconds(s, profile, t) if train else 0.0
-    dp_exposed = sum(c.exposed_s for c in collectives)
     comm_bytes = sum(c.bytes for c in collectives) + attention.comm_bytes * s.layers
     comm_s = sum(c.seconds for c in collectives) + attention.comm_s * s.layers * recompute_attention
-    exposed = dp_exposed + sp_exposed
+    exposed = sum(c.exposed_s for c in collectives) + sp_exposed
     if sp > 1:
         collectives.append(
             Collective(

@@ -305,9 +305,7 @@ def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
         # one step: (L/r)² pairs per head (4·D flops each, x3.5 with backward) vs 2·(L/r)·H·D·e bytes:
         # compute grows with L², the transfer with L, so a step hides its transfer once L is large enough
         per_l2 = 4 * s.head_dim * s.batch * s.heads / r**2 * (FWD_BWD_FACTOR if s.mode == "fwdbwd" else 1) / peak
-        per_l = (
-            2 * s.batch * s.heads * s.head_dim * e / r / (link.bandwidth_gb_s * 1e9 * profile.efficiency.communication)
-        )
+        per_l = profile.transfer_seconds(devices, 0, 2 * s.batch * s.heads * s.head_dim * e / r)
         threshold = per_l / per_l2 + (link.latency_us * 1e-6 / per_l2) ** 0.5
         if worst is None or threshold > worst[0]:
             worst = (threshold, w, r)
