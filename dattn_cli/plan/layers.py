@@ -339,12 +339,7 @@ def matmul_key(s: Problem) -> str:
 
 def linear_seconds(s: Problem, profile: HardwareProfile, flops: float) -> float:
     """The linear layers' FLOPs at the profile's peak rate for the compute dtype times the matmul efficiency."""
-    peak = profile.peak_flops(s.compute_dtype)
-    if peak is None:
-        raise ValueError(
-            f"profile {profile.name!r} has no {s.compute_dtype} rate (null in its peak_tflops): "
-            "pick another --dtype or --amp"
-        )
+    peak = profile.required_peak(s.compute_dtype, "pick another --dtype or --amp")
     return flops / (peak * profile.efficiency.compute_for(matmul_key(s), s.mode))
 
 

@@ -182,6 +182,12 @@ class HardwareProfile(_Strict):
         value = getattr(self.peak_tflops, dtype, None)
         return None if value is None else value * 1e12
 
+    def required_peak(self, dtype: str, fix: str = "pick another --dtype") -> float:
+        """peak_flops(dtype), or a ValueError saying the profile has none, and `fix`."""
+        if (peak := self.peak_flops(dtype)) is None:
+            raise ValueError(f"profile {self.name!r} has no {dtype} rate (null in its peak_tflops): {fix}")
+        return peak
+
     def link(self, devices: int) -> tuple[str, Link]:
         """(name, link) a group of `devices` talks over: intra-node while it fits in one node, else inter-node."""
         if devices <= self.devices_per_node:

@@ -56,11 +56,7 @@ class TimeBreakdown(BaseModel):
 
 
 def estimate_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
-    peak = profile.peak_flops(s.dtype)
-    if peak is None:
-        raise ValueError(
-            f"profile {profile.name!r} has no {s.dtype} rate (null in its peak_tflops): pick another --dtype"
-        )
+    peak = profile.required_peak(s.dtype)
     flops = flops_per_device(s)
     kernel, efficiency, source, traffic = compute_efficiency(s, profile)
     compute = flops / (peak * efficiency)
