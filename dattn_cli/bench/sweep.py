@@ -215,8 +215,7 @@ def _blocked(rows: list[BenchRow]) -> str | None:
 
 def _line_summary(impl: str, rows: list[BenchRow]) -> ImplSummary:
     """How far a line of a fixed sweep got (its longest ok N) and what stopped it (its first failure)."""
-    longest = max((r.seq_len for r in rows if r.status == "ok"), default=None)
-    return summarize(impl, longest, _first_failure(rows))
+    return summarize(impl, max((r.seq_len for r in rows if r.status == "ok"), default=None), _first_failure(rows))
 
 
 def _round_mid(lo: int, hi: int) -> int:

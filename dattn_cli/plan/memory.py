@@ -159,8 +159,7 @@ def _dense_items(t: _Tally, s: Problem, x_shard: int, device_type: str) -> None:
     """A fused dense kernel (lse and workspace) or the N x N scores of the math form."""
     fwdbwd = s.mode == "fwdbwd"
     if s.spec.memory_model == "dense_scores":  # fp32 scores, softmax, (and their grads in backward)
-        scores = s.batch * s.heads * s.seq_len * s.seq_len * 4
-        t.add("scores (N x N)", scores * (3 if fwdbwd else 2))
+        t.add("scores (N x N)", s.batch * s.heads * s.seq_len * s.seq_len * 4 * (3 if fwdbwd else 2))
     else:
         t.add("lse", s.batch * s.heads * s.seq_len * 4)
     if fwdbwd:
@@ -201,8 +200,7 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
         if b.rate > 1 or not improved:
             gather_shapes[(b.num_segments, b.num_heads, b.rows)] = elems
     if improved:
-        copies = 5 if fwdbwd else 3
-        t.add("gather buffers (memory pool)", copies * sum(gather_shapes.values()) * e)
+        t.add("gather buffers (memory pool)", (5 if fwdbwd else 3) * sum(gather_shapes.values()) * e)
     else:  # index gathers live one block at a time, plus the index tensors of every block (int64)
         t.add("gather buffers", (5 if fwdbwd else 3) * max(gather_shapes.values(), default=0) * e)
         t.add("index tensors", sum(_block_elems(s.batch, b, 1) // s.batch * 8 for b in blocks))
@@ -245,8 +243,7 @@ def reference_items(s: Problem) -> dict[str, int]:
 
 def framework_bytes(profile: HardwareProfile, mode: str) -> int:
     """The runtime's fixed cost from the profile (CUDA context, allocator reserve; CPU thread pools)."""
-    extra = profile.backward_overhead_gib if mode == "fwdbwd" else 0.0
-    return int((profile.framework_overhead_gib + extra) * 2**30)
+    return int((profile.framework_overhead_gib + (profile.backward_overhead_gib if mode == "fwdbwd" else 0.0)) * 2**30)
 
 
 def _finish(t: _Tally, framework_bytes: int, replace: dict[str, int] | None = None) -> MemoryBreakdown:

@@ -341,5 +341,4 @@ def _optimizer_seconds(s: Problem, profile: HardwareProfile, t: Training) -> flo
     gradients = sum(v for k, v in states.step.items() if k.startswith("gradients"))
     if t.zero < 3 and t.zero >= 1 and t.devices > 1:  # only this device's shard of the weights is updated
         resident -= sum(v for k, v in states.resident.items() if k.startswith("parameters")) * (1 - 1 / t.devices)
-    traffic = 2 * resident + gradients / (t.devices if 1 <= t.zero < 2 else 1)
-    return profile.memory_seconds(traffic)
+    return profile.memory_seconds(2 * resident + gradients / (t.devices if 1 <= t.zero < 2 else 1))

@@ -167,8 +167,7 @@ class HardwareProfile(_Strict):
     @field_validator("sources")
     @classmethod
     def _sources_named(cls, value: dict[str, str]) -> dict[str, str]:
-        needed = {"peak_tflops", "memory", "interconnect"}
-        missing = needed - set(value)
+        missing = {"peak_tflops", "memory", "interconnect"} - set(value)
         if missing:
             raise ValueError(f"sources must name where each figure comes from; missing: {', '.join(sorted(missing))}")
         return value

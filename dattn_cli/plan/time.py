@@ -157,5 +157,4 @@ def compute_efficiency(s: Problem, profile: HardwareProfile) -> tuple[str | None
     traffic = sum(GATHER_PASSES[s.mode] * q * element for _, _, _, r, q in blocks if r > 1)
     if len(blocks) > 1:
         traffic += sum(MERGE_PASSES[s.mode] * q * element for *_, q in blocks)
-    source = curve_source(eff, kernel, s.dtype, s.head_dim, s.causal, s.mode)
-    return kernel, efficiency, source, traffic
+    return kernel, efficiency, curve_source(eff, kernel, s.dtype, s.head_dim, s.causal, s.mode), traffic

@@ -208,8 +208,7 @@ def cpu_cache_bytes(cache_dir: Path = CPU_CACHE_DIR) -> int | None:
     for entry in sorted(cache_dir.glob("index*/size")):
         try:
             text = entry.read_text().strip().upper()
-            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-            sizes.append(int(text.rstrip("KMG")) * scale)
+            sizes.append(int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1))
         except (OSError, ValueError):
             continue
     return max(sizes) if sizes and max(sizes) > 0 else None

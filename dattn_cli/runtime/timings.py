@@ -31,8 +31,7 @@ def checked(samples: Sequence[float], name: str = "samples") -> np.ndarray:
 
 def relative_iqr(samples: Sequence[float]) -> float:
     """(q75 - q25) / median (numpy's linear quantiles): the noise of one list of times, scale free."""
-    values = checked(samples)
-    q25, q50, q75 = np.percentile(values, [25, 50, 75])
+    q25, q50, q75 = np.percentile(checked(samples), [25, 50, 75])
     return float((q75 - q25) / q50)
 
 
