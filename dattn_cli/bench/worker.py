@@ -131,8 +131,7 @@ def measure_rank(rank: int, world: int, sweep_data: dict, problem_data: dict) ->
 
 def run_distributed_point(sweep: Sweep, problem: Problem) -> dict:
     """Measure one point on problem.world_size ranks; a failing, OOM or stuck rank becomes a row naming the rank."""
-    reason = problem.spec.shard_rule(problem, problem.world_size)
-    if reason:
+    if reason := problem.spec.shard_rule(problem, problem.world_size):
         return {"status": "skipped", "reason": f"cannot shard: {reason}"}
     backend = attach_backend() if sweep.cuda else "gloo"  # CUDA: CPU tensors (the clock's all-reduces) still over gloo
     try:

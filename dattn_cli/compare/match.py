@@ -135,8 +135,7 @@ def match_reports(base: list[Side], new: list[Side]) -> tuple[list[tuple[Side, S
             + ", ...): compare two reports of the same sweep"
         )
     for sides, name, other in ((old, "BASE", "NEW"), (now, "NEW", "BASE")):
-        rest = [s for k, s in sides.items() if k not in (now if name == "BASE" else old)]
-        if rest:
+        if rest := [s for k, s in sides.items() if k not in (now if name == "BASE" else old)]:
             warnings.append(_unmatched(rest, name, other))
     return pairs, warnings
 

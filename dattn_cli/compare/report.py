@@ -246,8 +246,7 @@ def build_report(
             f"{len(slower)} point(s) look slower (e.g. {slower[0].impl} N={slower[0].seq_len:,} "
             f"{slower[0].mode}) but the environments differ: not counted as a regression"
         )
-    failed = [p for p in points if p.note and p.note.endswith("not compared")]
-    if failed:
+    if failed := [p for p in points if p.note and p.note.endswith("not compared")]:
         notes.append(
             f"{len(failed)} point(s) ran on one side only: "
             + ", ".join(f"{p.impl} N={p.seq_len:,} {p.mode} ({p.note})" for p in failed[:3])

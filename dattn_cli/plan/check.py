@@ -99,8 +99,7 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
         if shape.device.startswith("cuda") and has_curve(
             profile.efficiency, kernel, shape.dtype, shape.causal, shape.mode
         ):
-            scale = _curve_scale(shape, profile, kernel, seconds)
-            if scale is not None:
+            if (scale := _curve_scale(shape, profile, kernel, seconds)) is not None:
                 scales.setdefault(f"{kernel}/{shape.mode}", []).append(scale)
             continue
         per_impl.setdefault(f"{row.impl}/{row.mode}", []).append(flops_per_device(shape) / seconds / peak)

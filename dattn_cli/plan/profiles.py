@@ -156,8 +156,7 @@ class HardwareProfile(_Strict):
 
     @model_validator(mode="after")
     def _room_left(self) -> HardwareProfile:
-        overhead = self.framework_overhead_gib + self.backward_overhead_gib
-        if overhead >= self.memory_gib:
+        if (overhead := self.framework_overhead_gib + self.backward_overhead_gib) >= self.memory_gib:
             raise ValueError(
                 f"framework_overhead_gib + backward_overhead_gib = {overhead:g} GiB leaves nothing of "
                 f"memory_gib {self.memory_gib:g}: the overheads must be smaller than the memory"
@@ -167,8 +166,7 @@ class HardwareProfile(_Strict):
     @field_validator("sources")
     @classmethod
     def _sources_named(cls, value: dict[str, str]) -> dict[str, str]:
-        missing = {"peak_tflops", "memory", "interconnect"} - set(value)
-        if missing:
+        if missing := {"peak_tflops", "memory", "interconnect"} - set(value):
             raise ValueError(f"sources must name where each figure comes from; missing: {', '.join(sorted(missing))}")
         return value
 

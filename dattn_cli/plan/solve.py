@@ -104,8 +104,7 @@ def _largest_fitting(
         mid = (lo + hi) // 2 // step * step
         if mid <= lo:
             break
-        p = fits(mid)
-        if p is not None:
+        if (p := fits(mid)) is not None:
             lo, best = mid, p
         else:
             hi = mid

@@ -115,8 +115,7 @@ def nvml_device(nvml: Any, index: int) -> tuple[Any, str]:
             return nvml.nvmlDeviceGetHandleByUUID(uuid), f"UUID {uuid}"
         except Exception:
             continue
-    bus_id = _pci_bus_id(props)
-    if bus_id is not None:
+    if (bus_id := _pci_bus_id(props)) is not None:
         try:
             return nvml.nvmlDeviceGetHandleByPciBusId(bus_id), f"PCI bus id {bus_id}"
         except Exception:
@@ -189,8 +188,7 @@ def throttle_reason(before: dict | None, after: dict | None) -> str | None:
     application clocks and the like do not slow a kernel)."""
     found = []
     for when, state in (("before", before), ("after", after)):
-        limiting = [r for r in (state or {}).get("throttle_reasons") or [] if r in LIMITING]
-        if limiting:
+        if limiting := [r for r in (state or {}).get("throttle_reasons") or [] if r in LIMITING]:
             clock, top = state.get("sm_clock_mhz"), state.get("max_sm_clock_mhz")
             speed = f" (SM clock {clock} of {top} MHz)" if clock and top else ""
             found.append(f"{', '.join(limiting)} {when} the point{speed}")
