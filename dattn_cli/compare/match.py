@@ -238,12 +238,7 @@ def load_figures(env: dict, depth: int = 0) -> list[float]:
 
 
 def _values(envs: list[dict], read) -> list[str]:
-    seen = []
-    for env in envs:
-        value = read(env)
-        if value is not None and str(value) not in seen:
-            seen.append(str(value))
-    return seen
+    return list(dict.fromkeys(str(value) for value in map(read, envs) if value is not None))
 
 
 def _load_warning(base: list[dict], new: list[dict]) -> str | None:

@@ -41,8 +41,7 @@ def shard_start(attention: nn.Module, shard_len: int) -> int:
     core = attention.attention
     if not hasattr(core, "process_group"):  # a single-device core: the whole sequence is here
         return 0
-    rank, _ = group_rank_size(core.process_group)
-    return rank * shard_len
+    return group_rank_size(core.process_group)[0] * shard_len
 
 
 class DilatedTransformerBlock(nn.Module):

@@ -58,8 +58,7 @@ def median_ci(samples: Sequence[float], confidence: float = CONFIDENCE) -> tuple
 
 def median_ci_pct(samples: Sequence[float]) -> float | None:
     """The 95% CI of the median as a percentage of it: the farther of its two edges. None below 6 samples."""
-    ci = median_ci(samples)
-    if ci is None:
+    if (ci := median_ci(samples)) is None:
         return None
     median = float(np.median(samples))
     return 100.0 * max(median - ci[0], ci[1] - median) / median
