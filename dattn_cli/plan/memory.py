@@ -86,13 +86,9 @@ def _block_elems(batch: int, block: Block, head_dim: int) -> int:
 
 
 def _covers_all(block: Block, length: int, heads: int) -> bool:
-    return (
-        block.rate == 1
-        and block.start == 0
-        and block.num_segments * block.seg_len == length
-        and block.head_step == 1
-        and block.num_heads == heads
-    )
+    """The block is the whole call: rate 1 from position 0, every head, all `length` positions."""
+    shape = (block.rate, block.start, block.head_step, block.num_heads, block.num_segments * block.seg_len)
+    return shape == (1, 0, 1, heads, length)
 
 
 def estimate_memory(

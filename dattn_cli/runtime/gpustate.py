@@ -172,8 +172,7 @@ def _by_uuid_prefix(nvml: Any, entry: str) -> Any:
     except Exception:
         pass
     matches = []
-    for i in range(nvml.nvmlDeviceGetCount()):
-        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+    for handle in map(nvml.nvmlDeviceGetHandleByIndex, range(nvml.nvmlDeviceGetCount())):
         uuid = nvml.nvmlDeviceGetUUID(handle)
         if (uuid.decode() if isinstance(uuid, bytes) else str(uuid)).startswith(entry):
             matches.append(handle)
