@@ -105,7 +105,6 @@ def _sampled(base: Side, new: Side) -> dict:
     """The statistics of a pair with samples on both sides (verdict decided later, with adjusted p)."""
     b, n = summarize(base.samples), summarize(new.samples)
     ci = ratio_ci(base.samples, new.samples)
-    notes = [] if ci else [f"too few samples for a 95% CI ({b.n} and {n.n})"]
     return dict(
         base_ms=b.median,
         new_ms=n.median,
@@ -117,7 +116,7 @@ def _sampled(base: Side, new: Side) -> dict:
         n_new=n.n,
         noise_base=b.noise,
         noise_new=n.noise,
-        note="; ".join(notes) or None,
+        note=None if ci else f"too few samples for a 95% CI ({b.n} and {n.n})",
     )
 
 
