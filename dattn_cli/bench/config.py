@@ -14,8 +14,18 @@ from ..runtime.contention import measurement_threads
 from ..runtime.limits import check_spawned_ranks
 from ..workload.parse import MAX_CALLS, MAX_SECONDS, MAX_SEED, MAX_SEQ_LEN, MAX_THREADS, check_count, check_number
 from ..workload.problem import Problem
+from ..workload.records import SETTINGS
 
 DEFAULT_PROCESSES = 3  # bench.processes: an outlier process is one of three
+# field: (option, lowest, highest); start, repeat and warmup below their lowest say ">= lowest"
+COUNTS = {
+    "start": ("--start-seq-len", 1, MAX_SEQ_LEN),
+    "repeat": ("--repeat", 1, MAX_CALLS),
+    "warmup": ("--warmup", 0, MAX_CALLS),
+    "seed": ("--seed", 0, MAX_SEED),
+    "threads": ("--threads", 1, MAX_THREADS),
+    "processes": ("--processes", 1, MAX_THREADS),
+}
 
 
 class Sweep(Problem):
@@ -45,40 +55,20 @@ class Sweep(Problem):
             data = {**data, "impl": data["impls"][0]}
         return data
 
-    @field_validator("start", "repeat")
+    @field_validator(*COUNTS)
     @classmethod
-    def _positive_setting(cls, value: int | None, info) -> int | None:
+    def _count(cls, value: int | None, info) -> int | None:
         if value is None:
             return None
-        if value <= 0:
-            raise ValueError(f"--{info.field_name.replace('_', '-')} must be >= 1, got {value}")
-        if info.field_name == "start":
-            return check_count("--start-seq-len", value, 1, MAX_SEQ_LEN)
-        return check_count("--repeat", value, 1, MAX_CALLS)
-
-    @field_validator("warmup")
-    @classmethod
-    def _non_negative(cls, value: int | None) -> int | None:
-        if value is None:
-            return None
-        if value < 0:
-            raise ValueError(f"--warmup must be >= 0, got {value}")
-        return check_count("--warmup", value, 0, MAX_CALLS)
+        option, low, high = COUNTS[info.field_name]
+        if value < low and info.field_name in ("start", "repeat", "warmup"):
+            raise ValueError(f"--{info.field_name} must be >= {low}, got {value}")
+        return check_count(option, value, low, high)
 
     @field_validator("precision")
     @classmethod
     def _precision(cls, value: float) -> float:
         return check_number("--precision", value, 0, 100, low_open=True)
-
-    @field_validator("threads", "processes")
-    @classmethod
-    def _threads(cls, value: int | None, info) -> int | None:
-        return None if value is None else check_count(f"--{info.field_name}", value, 1, MAX_THREADS)
-
-    @field_validator("seed")
-    @classmethod
-    def _seed(cls, value: int) -> int:
-        return check_count("--seed", value, 0, MAX_SEED)
 
     @field_validator("max_seconds", "dist_timeout")
     @classmethod
@@ -99,15 +89,10 @@ class Sweep(Problem):
             )
         if self.world_size > 1 and not self.attached:
             check_spawned_ranks(self.world_size, device=self.device)
+        single = self.until_oom or self.interleave or self.world_size > 1 or self.attached  # one process a point
         if self.processes is None:
-            self.processes = (
-                1
-                if (
-                    self.repeat is not None or self.until_oom or self.interleave or self.world_size > 1 or self.attached
-                )
-                else DEFAULT_PROCESSES
-            )
-        elif self.processes > 1 and (self.until_oom or self.interleave or self.world_size > 1 or self.attached):
+            self.processes = 1 if single or self.repeat is not None else DEFAULT_PROCESSES
+        elif self.processes > 1 and single:
             raise ValueError(
                 f"--processes {self.processes}: only single-process points of a --seq-len sweep take "
                 "several processes (not --until-oom, --interleave or distributed points): drop it"
@@ -115,13 +100,10 @@ class Sweep(Problem):
         if self.threads is None:  # attached: the ranks on this node share its CPUs
             self.threads = measurement_threads(None, local_ranks() if self.attached else self.world_size)
         if self.interleave and (self.until_oom or self.world_size > 1):
+            why = "--until-oom (its lengths differ per implementation)" if self.until_oom else "--world-size > 1"
             raise ValueError(
-                "--interleave times the lines of each --seq-len round-robin in one process: not with "
-                + (
-                    "--until-oom (its lengths differ per implementation)"
-                    if self.until_oom
-                    else "--world-size > 1; compare the runs with dattn compare instead"
-                )
+                f"--interleave times the lines of each --seq-len round-robin in one process: not with {why}"
+                + ("" if self.until_oom else "; compare the runs with dattn compare instead")
             )
         for impl in self.impls:
             for point in self.variants(impl):
@@ -141,6 +123,13 @@ class Sweep(Problem):
     def point(self, impl: str, seq_len: int) -> Problem:
         """The problem of `impl` at `seq_len` (the first line of a block-sparse density sweep)."""
         return self.variants(impl)[0].with_(seq_len=seq_len)
+
+    def settings(self) -> dict:
+        """The settings each row records beside its problem (records.SETTINGS); a resumed point must have been
+        measured with them. The precision only where it decided the repeats."""
+        return {name: getattr(self, name) for name in SETTINGS} | {
+            "precision": self.precision if self.repeat is None else None
+        }
 
     @property
     def cuda(self) -> bool:

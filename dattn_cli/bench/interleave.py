@@ -57,19 +57,17 @@ def _prepare(sweep: Sweep, line: _Line, returns_memory: bool, cold: ColdCache) -
     before = rss_bytes()
     torch.manual_seed(sweep.seed)
     line.step, line.module = _stepper(sweep, line.problem, None, cold)
-    own = Clock(sweep.max_seconds)  # this line's projection, as if it ran alone
-    skipped = _too_slow(sweep, line.step(), own)
-    if skipped:
+    if skipped := _too_slow(sweep, line.step(), Clock(sweep.max_seconds)):  # this line's projection, as if alone
         return skipped
     if sweep.cuda:
         return None
     peak, exact = peak_of_one_call(line.step, before, returns_memory)
-    line.memory = {
-        "peak_mem_bytes": peak,
-        "mem_method": MEM_METHOD
+    method = (
+        MEM_METHOD
         if exact
-        else "peak RSS of the interleaved worker (all lines) above its RSS before this line was built",
-    }
+        else "peak RSS of the interleaved worker (all lines) above its RSS before this line was built"
+    )
+    line.memory = {"peak_mem_bytes": peak, "mem_method": method}
     return None
 
 

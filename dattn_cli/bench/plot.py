@@ -10,24 +10,43 @@ from pydantic import BaseModel
 from ..workload.records import BenchRow
 
 
-def fit_exponent(xs: list[float], ys: list[float]) -> float | None:
-    """Least-squares slope of log y on log x: y ~ N^slope. None with fewer than two points."""
-    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y and y > 0]
+def _least_squares(pts: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(slope, intercept) of the least-squares line of y on x; None without two distinct x."""
     if len(pts) < 2:
         return None
     mx = sum(p[0] for p in pts) / len(pts)
     my = sum(p[1] for p in pts) / len(pts)
     var = sum((p[0] - mx) ** 2 for p in pts)
-    return None if var == 0 else sum((p[0] - mx) * (p[1] - my) for p in pts) / var
+    if var == 0:
+        return None
+    slope = sum((p[0] - mx) * (p[1] - my) for p in pts) / var
+    return slope, my - slope * mx
 
 
-def plot_rows(rows: list[BenchRow], path: Path) -> dict[str, dict[str, float | None]]:
-    """Write the PNG; return the fitted exponents per implementation and quantity."""
+def fit_exponent(xs: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope of log y on log x: y ~ N^slope. None with fewer than two points."""
+    fit = _least_squares([(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y and y > 0])
+    return None if fit is None else fit[0]
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: Path, dpi: int) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    _pyplot().close(fig)
+
+
+def plot_rows(rows: list[BenchRow], path: Path) -> dict[str, dict[str, float | None]]:
+    """Write the PNG; return the fitted exponents per implementation and quantity."""
+    plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     quantities = (("time_ms", "time per call (ms)", "time"), ("peak_mem_bytes", "peak memory (MiB)", "memory"))
     exponents: dict[str, dict[str, float | None]] = {}
@@ -51,16 +70,10 @@ def plot_rows(rows: list[BenchRow], path: Path) -> dict[str, dict[str, float | N
                 (r for r in rows if r.impl == impl and r.status in ("oom", "skipped", "error")), key=lambda r: r.seq_len
             )
             if failed:
-                y = ys[-1] if ys else 1.0
                 first = failed[0]
+                mark = f"{impl}: {first.status} at N={first.seq_len}"
                 ax.scatter(
-                    [first.seq_len],
-                    [y],
-                    marker="x",
-                    s=90,
-                    color=color,
-                    zorder=5,
-                    label=f"{impl}: {first.status} at N={first.seq_len}",
+                    [first.seq_len], [ys[-1] if ys else 1.0], marker="x", s=90, color=color, zorder=5, label=mark
                 )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -75,9 +88,7 @@ def plot_rows(rows: list[BenchRow], path: Path) -> dict[str, dict[str, float | N
             f"segments {sample.segments}, dilations {sample.dilations}, {sample.device}",
             fontsize=9,
         )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, 110)
     return exponents
 
 
@@ -110,11 +121,7 @@ def fit_density(rows: list[BenchRow]) -> list[DensityFit]:
     for (impl, n), group in groups.items():
         group.sort(key=lambda r: r.element_density)
         xs, ys = [r.element_density for r in group], [r.time_ms for r in group]
-        slope = intercept = None
-        if len(set(xs)) >= 2:
-            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-            intercept = my - slope * mx
+        slope, intercept = _least_squares(list(zip(xs, ys))) or (None, None)
         fits.append(
             DensityFit(
                 impl=impl,
@@ -132,11 +139,7 @@ def fit_density(rows: list[BenchRow]) -> list[DensityFit]:
 def plot_density(rows: list[BenchRow], path: Path) -> list[DensityFit]:
     """Time against element density (linear axes) per (implementation, N), dense baselines as horizontal
     lines; returns the fits."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fits = fit_density(rows)
     fig, ax = plt.subplots(figsize=(7, 5))
     for fit in fits:
@@ -154,20 +157,16 @@ def plot_density(rows: list[BenchRow], path: Path) -> list[DensityFit]:
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, 110)
     return fits
 
 
 def plot_block_table(table, path: Path, title: str, causal: bool = False) -> None:
     """The block table as an image: a dark cell = the query block (row) attends the key block (column);
     with causal, the blocks above the diagonal (never computed) are shown lighter."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import torch
+
+    plt = _pyplot()
 
     shown = table.to(torch.float32)
     if causal:
@@ -177,6 +176,4 @@ def plot_block_table(table, path: Path, title: str, causal: bool = False) -> Non
     ax.set_xlabel("key block")
     ax.set_ylabel("query block")
     ax.set_title(title, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, 120)

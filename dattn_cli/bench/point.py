@@ -101,8 +101,7 @@ def _stepper(sweep: Sweep, problem: Problem, group: Any, flush: ColdCache) -> tu
 
     def run(inputs: tuple) -> None:
         if problem.mode == "fwdbwd":
-            out = call.run(*inputs)
-            if out is not None:  # None: the call took a whole training step itself
+            if (out := call.run(*inputs)) is not None:  # None: the call took a whole training step itself
                 out.backward(torch.ones_like(out))
         else:
             with torch.no_grad():
@@ -197,8 +196,7 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
         torch.cuda.reset_peak_memory_stats()
     probes = Probes(sweep, group)
     clock = Clock(sweep.max_seconds)
-    skipped = _too_slow(sweep, step(), clock)
-    if skipped:
+    if skipped := _too_slow(sweep, step(), clock):
         return skipped
     memory = {} if sweep.cuda else _cpu_memory(sweep, step, start_rss, returns_memory)
     agree = _agreement(group)

@@ -57,12 +57,11 @@ def pooled(results: list[dict], problem: Problem, sweep: Sweep) -> dict:
     stopped_by, why = pooled_stop([r["stopped_by"] for r in results], times, sweep)
     if why:
         reasons.append(why)
-    others = [r["other_cpus"] for r in results if r.get("other_cpus") is not None]
     merged.update(
         process_medians_ms=[statistics.median(r["samples_ms"]) for r in results],
         processes=len(results),
         stopped_by=stopped_by,
-        other_cpus=max(others) if others else None,
+        other_cpus=max((r["other_cpus"] for r in results if r.get("other_cpus") is not None), default=None),
         contended=any(r.get("contended") for r in results),
         throttled=any(r.get("throttled") for r in results),
         gpu_after=results[-1].get("gpu_after"),

@@ -95,5 +95,4 @@ def take_samples(
 
 
 def _precise(times: list[float], precision_pct: float) -> bool:
-    pct = median_ci_pct(times)
-    return pct is not None and pct <= precision_pct
+    return (pct := median_ci_pct(times)) is not None and pct <= precision_pct

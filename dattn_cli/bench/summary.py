@@ -39,10 +39,8 @@ class ImplSummary(BaseModel):
 
 def stop_reason(row: BenchRow) -> StopReason:
     """Which kind of limit a failed row is."""
-    if row.status == "oom":
-        return "memory"
-    if row.status == "error":
-        return "error"
+    if row.status in ("oom", "error"):
+        return "memory" if row.status == "oom" else "error"
     reason = row.reason or ""
     if reason.startswith("time"):
         return "time"
@@ -71,13 +69,8 @@ def summarize(impl: str, best: int | None, row: BenchRow | None, extra: str = ""
     """A line's summary; `row` is the one that stopped it (None: every length ran ok)."""
     if row is None:
         return ImplSummary(impl=impl, max_ok_seq_len=best)
-    return ImplSummary(
-        impl=impl,
-        max_ok_seq_len=best,
-        stopped_by=stop_reason(row),
-        stopped_at=row.seq_len,
-        limit=describe_stop(row) + extra,
-    )
+    stop = {"stopped_by": stop_reason(row), "stopped_at": row.seq_len, "limit": describe_stop(row) + extra}
+    return ImplSummary(impl=impl, max_ok_seq_len=best, **stop)
 
 
 def scaling_exponents(rows: list[BenchRow]) -> dict[str, float | None]:

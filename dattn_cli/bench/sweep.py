@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -66,21 +67,6 @@ def run_points(sweep: Sweep, problem: Problem) -> dict:
     return run_in_processes(sweep, problem, run_isolated)
 
 
-def measurement_settings(sweep: Sweep) -> dict:
-    """The settings each row records beside its problem; a resumed point must have been measured with them."""
-    return {
-        "repeat": sweep.repeat,
-        "warmup": sweep.warmup,
-        "precision": sweep.precision if sweep.repeat is None else None,
-        "cache": sweep.cache,
-        "max_memory": sweep.max_memory,
-        "max_seconds": sweep.max_seconds,
-        "seed": sweep.seed,
-        "threads": sweep.threads,
-        "processes": sweep.processes,
-    }
-
-
 def _would_measure(sweep: Sweep, row: BenchRow) -> bool:
     """Is `row`'s point one this sweep measures (same problem; a length it sweeps)?"""
     if not sweep.until_oom and row.seq_len not in sweep.seq_lens:
@@ -101,7 +87,7 @@ def _start_report(report: ReportFile, sweep: Sweep, resume: bool, environment: d
     report.points = len(rows)
     if rows and not resume:
         raise ValueError(f"--out {report.path} already holds rows: pass --resume to continue it, or choose a new file")
-    settings = measurement_settings(sweep)
+    settings = sweep.settings()
     for number, row in rows:
         if (differs := settings_mismatch(row, settings)) and _would_measure(sweep, row):
             raise ValueError(
@@ -114,23 +100,20 @@ def _start_report(report: ReportFile, sweep: Sweep, resume: bool, environment: d
     return {row.key(): row for _, row in rows}
 
 
+@dataclass
 class _Sweeper:
-    def __init__(
-        self,
-        sweep: Sweep,
-        report: ReportFile | None,
-        done: dict[tuple, BenchRow],
-        on_row,
-        runner: Runner,
-        predict: Predict | None,
-        group_runner: GroupRunner = run_isolated_group,
-    ):
-        self.sweep, self.report, self.on_row, self.runner, self.predict = sweep, report, on_row, runner, predict
-        self.group_runner = group_runner
-        self.line: Problem | None = None  # the problem of the line being measured (impl, density)
-        self.rows: list[BenchRow] = []
-        self.done = done
-        self.settings = measurement_settings(sweep)
+    sweep: Sweep
+    report: ReportFile | None
+    done: dict[tuple, BenchRow]
+    on_row: Callable[[BenchRow], None] | None
+    runner: Runner
+    predict: Predict | None
+    group_runner: GroupRunner
+    line: Problem | None = None  # the problem of the line being measured (impl, density)
+    rows: list[BenchRow] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.settings = self.sweep.settings()
 
     def point(self, n: int, blocked: str | None = None) -> BenchRow:
         problem = self.line.with_(seq_len=n)
@@ -232,8 +215,7 @@ def _blocked(rows: list[BenchRow]) -> str | None:
 
 def _line_summary(impl: str, rows: list[BenchRow]) -> ImplSummary:
     """How far a line of a fixed sweep got (its longest ok N) and what stopped it (its first failure)."""
-    longest = max((r.seq_len for r in rows if r.status == "ok"), default=None)
-    return summarize(impl, longest, _first_failure(rows))
+    return summarize(impl, max((r.seq_len for r in rows if r.status == "ok"), default=None), _first_failure(rows))
 
 
 def _round_mid(lo: int, hi: int) -> int:

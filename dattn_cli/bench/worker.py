@@ -31,10 +31,8 @@ OOM_TEXT = ("memoryerror", "out of memory", "can't allocate", "cannot allocate",
 def _child(conn, sweep_data: dict, problem_data: dict) -> None:
     start_rss = rss_bytes()
     try:
-        sweep, problem = Sweep.model_validate(sweep_data), Problem.model_validate(problem_data)
-        _set_threads(sweep)
-        cap_memory(sweep.max_memory, sweep.device)
-        result = PointResult.model_validate(measure_point(sweep, problem, start_rss))
+        sweep = _ready(sweep_data)
+        result = PointResult.model_validate(measure_point(sweep, Problem.model_validate(problem_data), start_rss))
     except BaseException as exc:  # every failure becomes a row; the sweep goes on
         result = PointResult.model_validate(failure_row(exc))
     conn.send(result)
@@ -43,10 +41,8 @@ def _child(conn, sweep_data: dict, problem_data: dict) -> None:
 
 def _group_child(conn, sweep_data: dict, problems_data: list[dict]) -> None:
     try:
-        sweep = Sweep.model_validate(sweep_data)
+        sweep = _ready(sweep_data)
         problems = [Problem.model_validate(p) for p in problems_data]
-        _set_threads(sweep)
-        cap_memory(sweep.max_memory, sweep.device)
         results = [failure_row(r) if isinstance(r, BaseException) else r for r in measure_group(sweep, problems)]
         results = [PointResult.model_validate(r) for r in results]
     except BaseException as exc:  # every line gets the failure
@@ -61,6 +57,14 @@ def _set_threads(sweep: Sweep) -> None:
     torch.set_num_threads(sweep.threads)
 
 
+def _ready(sweep_data: dict) -> Sweep:
+    """The worker's sweep, its torch threads set and its address space capped."""
+    sweep = Sweep.model_validate(sweep_data)
+    _set_threads(sweep)
+    cap_memory(sweep.max_memory, sweep.device)
+    return sweep
+
+
 def failure_row(exc: BaseException) -> dict:
     try:
         oom = is_oom(exc)
@@ -71,11 +75,12 @@ def failure_row(exc: BaseException) -> dict:
     message = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:500]
     if not oom and os.environ.get("DATTN_DEBUG"):
         traceback.print_exc()
-    return {
-        "status": "oom" if oom else "error",
-        "error": message,
-        "reason": "out of memory" if oom else "exception in worker",
-    }
+    return _failed(oom, message, "exception in worker")
+
+
+def _failed(oom: bool, error: str, reason: str) -> dict:
+    """A failure row's fields: oom (its reason "out of memory") or error (`reason`)."""
+    return {"status": "oom" if oom else "error", "error": error, "reason": "out of memory" if oom else reason}
 
 
 def run_isolated(sweep: Sweep, problem: Problem, child: Callable = _child) -> dict:
@@ -126,8 +131,7 @@ def measure_rank(rank: int, world: int, sweep_data: dict, problem_data: dict) ->
 
 def run_distributed_point(sweep: Sweep, problem: Problem) -> dict:
     """Measure one point on problem.world_size ranks; a failing, OOM or stuck rank becomes a row naming the rank."""
-    reason = problem.spec.shard_rule(problem, problem.world_size)
-    if reason:
+    if reason := problem.spec.shard_rule(problem, problem.world_size):
         return {"status": "skipped", "reason": f"cannot shard: {reason}"}
     backend = attach_backend() if sweep.cuda else "gloo"  # CUDA: CPU tensors (the clock's all-reduces) still over gloo
     try:
@@ -142,12 +146,7 @@ def run_distributed_point(sweep: Sweep, problem: Problem) -> dict:
         )
     except DistributedError as exc:
         text = str(exc)
-        oom = any(s in text.lower() for s in OOM_TEXT)
-        return {
-            "status": "oom" if oom else "error",
-            "error": text[:500],
-            "reason": "out of memory" if oom else "a rank failed",
-        }
+        return _failed(any(s in text.lower() for s in OOM_TEXT), text[:500], "a rank failed")
     per_rank = [result_fields(r) for r in per_rank]
     bad = [r for r in per_rank if r["status"] != "ok"]
     return bad[0] if bad else _combine_ranks(per_rank)
@@ -162,8 +161,8 @@ def _combine_ranks(per_rank: list[dict]) -> dict:
         values = [r.get(f"comm_bytes_{way}") for r in per_rank]
         result[f"comm_bytes_{way}"] = max(values) if None not in values else None
     result["mem_method"] = (
-        result.get("mem_method") or ""
-    ) + "; per rank, the largest over ranks (all in peak_mem_bytes_per_rank)"
+        f"{result.get('mem_method') or ''}; per rank, the largest over ranks (all in peak_mem_bytes_per_rank)"
+    )
     return result
 
 

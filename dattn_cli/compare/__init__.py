@@ -50,8 +50,7 @@ def compare_impls(
     """Implementation A against B in one report, point by point; ratio = A / B. One run shares one
     environment, so none is compared."""
     band(threshold_pct)
-    report = load_report(run, "RUN")
-    pairs, warnings = match_impls(report.points, impl_a, impl_b)
+    pairs, warnings = match_impls(load_report(run, "RUN").points, impl_a, impl_b)
     return build_report(pairs, warnings, [], threshold_pct, alpha)
 
 

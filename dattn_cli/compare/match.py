@@ -85,8 +85,7 @@ def load_report(path: Path | str, option: str = "report") -> Loaded:
             environments.append(data)
         elif kind == "run_end" and environments:  # the load at the end of the run the last record opened
             environments[-1] = {**environments[-1], "load_average_end": data.get("load_average")}
-            config = data.get("config") if isinstance(data.get("config"), dict) else {}
-            threads = config.get("threads", data.get("threads", data.get("torch_threads")))
+            threads = _config(data).get("threads", data.get("threads", data.get("torch_threads")))
         elif kind == "point":
             where = f"{path}:{number}"
             row = parse_row(where, data)
@@ -136,13 +135,17 @@ def match_reports(base: list[Side], new: list[Side]) -> tuple[list[tuple[Side, S
             + ", ...): compare two reports of the same sweep"
         )
     for sides, name, other in ((old, "BASE", "NEW"), (now, "NEW", "BASE")):
-        rest = [s for k, s in sides.items() if k not in (now if name == "BASE" else old)]
-        if rest:
+        if rest := [s for k, s in sides.items() if k not in (now if name == "BASE" else old)]:
             warnings.append(_unmatched(rest, name, other))
     return pairs, warnings
 
 
-def _config(row: BenchRow) -> tuple:
+def _config(env: dict) -> dict:
+    """A record's `config` (the sweep's settings), {} where it has none."""
+    return env.get("config") if isinstance(env.get("config"), dict) else {}
+
+
+def _key(row: BenchRow) -> tuple:
     """The key without the implementation and the pattern (matched separately: it belongs to an impl)."""
     return tuple(v for f, v in zip(KEY_FIELDS, point_key(row.model_dump())) if f not in ("impl", "pattern"))
 
@@ -163,7 +166,7 @@ def match_impls(points: list[Side], impl_a: str, impl_b: str) -> tuple[list[tupl
     for side_a in a.values():
         for side_b in b.values():
             patterns = (side_a.row.pattern, side_b.row.pattern)
-            if _config(side_a.row) == _config(side_b.row) and (None in patterns or patterns[0] == patterns[1]):
+            if _key(side_a.row) == _key(side_b.row) and (None in patterns or patterns[0] == patterns[1]):
                 pairs.append((side_b, side_a))
     if not pairs:
         raise ValueError(
@@ -187,8 +190,7 @@ def _host(env: dict) -> str | None:
 
 
 def _threads(env: dict) -> object:
-    config = env.get("config") if isinstance(env.get("config"), dict) else {}
-    candidates = (env.get("torch_threads"), env.get("threads"), config.get("threads"))
+    candidates = (env.get("torch_threads"), env.get("threads"), _config(env).get("threads"))
     return next((v for v in candidates if v is not None), None)
 
 
@@ -236,12 +238,7 @@ def load_figures(env: dict, depth: int = 0) -> list[float]:
 
 
 def _values(envs: list[dict], read) -> list[str]:
-    seen = []
-    for env in envs:
-        value = read(env)
-        if value is not None and str(value) not in seen:
-            seen.append(str(value))
-    return seen
+    return list(dict.fromkeys(str(value) for value in map(read, envs) if value is not None))
 
 
 def _load_warning(base: list[dict], new: list[dict]) -> str | None:
@@ -265,7 +262,7 @@ def _every_cpu_warning(label: str, envs: list[dict]) -> str | None:
     the host holds a vCPU back differs between worker processes), so between two such runs a regression cannot
     be told from the machine. Within one run (--a/--b) it does not matter."""
     for env in envs:
-        threads, config = _threads(env), env.get("config") if isinstance(env.get("config"), dict) else {}
+        threads, config = _threads(env), _config(env)
         cpus = len(env["cpu_affinity"]) if isinstance(env.get("cpu_affinity"), list) else env.get("cpu_count")
         ranks = config.get("world_size") if isinstance(config.get("world_size"), int) else 1
         if isinstance(threads, int) and isinstance(cpus, int) and threads > 1 and threads * ranks >= cpus > 1:

@@ -33,7 +33,7 @@ statistically established); 3 inconclusive. Bad input raises ValueError before a
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
 
 from ..workload.records import BenchRow
 from .match import Side
@@ -45,34 +45,14 @@ OTHER_CPUS_DIFFER = 0.5  # CPUs: a load difference during the point that no test
 EXIT_CODES = {"same": 0, "faster": 0, "slower": 1, "inconclusive": 3}
 
 
-class ComparePoint(BaseModel):
-    """One matched configuration: BASE (or --b) against NEW (or --a); ratio = NEW / BASE. Notes say BASE
-    and NEW for --b and --a too."""
+# a point's configuration: these fields of its rows (NEW's, or --a's), as BenchRow has them
+CONFIG_FIELDS = (
+    "seq_len mode batch heads kv_heads head_dim segments dilations semantics causal dtype device world_size pattern "
+    "target embed_dim layers checkpointing amp compiled documents vocab_size"
+).split()
 
-    impl: str  # NEW's (or --a's) implementation
-    impl_base: str  # BASE's (or --b's): the same as impl when two reports are compared
-    seq_len: int
-    mode: str
-    batch: int
-    heads: int
-    kv_heads: int | None = None
-    head_dim: int
-    segments: list[int]
-    dilations: list[int]
-    semantics: str
-    causal: bool
-    dtype: str
-    device: str
-    world_size: int
-    pattern: str | None = None
-    target: str = "attention"
-    embed_dim: int | None = None
-    layers: int | None = None
-    checkpointing: bool = False
-    amp: str | None = None
-    compiled: bool = False
-    documents: list[int] | None = None
-    vocab_size: int | None = None
+
+class _Figures(BaseModel):
     base_ms: float | None = None  # medians
     new_ms: float | None = None
     ratio: float | None = None
@@ -86,6 +66,17 @@ class ComparePoint(BaseModel):
     noise_new: float | None = None
     note: str | None = None
     no_regression: bool = False  # inconclusive only between same and faster: its whole CI is below 1 + t
+
+
+ComparePoint = create_model(
+    "ComparePoint",
+    __doc__="""One matched configuration: BASE (or --b) against NEW (or --a); ratio = NEW / BASE. Notes say BASE
+    and NEW for --b and --a too.""",
+    impl=(str, ...),  # NEW's (or --a's) implementation
+    impl_base=(str, ...),  # BASE's (or --b's): the same as impl when two reports are compared
+    **{name: (BenchRow.model_fields[name].annotation, BenchRow.model_fields[name]) for name in CONFIG_FIELDS},
+    **{name: (f.annotation, f) for name, f in _Figures.model_fields.items()},
+)
 
 
 class CompareReport(BaseModel):
@@ -114,7 +105,6 @@ def _sampled(base: Side, new: Side) -> dict:
     """The statistics of a pair with samples on both sides (verdict decided later, with adjusted p)."""
     b, n = summarize(base.samples), summarize(new.samples)
     ci = ratio_ci(base.samples, new.samples)
-    notes = [] if ci else [f"too few samples for a 95% CI ({b.n} and {n.n})"]
     return dict(
         base_ms=b.median,
         new_ms=n.median,
@@ -126,7 +116,7 @@ def _sampled(base: Side, new: Side) -> dict:
         n_new=n.n,
         noise_base=b.noise,
         noise_new=n.noise,
-        note="; ".join(notes) or None,
+        note=None if ci else f"too few samples for a 95% CI ({b.n} and {n.n})",
     )
 
 
@@ -171,15 +161,10 @@ def _decide(point: dict, base: Side, new: Side, p_adjusted: float | None, thresh
         and not _beyond_load(point, threshold_pct)
         and (spread := spread_differs(base.samples, new.samples))
     ):
-        return {**point, "verdict": "inconclusive", "note": "; ".join(filter(None, [point["note"], spread]))}
+        return {**point, "verdict": "inconclusive", "note": _joined(point["note"], spread)}
     if result == "inconclusive" and point["ci_high"] is not None and point["ci_high"] <= band(threshold_pct)[1]:
         note = f"a regression beyond the threshold is excluded (CI up to {point['ci_high']:.3f})"
-        return {
-            **point,
-            "verdict": result,
-            "no_regression": True,
-            "note": "; ".join(filter(None, [point["note"], note])),
-        }
+        return {**point, "verdict": result, "no_regression": True, "note": _joined(point["note"], note)}
     return {**point, "verdict": result}
 
 
@@ -202,12 +187,11 @@ def _flagged(point: dict, base: Side, new: Side) -> dict:
         )
     if not flags:
         return point
-    return {
-        **point,
-        "verdict": "inconclusive",
-        "no_regression": False,
-        "note": "; ".join(filter(None, [point.get("note"), *flags])),
-    }
+    return {**point, "verdict": "inconclusive", "no_regression": False, "note": _joined(point.get("note"), *flags)}
+
+
+def _joined(*notes: str | None) -> str:
+    return "; ".join(filter(None, notes))
 
 
 def compare_pairs(pairs: list[tuple[Side, Side]], threshold_pct: float, alpha: float = 0.05) -> list[ComparePoint]:
@@ -261,8 +245,7 @@ def build_report(
             f"{len(slower)} point(s) look slower (e.g. {slower[0].impl} N={slower[0].seq_len:,} "
             f"{slower[0].mode}) but the environments differ: not counted as a regression"
         )
-    failed = [p for p in points if p.note and p.note.endswith("not compared")]
-    if failed:
+    if failed := [p for p in points if p.note and p.note.endswith("not compared")]:
         notes.append(
             f"{len(failed)} point(s) ran on one side only: "
             + ", ".join(f"{p.impl} N={p.seq_len:,} {p.mode} ({p.note})" for p in failed[:3])

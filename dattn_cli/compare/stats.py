@@ -161,8 +161,7 @@ def spread_differs(base: Sequence[float], new: Sequence[float]) -> str | None:
         return None
     from scipy.stats import fligner
 
-    p = fligner(np.log(a), np.log(b)).pvalue
-    if not (p < SPREAD_ALPHA):
+    if not (fligner(np.log(a), np.log(b)).pvalue < SPREAD_ALPHA):
         return None
     return f"{name} samples are far noisier (relative IQR {wider:.0%} vs {narrower:.0%}): load on one side only?"
 

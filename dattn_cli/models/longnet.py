@@ -41,8 +41,7 @@ def shard_start(attention: nn.Module, shard_len: int) -> int:
     core = attention.attention
     if not hasattr(core, "process_group"):  # a single-device core: the whole sequence is here
         return 0
-    rank, _ = group_rank_size(core.process_group)
-    return rank * shard_len
+    return group_rank_size(core.process_group)[0] * shard_len
 
 
 class DilatedTransformerBlock(nn.Module):
@@ -96,10 +95,9 @@ class DilatedTransformerBlock(nn.Module):
         self.mlp_inner_norm = nn.LayerNorm(hidden, **factory) if norm == "subln" else None
         self.fc2 = nn.Linear(hidden, embed_dim, **factory)
         self.dropout = nn.Dropout(dropout)
-        nn.init.xavier_normal_(self.fc1.weight, gain=gamma)
-        nn.init.xavier_normal_(self.fc2.weight, gain=gamma)
-        nn.init.zeros_(self.fc1.bias)
-        nn.init.zeros_(self.fc2.bias)
+        for fc in (self.fc1, self.fc2):  # zeros_ draws no random numbers: as if both weights were drawn first
+            nn.init.xavier_normal_(fc.weight, gain=gamma)
+            nn.init.zeros_(fc.bias)
 
     def forward(
         self,
@@ -209,6 +207,3 @@ class LongNetLM(nn.Module):
         `targets`."""
         logits = self(tokens, position_offset, cu_seqlens)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())

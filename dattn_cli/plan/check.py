@@ -99,17 +99,17 @@ def calibrate(rows: list[BenchRow], profile: HardwareProfile, source: str) -> Ha
         if shape.device.startswith("cuda") and has_curve(
             profile.efficiency, kernel, shape.dtype, shape.causal, shape.mode
         ):
-            scale = _curve_scale(shape, profile, kernel, seconds)
-            if scale is not None:
+            if (scale := _curve_scale(shape, profile, kernel, seconds)) is not None:
                 scales.setdefault(f"{kernel}/{shape.mode}", []).append(scale)
             continue
         per_impl.setdefault(f"{row.impl}/{row.mode}", []).append(flops_per_device(shape) / seconds / peak)
-    profile = _with_scales(profile, {k: min(10.0, statistics.median(v)) for k, v in scales.items()})
-    profile = _with_efficiency(profile, {impl: min(1.0, statistics.median(v)) for impl, v in per_impl.items()}, source)
+    profile = _fitted(profile, "kernel_scale", {k: min(10.0, statistics.median(v)) for k, v in scales.items()})
+    per_impl = {impl: min(1.0, statistics.median(v)) for impl, v in per_impl.items()}
+    profile = _fitted(profile, "per_impl", per_impl, calibrated_from=source)
     per_dtype = _linear_efficiencies(rows, profile)
     if not per_impl and not per_dtype and not scales:
         raise ValueError(f"{source}: no single-device ok rows with a time to calibrate from")
-    return _with_efficiency(profile, {k: min(1.0, statistics.median(v)) for k, v in per_dtype.items()}, source)
+    return _fitted(profile, "per_impl", {k: min(1.0, statistics.median(v)) for k, v in per_dtype.items()})
 
 
 def _curve_scale(shape, profile: HardwareProfile, kernel: str, seconds: float) -> float | None:
@@ -137,19 +137,13 @@ def _linear_efficiencies(rows: list[BenchRow], profile: HardwareProfile) -> dict
     return per_dtype
 
 
-def _with_scales(profile: HardwareProfile, fitted: dict[str, float]) -> HardwareProfile:
-    if not fitted:
-        return profile
-    efficiency = profile.efficiency.model_copy(update={"kernel_scale": {**profile.efficiency.kernel_scale, **fitted}})
-    return profile.model_copy(update={"efficiency": efficiency})
+def _fitted(profile: HardwareProfile, field: str, fitted: dict[str, float], **update) -> HardwareProfile:
+    """`profile` with `fitted` entries added to its efficiency's `field` (per_impl, kernel_scale)."""
+    efficiency = profile.efficiency.model_copy(update={field: {**getattr(profile.efficiency, field), **fitted}})
+    return profile.model_copy(update={"efficiency": efficiency, **update})
 
 
 def _timed(row: BenchRow) -> bool:
     """A usable time: rows read from a report are refused at reading when a time is 0, negative or NaN
     (records.implausible); rows built in memory are left out of the fit here."""
     return row.time_ms is not None and math.isfinite(row.time_ms) and row.time_ms > 0
-
-
-def _with_efficiency(profile: HardwareProfile, fitted: dict[str, float], source: str) -> HardwareProfile:
-    efficiency = profile.efficiency.model_copy(update={"per_impl": {**profile.efficiency.per_impl, **fitted}})
-    return profile.model_copy(update={"efficiency": efficiency, "calibrated_from": source})

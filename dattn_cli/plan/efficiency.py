@@ -123,26 +123,17 @@ def scale_for(eff: Efficiency, kernel: str, direction: str) -> float:
 
 def _unscaled(
     eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bool, direction: str, n: int, in_flight: int
-) -> float | None:
+) -> float:
+    """The curve's efficiency without the calibrated scale (the caller has found a curve: _route)."""
     curve = curve_at(eff, kernel, dtype, head_dim, causal, direction)
-    if curve is None:
-        return None
     return saturation(n, curve.e_inf, curve.n_half) * wave_factor(n, in_flight, eff.compute_units)
 
 
 def curve_efficiency(
-    eff: Efficiency,
-    kernel: str,
-    dtype: str,
-    head_dim: int,
-    causal: bool,
-    direction: str,
-    n: int,
-    in_flight: int,
-    scaled: bool = True,
+    eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bool, direction: str, n: int, in_flight: int
 ) -> float | None:
     """Achieved / peak FLOP/s of `kernel` on a dense (n x n) problem with `in_flight` independent (batch x head)
-    problems; None without a curve for it. `scaled`: times the calibrated scale of `kernel`/`direction`."""
+    problems, times the calibrated scale of `kernel`/`direction`; None without a curve for it."""
     route = _route(eff, kernel, dtype, causal, direction)
     if route is None:
         return None
@@ -152,7 +143,7 @@ def curve_efficiency(
         value = (1 + BWD_SHARE) / (1 / fwd + BWD_SHARE / bwd)
     else:
         value = _unscaled(eff, name, dtype, head_dim, causal, used, n, in_flight)
-    return min(1.0, (scale_for(eff, kernel, direction) if scaled else 1.0) * value)
+    return min(1.0, scale_for(eff, kernel, direction) * value)
 
 
 def curve_source(eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bool, direction: str) -> str:

@@ -337,6 +337,12 @@ def matmul_key(s: Problem) -> str:
     return f"matmul:{s.compute_dtype}"
 
 
+def linear_seconds(s: Problem, profile: HardwareProfile, flops: float) -> float:
+    """The linear layers' FLOPs at the profile's peak rate for the compute dtype times the matmul efficiency."""
+    peak = profile.required_peak(s.compute_dtype, "pick another --dtype or --amp")
+    return flops / (peak * profile.efficiency.compute_for(matmul_key(s), s.mode))
+
+
 def attention_part(s: Problem, profile: HardwareProfile) -> tuple[float, float]:
     """(useful FLOPs, seconds) of all the blocks' attention calls at the attention efficiency, the
     checkpoint recompute included in the seconds."""
@@ -349,20 +355,11 @@ def estimate_layer_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
     at the matmul efficiency (no communication: layer and model targets run on one device)."""
     attention_flops, attention_s = attention_part(s, profile)
     useful_linear = linear_flops(s)
-    linear_s = (
-        useful_linear
-        * recompute_factors(s)[1]
-        / (profile.peak_flops(s.compute_dtype) * profile.efficiency.compute_for(matmul_key(s), s.mode))
-    )
+    linear_s = linear_seconds(s, profile, useful_linear * recompute_factors(s)[1])
     compute = attention_s + linear_s
     return TimeBreakdown(
         flops=attention_flops + useful_linear,
         compute_s=compute,
-        comm_bytes=0,
-        messages=0,
-        comm_s=0.0,
-        overlappable_s=0.0,
-        comm_hidden=True,
         total_s=compute,
         link="none",
         note=f"attention {attention_s * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms",

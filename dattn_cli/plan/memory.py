@@ -45,16 +45,7 @@ from .profiles import HardwareProfile
 # (peak RSS - framework - live tensor bytes) / block size over N = 4K..64K (docs/plan.md): the blocked
 # engine ("dilated") holds about half a block more in forward, the dense kernel nothing. On CUDA the
 # caching allocator's view is exact up to rounding, and the fused kernels' scratch is O(b·h·m).
-WORKSPACE = {
-    ("dilated", "cpu", "fwd"): 0.5,
-    ("dilated", "cpu", "fwdbwd"): 1.4,
-    ("dense", "cpu", "fwd"): 0.0,
-    ("dense", "cpu", "fwdbwd"): 0.0,
-    ("dilated", "cuda", "fwd"): 0.0,
-    ("dilated", "cuda", "fwdbwd"): 0.0,
-    ("dense", "cuda", "fwd"): 0.0,
-    ("dense", "cuda", "fwdbwd"): 0.0,
-}
+WORKSPACE = {("dilated", "cpu", "fwd"): 0.5, ("dilated", "cpu", "fwdbwd"): 1.4}  # (kind, device, mode); else 0
 
 
 # FlashAttention-2's backward (flash-attn, and aten's copy of it that the sdpa blocks use for fp16/bf16 on CUDA)
@@ -77,15 +68,15 @@ class _Tally:
         self.items[name] = self.items.get(name, 0) + int(nbytes)
 
 
-def _local_blocks(s: Problem, length: int, heads: int, first_head: int) -> list[Block]:
+def _local_blocks(s: Problem, length: int, heads: int) -> list[Block]:
     """The blocks one device computes locally (its shard, or its head shard of the whole sequence)."""
     if s.strategy in ("ring", "allgather"):  # the kernels' shard plan, rank 0's
         world = s.world_size
         return shard_plan(length * world, world, 0, heads, s.segment_lengths, s.dilation_rates, s.semantics, s.impl)[0]
-    if first_head or heads != s.heads:
+    if heads != s.heads:
         blocks = []
         for i, (w, r) in enumerate(zip(s.segment_lengths, s.dilation_rates)):
-            blocks += pair_blocks(i, length, heads, w, r, len(s.segment_lengths), s.semantics, first_head, s.heads)
+            blocks += pair_blocks(i, length, heads, w, r, len(s.segment_lengths), s.semantics, 0, s.heads)
         return blocks
     return build_blocks(length, heads, s.segment_lengths, s.dilation_rates, s.semantics)
 
@@ -95,13 +86,9 @@ def _block_elems(batch: int, block: Block, head_dim: int) -> int:
 
 
 def _covers_all(block: Block, length: int, heads: int) -> bool:
-    return (
-        block.rate == 1
-        and block.start == 0
-        and block.num_segments * block.seg_len == length
-        and block.head_step == 1
-        and block.num_heads == heads
-    )
+    """The block is the whole call: rate 1 from position 0, every head, all `length` positions."""
+    shape = (block.rate, block.start, block.head_step, block.num_heads, block.num_segments * block.seg_len)
+    return shape == (1, 0, 1, heads, length)
 
 
 def estimate_memory(
@@ -114,9 +101,7 @@ def estimate_memory(
     length = shard_of(s) if s.strategy in ("ring", "allgather", "head_parallel") else s.seq_len
     t = _Tally()
     x_shard = s.batch * length * s.heads * s.head_dim * e  # one (B, L, H, D) tensor
-    for name, value in _input_items(s, x_shard).items():
-        t.add(name, value)
-    t.add("output", x_shard)
+    t.items.update(_input_items(s, x_shard), output=x_shard)
     model = s.spec.memory_model
     if model is None:
         raise ValueError(f"the planner has no memory model for {s.impl} ({s.spec.strategy}): plan another --impl")
@@ -170,8 +155,7 @@ def _dense_items(t: _Tally, s: Problem, x_shard: int, device_type: str) -> None:
     """A fused dense kernel (lse and workspace) or the N x N scores of the math form."""
     fwdbwd = s.mode == "fwdbwd"
     if s.spec.memory_model == "dense_scores":  # fp32 scores, softmax, (and their grads in backward)
-        scores = s.batch * s.heads * s.seq_len * s.seq_len * 4
-        t.add("scores (N x N)", scores * (3 if fwdbwd else 2))
+        t.add("scores (N x N)", s.batch * s.heads * s.seq_len * s.seq_len * 4 * (3 if fwdbwd else 2))
     else:
         t.add("lse", s.batch * s.heads * s.seq_len * 4)
     if fwdbwd:
@@ -184,7 +168,7 @@ def _dense_items(t: _Tally, s: Problem, x_shard: int, device_type: str) -> None:
 def _workspace(kind: str, s: Problem, device_type: str) -> float:
     """Kernel workspace in units of the largest block's q-sized tensor."""
     flash_backward = device_type == "cuda" and s.mode == "fwdbwd" and s.dtype in ("float16", "bfloat16")
-    return WORKSPACE[(kind, device_type, s.mode)] + (FLASH_BACKWARD_DQ_ACCUMULATOR if flash_backward else 0.0)
+    return WORKSPACE.get((kind, device_type, s.mode), 0.0) + (FLASH_BACKWARD_DQ_ACCUMULATOR if flash_backward else 0.0)
 
 
 def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type: str) -> None:
@@ -192,11 +176,10 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
     e = ELEMENT_BYTES[s.dtype]
     fwdbwd = s.mode == "fwdbwd"
     p = max(1, s.world_size)
-    heads, first = s.heads, 0
-    work_len = length
+    heads, work_len = s.heads, length
     if s.strategy == "head_parallel":
         heads, work_len = s.heads // p, length * p  # the whole (padded) sequence of H/p heads
-    blocks = _local_blocks(s, work_len, heads, first)
+    blocks = _local_blocks(s, work_len, heads)
     x_work = s.batch * work_len * heads * s.head_dim * e
     acc_e = accumulator_dtype(getattr(torch, s.dtype)).itemsize
     t.add("lse", s.batch * length * s.heads * 4)
@@ -213,8 +196,7 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
         if b.rate > 1 or not improved:
             gather_shapes[(b.num_segments, b.num_heads, b.rows)] = elems
     if improved:
-        copies = 5 if fwdbwd else 3
-        t.add("gather buffers (memory pool)", copies * sum(gather_shapes.values()) * e)
+        t.add("gather buffers (memory pool)", (5 if fwdbwd else 3) * sum(gather_shapes.values()) * e)
     else:  # index gathers live one block at a time, plus the index tensors of every block (int64)
         t.add("gather buffers", (5 if fwdbwd else 3) * max(gather_shapes.values(), default=0) * e)
         t.add("index tensors", sum(_block_elems(s.batch, b, 1) // s.batch * 8 for b in blocks))
@@ -257,8 +239,7 @@ def reference_items(s: Problem) -> dict[str, int]:
 
 def framework_bytes(profile: HardwareProfile, mode: str) -> int:
     """The runtime's fixed cost from the profile (CUDA context, allocator reserve; CPU thread pools)."""
-    extra = profile.backward_overhead_gib if mode == "fwdbwd" else 0.0
-    return int((profile.framework_overhead_gib + extra) * 2**30)
+    return int((profile.framework_overhead_gib + (profile.backward_overhead_gib if mode == "fwdbwd" else 0.0)) * 2**30)
 
 
 def _finish(t: _Tally, framework_bytes: int, replace: dict[str, int] | None = None) -> MemoryBreakdown:

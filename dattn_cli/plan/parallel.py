@@ -39,8 +39,8 @@ from .layers import (
     attention_call,
     block_parameters,
     layer_memory,
+    linear_seconds,
     local_part,
-    matmul_key,
     model_parameters,
     recompute_factors,
 )
@@ -205,33 +205,26 @@ class StepTime(TimeBreakdown):
     optimizer_s: float = 0.0
 
 
-def _collective(name: str, nbytes: float, messages: int, profile: HardwareProfile, n: int) -> tuple[str, int, float]:
-    link = profile.intra_node if n <= profile.devices_per_node else profile.inter_node
-    seconds = messages * link.latency_us * 1e-6 + nbytes / (
-        link.bandwidth_gb_s * 1e9 * profile.efficiency.communication
-    )
-    return name, int(nbytes), seconds
-
-
 def _timed(
     name: str, nbytes: float, messages: int, profile: HardwareProfile, n: int, overlap: str, exposed: Callable
 ) -> Collective:
     """One collective over n devices; `exposed(seconds)` is the part of its time not hidden under compute."""
-    name, sent, seconds = _collective(name, nbytes, messages, profile, n)
-    return Collective(name=name, bytes=sent, seconds=seconds, exposed_s=exposed(seconds), overlap=overlap)
+    seconds, link = profile.transfer_seconds(n, messages, nbytes), profile.link(n)[0]
+    return Collective(
+        name=name, bytes=int(nbytes), seconds=seconds, exposed_s=exposed(seconds), overlap=overlap, link=link
+    )
 
 
 def _ddp_all_reduce(total: int, profile: HardwareProfile, n: int, backward_s: float) -> Collective:
     share = (n - 1) / n
     buckets = max(1, -(-total // DDP_BUCKET_BYTES))
-    last = _collective("", 2 * share * min(total, DDP_BUCKET_BYTES), 2 * (n - 1), profile, n)[2]
+    last = profile.transfer_seconds(n, 2 * (n - 1), 2 * share * min(total, DDP_BUCKET_BYTES))
     overlap = (
         "25 MiB buckets all-reduced during the backward; what exceeds the backward compute and the last bucket "
         "are exposed"
     )
-    messages = buckets * 2 * (n - 1)
     exposed = lambda sec: max(0.0, sec - backward_s) + last
-    return _timed("DDP all-reduce of gradients", 2 * share * total, messages, profile, n, overlap, exposed)
+    return _timed("DDP all-reduce of gradients", 2 * share * total, buckets * 2 * (n - 1), profile, n, overlap, exposed)
 
 
 def data_parallel_collectives(
@@ -247,7 +240,7 @@ def data_parallel_collectives(
     block, head = _units(s)
     share = (n - 1) / n
     messages = (s.layers + 1) * (n - 1)  # one collective per unit: every block, and the embedding/head
-    unit = _collective("", share * max(block, head) * ELEMENT_BYTES[s.dtype], n - 1, profile, n)[2]
+    unit = profile.transfer_seconds(n, n - 1, share * max(block, head) * ELEMENT_BYTES[s.dtype])
 
     def timed(name: str, overlap: str, exposed: Callable) -> Collective:
         return _timed(name, share * total, messages, profile, n, overlap, exposed)
@@ -296,26 +289,18 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
     call, local = attention_call(s, sp), local_part(s, sp)
     attention = estimate_time(call, profile)
     recompute_attention, recompute_linear = recompute_factors(s)
-    attention_compute = (attention.compute_s + getattr(attention, "memory_s", 0.0)) * s.layers * recompute_attention
-    sp_exposed = (
-        max(0.0, attention.total_s - attention.compute_s - getattr(attention, "memory_s", 0.0))
-        * s.layers
-        * recompute_attention
-    )
-    linear_s = _linear_seconds(s, profile, linear_flops(local) * recompute_linear)
+    attention_compute = (attention.compute_s + attention.memory_s) * s.layers * recompute_attention
+    sp_exposed = max(0.0, attention.total_s - attention.compute_s - attention.memory_s) * s.layers * recompute_attention
+    linear_s = linear_seconds(s, profile, linear_flops(local) * recompute_linear)
     compute = attention_compute + linear_s
     train = s.mode == "fwdbwd"
     forward_s = compute / 3 if train else compute  # linear fwd is 1/3 of fwd+bwd, attention 1/3.5: about a third
-    link = "intra-node" if t.devices <= profile.devices_per_node else "inter-node"
-    collectives = [
-        c.model_copy(update={"link": link})
-        for c in data_parallel_collectives(s, profile, t, forward_s, compute - forward_s)
-    ]
+    link = profile.link(t.devices)[0]
+    collectives = data_parallel_collectives(s, profile, t, forward_s, compute - forward_s)
     optimizer_s = _optimizer_seconds(s, profile, t) if train else 0.0
-    dp_exposed = sum(c.exposed_s for c in collectives)
     comm_bytes = sum(c.bytes for c in collectives) + attention.comm_bytes * s.layers
     comm_s = sum(c.seconds for c in collectives) + attention.comm_s * s.layers * recompute_attention
-    exposed = dp_exposed + sp_exposed
+    exposed = sum(c.exposed_s for c in collectives) + sp_exposed
     if sp > 1:
         collectives.append(
             Collective(
@@ -348,17 +333,6 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
     )
 
 
-def _linear_seconds(s: Problem, profile: HardwareProfile, flops: float) -> float:
-    """The linear layers' FLOPs at the profile's peak rate for the compute dtype times the matmul efficiency."""
-    peak = profile.peak_flops(s.compute_dtype)
-    if peak is None:
-        raise ValueError(
-            f"profile {profile.name!r} has no {s.compute_dtype} rate (null in its peak_tflops): "
-            "pick another --dtype or --amp"
-        )
-    return flops / (peak * profile.efficiency.compute_for(matmul_key(s), s.mode))
-
-
 def _optimizer_seconds(s: Problem, profile: HardwareProfile, t: Training) -> float:
     """The optimizer step reads the gradients and reads and writes the weights, states and master copy of this
     device's shard, at memory_bandwidth x efficiency.memory_bandwidth (memory-bound, a model)."""
@@ -367,5 +341,4 @@ def _optimizer_seconds(s: Problem, profile: HardwareProfile, t: Training) -> flo
     gradients = sum(v for k, v in states.step.items() if k.startswith("gradients"))
     if t.zero < 3 and t.zero >= 1 and t.devices > 1:  # only this device's shard of the weights is updated
         resident -= sum(v for k, v in states.resident.items() if k.startswith("parameters")) * (1 - 1 / t.devices)
-    traffic = 2 * resident + gradients / (t.devices if 1 <= t.zero < 2 else 1)
-    return traffic / (profile.memory_bandwidth_gb_s * 1e9 * profile.efficiency.memory_bandwidth)
+    return profile.memory_seconds(2 * resident + gradients / (t.devices if 1 <= t.zero < 2 else 1))

@@ -156,8 +156,7 @@ class HardwareProfile(_Strict):
 
     @model_validator(mode="after")
     def _room_left(self) -> HardwareProfile:
-        overhead = self.framework_overhead_gib + self.backward_overhead_gib
-        if overhead >= self.memory_gib:
+        if (overhead := self.framework_overhead_gib + self.backward_overhead_gib) >= self.memory_gib:
             raise ValueError(
                 f"framework_overhead_gib + backward_overhead_gib = {overhead:g} GiB leaves nothing of "
                 f"memory_gib {self.memory_gib:g}: the overheads must be smaller than the memory"
@@ -167,9 +166,7 @@ class HardwareProfile(_Strict):
     @field_validator("sources")
     @classmethod
     def _sources_named(cls, value: dict[str, str]) -> dict[str, str]:
-        needed = {"peak_tflops", "memory", "interconnect"}
-        missing = needed - set(value)
-        if missing:
+        if missing := {"peak_tflops", "memory", "interconnect"} - set(value):
             raise ValueError(f"sources must name where each figure comes from; missing: {', '.join(sorted(missing))}")
         return value
 
@@ -181,6 +178,27 @@ class HardwareProfile(_Strict):
         """FLOP/s for inputs of `dtype` (fp32 on a GPU with TF32 counts as fp32: torch does not enable TF32)."""
         value = getattr(self.peak_tflops, dtype, None)
         return None if value is None else value * 1e12
+
+    def required_peak(self, dtype: str, fix: str = "pick another --dtype") -> float:
+        """peak_flops(dtype), or a ValueError saying the profile has none, and `fix`."""
+        if (peak := self.peak_flops(dtype)) is None:
+            raise ValueError(f"profile {self.name!r} has no {dtype} rate (null in its peak_tflops): {fix}")
+        return peak
+
+    def link(self, devices: int) -> tuple[str, Link]:
+        """(name, link) a group of `devices` talks over: intra-node while it fits in one node, else inter-node."""
+        if devices <= self.devices_per_node:
+            return "intra-node", self.intra_node
+        return "inter-node", self.inter_node
+
+    def transfer_seconds(self, devices: int, messages: float, nbytes: float) -> float:
+        """Seconds to send `messages` messages of `nbytes` bytes in all over the link of `devices` devices."""
+        link = self.link(devices)[1]
+        return messages * link.latency_us * 1e-6 + nbytes / (link.bandwidth_gb_s * 1e9 * self.efficiency.communication)
+
+    def memory_seconds(self, nbytes: float) -> float:
+        """Seconds to move `nbytes` at the memory bandwidth times its efficiency (a memory-bound pass)."""
+        return nbytes / (self.memory_bandwidth_gb_s * 1e9 * self.efficiency.memory_bandwidth)
 
 
 def _first_error(exc: ValidationError) -> str:

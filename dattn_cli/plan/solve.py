@@ -58,19 +58,14 @@ class Headroom(BaseModel):
 
 def headroom(result: Plan, profile: HardwareProfile, training: Training | None = None) -> Headroom:
     s = result.problem
+    free = result.capacity_bytes - result.memory.total
     if s.documents is not None:  # fixed documents: neither N nor the batch (1) can grow
-        return Headroom(
-            free_bytes=result.capacity_bytes - result.memory.total,
-            largest_seq_len=None,
-            seq_len_capped=False,
-            largest_batch=None,
-            batch_capped=False,
-        )
+        return Headroom(free_bytes=free, largest_seq_len=None, largest_batch=None)
     devices = s.world_size if training is not None else result.devices
     found = max_seq_search(s, profile, devices, training)
     batch, batch_capped = max_batch(s, profile, devices, training)
     return Headroom(
-        free_bytes=result.capacity_bytes - result.memory.total,
+        free_bytes=free,
         largest_seq_len=found.seq_len or None,
         seq_len_capped=found.capped,
         largest_batch=batch or None,
@@ -83,18 +78,21 @@ def max_batch(
 ) -> tuple[int, bool]:
     """Largest batch (at most the Problem's limit) whose plan fits at s.seq_len: doubling, then bisection (memory
     grows with the batch); (0, False) if not even one fits, (cap, True) if the cap does."""
-
-    def fits(b: int) -> Plan | None:
-        p = plan(s.model_copy(update={"batch": b}), profile, devices, training)
-        return p if p.fits else None
-
-    batch, _, capped = _largest_fitting(fits, 1, SIZE_LIMITS["batch"])
+    batch, _, capped = _largest_fitting(s, "batch", 1, SIZE_LIMITS["batch"], profile, devices, training)
     return batch, capped
 
 
-def _largest_fitting(fits, step: int, cap: int) -> tuple[int, Plan | None, bool]:
-    """The largest multiple of `step` up to `cap` for which fits(n) gives a plan (fits is monotone: memory grows with
-    n): doubling, then bisection. (n, its plan, whether the cap itself fits); (0, None, False) if `step` does not."""
+def _largest_fitting(
+    s: Problem, field: str, step: int, cap: int, profile: HardwareProfile, devices: int, training: Training | None
+) -> tuple[int, Plan | None, bool]:
+    """The largest multiple of `step` up to `cap` that `field` of `s` can take with its plan fitting (memory grows
+    with it): doubling, then bisection. (n, its plan, whether the cap itself fits); (0, None, False) if `step`
+    does not fit."""
+
+    def fits(n: int) -> Plan | None:
+        p = plan(s.model_copy(update={field: n}), profile, devices, training)
+        return p if p.fits else None
+
     top = cap // step * step
     lo, best, hi = 0, None, step
     while (p := fits(hi)) is not None:
@@ -106,42 +104,29 @@ def _largest_fitting(fits, step: int, cap: int) -> tuple[int, Plan | None, bool]
         mid = (lo + hi) // 2 // step * step
         if mid <= lo:
             break
-        p = fits(mid)
-        if p is not None:
+        if (p := fits(mid)) is not None:
             lo, best = mid, p
         else:
             hi = mid
     return lo, best, False
 
 
-def _infeasible(
-    s: Problem, profile: HardwareProfile, devices: int, reason: str, memory: MemoryBreakdown | None = None
-) -> Plan:
-    return Plan(
-        problem=s,
-        profile=profile.name,
-        devices=devices,
-        memory=memory or MemoryBreakdown(items={}, total=0),
-        capacity_bytes=profile.memory_bytes,
-        fits=False,
-        time=None,
-        feasible=False,
-        reason=reason,
-    )
+def _device_type(profile: HardwareProfile) -> str:
+    return "cpu" if profile.kind == "cpu" else "cuda"
 
 
-def _memory(s: Problem, profile: HardwareProfile, device_type: str) -> MemoryBreakdown:
+def _memory(s: Problem, profile: HardwareProfile) -> MemoryBreakdown:
     if s.target != "attention":
         if s.world_size > 1:
             raise ValueError(
                 f"--target {s.target} is planned on one device; --world-size {s.world_size} applies to attention"
             )
-        return layer_memory(s, framework_bytes(profile, s.mode), device_type)
+        return layer_memory(s, framework_bytes(profile, s.mode), _device_type(profile))
     if s.world_size > 1 and not s.spec.distributed:
         raise ValueError(f"{s.impl} runs on one process, not on {s.world_size} devices: plan a distributed --impl")
     if s.world_size > 1 and (reason := s.spec.shard_rule(s, s.world_size)):
         raise ValueError(f"{s.impl} cannot shard N={s.seq_len:,} over {s.world_size} devices: {reason}")
-    return estimate_memory(s, framework_bytes(profile, s.mode), device_type)
+    return estimate_memory(s, framework_bytes(profile, s.mode), _device_type(profile))
 
 
 def plan(s: Problem, profile: HardwareProfile, devices: int | None = None, training: Training | None = None) -> Plan:
@@ -151,69 +136,63 @@ def plan(s: Problem, profile: HardwareProfile, devices: int | None = None, train
         return _model_plan(s, profile, training)
     devices = devices or s.world_size
     s = s.model_copy(update={"world_size": devices})
-    device_type = "cpu" if profile.kind == "cpu" else "cuda"
     if devices > s.seq_len:
-        return _infeasible(
-            s, profile, devices, f"{devices:,} devices for N={s.seq_len:,}: each needs at least one position"
-        )
+        return _built(s, profile, devices, f"{devices:,} devices for N={s.seq_len:,}: each needs at least one position")
     try:
-        memory = _memory(s, profile, device_type)
+        memory = _memory(s, profile)
     except ValueError as exc:
-        return _infeasible(s, profile, devices, str(exc))
-    capacity = profile.memory_bytes
-    fits = memory.total <= capacity
+        return _built(s, profile, devices, str(exc))
     try:
         time = estimate_layer_time(s, profile) if s.target != "attention" else estimate_time(s, profile)
     except ValueError as exc:
-        return _infeasible(s, profile, devices, str(exc), memory).model_copy(update={"fits": fits})
-    if fits:
+        return _built(s, profile, devices, str(exc), memory)
+    shard = shard_of(s) if devices > 1 and s.target == "attention" else None
+    return _built(s, profile, devices, None, memory, time, shard)
+
+
+def _built(
+    s: Problem,
+    profile: HardwareProfile,
+    devices: int,
+    refused: str | None,
+    memory: MemoryBreakdown | None = None,
+    time: TimeBreakdown | None = None,
+    shard: int | None = None,
+    training: Training | None = None,
+) -> Plan:
+    """The plan of `s`: feasible when its memory fits and nothing else (`refused`, the reason) rules it out."""
+    capacity = profile.memory_bytes
+    fits = memory is not None and memory.total <= capacity
+    if refused is not None:
+        reason = refused
+    elif fits:
         reason = f"fits: {memory.total / 2**30:.2f} GiB of {capacity / 2**30:.2f} GiB per device"
     else:
         reason = f"does not fit: needs {memory.total / 2**30:.2f} GiB per device, has {capacity / 2**30:.2f} GiB"
-    shard = shard_of(s) if devices > 1 and s.target == "attention" else None
     return Plan(
         problem=s,
         profile=profile.name,
         devices=devices,
-        memory=memory,
+        memory=memory or MemoryBreakdown(items={}, total=0),
         capacity_bytes=capacity,
         fits=fits,
         time=time,
-        feasible=fits,
+        feasible=fits and refused is None,
         reason=reason,
-        shard_len=shard,
-    )
-
-
-def _verdict(total: int, capacity: int) -> str:
-    if total <= capacity:
-        return f"fits: {total / 2**30:.2f} GiB of {capacity / 2**30:.2f} GiB per device"
-    return f"does not fit: needs {total / 2**30:.2f} GiB per device, has {capacity / 2**30:.2f} GiB"
-
-
-def _model_plan(s: Problem, profile: HardwareProfile, training: Training) -> Plan:
-    device_type = "cpu" if profile.kind == "cpu" else "cuda"
-    try:
-        memory = model_memory(s, profile, training, device_type)
-        time = model_time(s, profile, training)
-    except ValueError as exc:
-        return _infeasible(s, profile, training.devices, str(exc)).model_copy(update={"training": training})
-    fits = memory.total <= profile.memory_bytes
-    sp = training.sequence_parallel
-    shard = shard_of(s.attention_problem().model_copy(update={"world_size": sp})) if sp > 1 else None
-    return Plan(
-        problem=s,
-        profile=profile.name,
-        devices=training.devices,
-        memory=memory,
-        capacity_bytes=profile.memory_bytes,
-        fits=fits,
-        time=time,
-        feasible=fits,
-        reason=_verdict(memory.total, profile.memory_bytes),
         shard_len=shard,
         training=training,
     )
+
+
+def _model_plan(s: Problem, profile: HardwareProfile, training: Training) -> Plan:
+    try:
+        memory = model_memory(s, profile, training, _device_type(profile))
+        time = model_time(s, profile, training)
+    except ValueError as exc:
+        return _built(s, profile, training.devices, str(exc), training=training)
+    sp = training.sequence_parallel
+    shard = shard_of(s.attention_problem().model_copy(update={"world_size": sp})) if sp > 1 else None
+    return _built(s, profile, training.devices, None, memory, time, shard, training)
 
 
 def predicted_peak_bytes(s: Problem) -> int | None:
@@ -223,14 +202,13 @@ def predicted_peak_bytes(s: Problem) -> int | None:
     it cannot plan (e.g. unaligned shards), so that the point decides for itself."""
     if s.spec.memory_model is None:
         return None
-    cpu = not s.device.startswith("cuda")
-    fixed = framework_bytes(load_profile("cpu-host"), s.mode) if cpu else 0
+    device_type = "cuda" if s.device.startswith("cuda") else "cpu"
+    fixed = framework_bytes(load_profile("cpu-host"), s.mode) if device_type == "cpu" else 0
+    estimate = estimate_memory if s.target == "attention" else layer_memory
     try:
-        if s.target != "attention":
-            return layer_memory(s, fixed, "cpu" if cpu else "cuda").total
-        return estimate_memory(s, fixed, "cpu" if cpu else "cuda").total
+        return estimate(s, fixed, device_type).total
     except ValueError:
-        return None if s.target != "attention" else 0
+        return 0 if s.target == "attention" else None
 
 
 def _granule(s: Problem, devices: int) -> int:
@@ -263,31 +241,31 @@ def max_seq_search(
     granule = _granule(attention_call(s, devices) if devices > 1 and s.target != "attention" else s, devices)
     if granule > SEQ_SEARCH_CAP:
         return SeqSearch(seq_len=0, plan=None, capped=False)
-
-    def fits(n: int) -> Plan | None:
-        p = plan(s.model_copy(update={"seq_len": n}), profile, devices, training)
-        return p if p.fits else None
-
-    n, best, capped = _largest_fitting(fits, granule, SEQ_SEARCH_CAP)
+    n, best, capped = _largest_fitting(s, "seq_len", granule, SEQ_SEARCH_CAP, profile, devices, training)
     return SeqSearch(seq_len=n, plan=best, capped=capped)
+
+
+def _fewest(at, limit: int, replicated: bool = False) -> tuple[int | None, Plan | None]:
+    """The smallest k (doubling, then refined) whose plan at(k) fits, with that plan; (None, None) if none up to
+    `limit` (or beyond one when `replicated`: more devices never lower the memory per device)."""
+    k = 1
+    while k <= limit:
+        p = at(k)
+        if p.fits:
+            for candidate in range(k // 2 + 1, k):  # any count: N not divisible by it is padded
+                if (q := at(candidate)).fits:
+                    return candidate, q
+            return k, p
+        if replicated and k > 1:
+            return None, None
+        k *= 2
+    return None, None
 
 
 def min_devices(s: Problem, profile: HardwareProfile, limit: int = DEVICE_SEARCH_CAP) -> tuple[int | None, Plan | None]:
     """Fewest devices (powers of two, then refined) on which N fits; (None, None) if none up to `limit`
     (nor up to N: a device holds at least one position)."""
-    limit = min(limit, s.seq_len)
-    d = 1
-    while d <= limit:
-        p = plan(s, profile, d)
-        if p.fits:
-            lo = d // 2
-            for candidate in range(max(1, lo + 1), d + 1):  # any count: N not divisible by it is padded
-                q = plan(s, profile, candidate)
-                if q.fits:
-                    return candidate, q
-            return d, p
-        d *= 2
-    return None, None
+    return _fewest(lambda d: plan(s, profile, d), min(limit, s.seq_len))
 
 
 def min_model_devices(
@@ -301,19 +279,8 @@ def min_model_devices(
     def at(replicas: int) -> Plan:
         return plan(s, profile, training=training.model_copy(update={"devices": replicas * sp}))
 
-    k = 1
-    while k * sp <= limit:
-        p = at(k)
-        if p.fits:
-            for candidate in range(k // 2 + 1, k):
-                q = at(candidate)
-                if q.fits:
-                    return candidate * sp, q
-            return k * sp, p
-        if training.zero == 0 and k > 1:
-            return None, None  # replicated states: more devices never help
-        k *= 2
-    return None, None
+    replicas, p = _fewest(at, limit // sp, training.zero == 0)
+    return (replicas * sp if replicas else None), p
 
 
 def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
@@ -322,7 +289,7 @@ def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
     if s.spec.strategy != "ring" or devices < 2:
         return "no ring: chunk size does not apply"
     e = ELEMENT_BYTES[s.dtype]
-    link = profile.intra_node if devices <= profile.devices_per_node else profile.inter_node
+    link = profile.link(devices)[1]
     sharded = s.model_copy(update={"world_size": devices})
     # the efficiency of this shard's blocks (plan/time.py: the kernel's curve, or the profile's prior)
     peak = (profile.peak_flops(s.dtype) or 0) * compute_efficiency(sharded, profile)[1]
@@ -337,9 +304,7 @@ def chunk_advice(s: Problem, profile: HardwareProfile, devices: int) -> str:
         # one step: (L/r)² pairs per head (4·D flops each, x3.5 with backward) vs 2·(L/r)·H·D·e bytes:
         # compute grows with L², the transfer with L, so a step hides its transfer once L is large enough
         per_l2 = 4 * s.head_dim * s.batch * s.heads / r**2 * (FWD_BWD_FACTOR if s.mode == "fwdbwd" else 1) / peak
-        per_l = (
-            2 * s.batch * s.heads * s.head_dim * e / r / (link.bandwidth_gb_s * 1e9 * profile.efficiency.communication)
-        )
+        per_l = profile.transfer_seconds(devices, 0, 2 * s.batch * s.heads * s.head_dim * e / r)
         threshold = per_l / per_l2 + (link.latency_us * 1e-6 / per_l2) ** 0.5
         if worst is None or threshold > worst[0]:
             worst = (threshold, w, r)

@@ -40,11 +40,11 @@ MERGE_PASSES = {"fwd": 3, "fwdbwd": 3 + 9}
 class TimeBreakdown(BaseModel):
     flops: float
     compute_s: float
-    comm_bytes: int
-    messages: int
-    comm_s: float
-    overlappable_s: float
-    comm_hidden: bool
+    comm_bytes: int = 0  # no communication by default: one device
+    messages: int = 0
+    comm_s: float = 0.0
+    overlappable_s: float = 0.0
+    comm_hidden: bool = True
     total_s: float
     link: str
     note: str
@@ -56,18 +56,12 @@ class TimeBreakdown(BaseModel):
 
 
 def estimate_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
-    peak = profile.peak_flops(s.dtype)
-    if peak is None:
-        raise ValueError(
-            f"profile {profile.name!r} has no {s.dtype} rate (null in its peak_tflops): pick another --dtype"
-        )
+    peak = profile.required_peak(s.dtype)
     flops = flops_per_device(s)
     kernel, efficiency, source, traffic = compute_efficiency(s, profile)
     compute = flops / (peak * efficiency)
-    memory_s = traffic / (profile.memory_bandwidth_gb_s * 1e9 * profile.efficiency.memory_bandwidth)
+    memory_s = profile.memory_seconds(traffic)
     p = s.world_size
-    link = profile.intra_node if p <= profile.devices_per_node else profile.inter_node
-    link_name = "intra-node" if p <= profile.devices_per_node else "inter-node"
     comm_bytes, messages, overlappable, note = 0, 0, 0.0, "single device: no communication"
     if p > 1 and s.strategy in ("ring", "allgather"):
         comm_bytes, messages, steps_share = sequence_parallel_traffic(s)
@@ -81,9 +75,7 @@ def estimate_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
     elif p > 1 and s.strategy == "head_parallel":
         comm_bytes, messages = head_parallel_traffic(s)
         note = "head-parallel: all-to-alls before and after attention, not overlapped"
-    comm = messages * link.latency_us * 1e-6 + comm_bytes / (
-        link.bandwidth_gb_s * 1e9 * profile.efficiency.communication
-    )
+    comm = profile.transfer_seconds(p, messages, comm_bytes)
     hidden = comm <= overlappable if messages else True
     total = compute + memory_s + max(0.0, comm - overlappable)
     return TimeBreakdown(
@@ -95,7 +87,7 @@ def estimate_time(s: Problem, profile: HardwareProfile) -> TimeBreakdown:
         overlappable_s=overlappable,
         comm_hidden=hidden,
         total_s=total,
-        link=link_name,
+        link=profile.link(p)[0],
         note=note,
         kernel=kernel,
         efficiency=efficiency,
@@ -165,5 +157,4 @@ def compute_efficiency(s: Problem, profile: HardwareProfile) -> tuple[str | None
     traffic = sum(GATHER_PASSES[s.mode] * q * element for _, _, _, r, q in blocks if r > 1)
     if len(blocks) > 1:
         traffic += sum(MERGE_PASSES[s.mode] * q * element for *_, q in blocks)
-    source = curve_source(eff, kernel, s.dtype, s.head_dim, s.causal, s.mode)
-    return kernel, efficiency, source, traffic
+    return kernel, efficiency, curve_source(eff, kernel, s.dtype, s.head_dim, s.causal, s.mode), traffic

@@ -15,6 +15,13 @@ from ..kernels.registry import names
 from ..workload.parse import MAX_CALLS, MAX_SEED, check_count
 from ..workload.problem import Problem
 
+# field: (lowest, highest, the fix said below the lowest)
+COUNTS = {
+    "iterations": (1, MAX_CALLS, "pass --iterations 1 or more"),
+    "warmup": (0, MAX_CALLS, "pass --warmup 0 for no warm-up calls"),
+    "seed": (0, MAX_SEED, ""),
+}
+
 
 class ProfileSettings(BaseModel):
     """One profile run: the problem, and how many calls are warmed up and timed from which seed."""
@@ -24,24 +31,13 @@ class ProfileSettings(BaseModel):
     warmup: int = 2
     seed: int = 0
 
-    @field_validator("iterations")
+    @field_validator(*COUNTS)
     @classmethod
-    def _some_iterations(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError(f"--iterations must be >= 1, got {value}: pass --iterations 1 or more")
-        return check_count("--iterations", value, 1, MAX_CALLS)
-
-    @field_validator("warmup")
-    @classmethod
-    def _no_negative_warmup(cls, value: int) -> int:
-        if value < 0:
-            raise ValueError(f"--warmup must be >= 0, got {value}: pass --warmup 0 for no warm-up calls")
-        return check_count("--warmup", value, 0, MAX_CALLS)
-
-    @field_validator("seed")
-    @classmethod
-    def _seed(cls, value: int) -> int:
-        return check_count("--seed", value, 0, MAX_SEED)
+    def _count(cls, value: int, info) -> int:
+        low, high, fix = COUNTS[info.field_name]
+        if value < low and fix:
+            raise ValueError(f"--{info.field_name} must be >= {low}, got {value}: {fix}")
+        return check_count(f"--{info.field_name}", value, low, high)
 
 
 def check_problem(problem: Problem) -> torch.device:

@@ -36,6 +36,17 @@ def measure(run: Callable[[], TimeStats], device: torch.device) -> tuple[TimeSta
     return _measure_cpu(run)
 
 
+def _memory(method: str, baseline: int | None, peak: int | None, allocator: CudaAllocatorStats | None = None):
+    above = None if peak is None else peak - baseline
+    return MemoryStats(
+        memory_method=method,
+        baseline_bytes=baseline,
+        peak_bytes=peak,
+        peak_above_baseline_bytes=above,
+        cuda_allocator=allocator,
+    )
+
+
 def _measure_cuda(run: Callable[[], TimeStats], device: torch.device) -> tuple[TimeStats, MemoryStats]:
     sync(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -44,36 +55,14 @@ def _measure_cuda(run: Callable[[], TimeStats], device: torch.device) -> tuple[T
     sync(device)
     peak = torch.cuda.max_memory_allocated(device)
     stats = torch.cuda.memory_stats(device)
-    allocator = CudaAllocatorStats(
-        allocated_bytes_all_peak=stats.get("allocated_bytes.all.peak", 0),
-        reserved_bytes_all_peak=stats.get("reserved_bytes.all.peak", 0),
-        num_alloc_retries=stats.get("num_alloc_retries", 0),
-        num_ooms=stats.get("num_ooms", 0),
-    )
-    memory = MemoryStats(
-        memory_method=CUDA_MEMORY_METHOD,
-        baseline_bytes=baseline,
-        peak_bytes=peak,
-        peak_above_baseline_bytes=peak - baseline,
-        cuda_allocator=allocator,
-    )
-    return times, memory
+    keys = ("allocated_bytes.all.peak", "reserved_bytes.all.peak", "num_alloc_retries", "num_ooms")
+    allocator = CudaAllocatorStats(**{key.replace(".", "_"): stats.get(key, 0) for key in keys})
+    return times, _memory(CUDA_MEMORY_METHOD, baseline, peak, allocator)
 
 
 def _measure_cpu(run: Callable[[], TimeStats]) -> tuple[TimeStats, MemoryStats]:
     with PeakRss() as rss:
         times = run()
     if rss.peak is None:
-        return times, MemoryStats(
-            memory_method=CPU_UNMEASURED,
-            baseline_bytes=None,
-            peak_bytes=None,
-            peak_above_baseline_bytes=None,
-        )
-    memory = MemoryStats(
-        memory_method=CPU_MEMORY_METHOD,
-        baseline_bytes=rss.baseline,
-        peak_bytes=rss.peak,
-        peak_above_baseline_bytes=rss.peak - rss.baseline,
-    )
-    return times, memory
+        return times, _memory(CPU_UNMEASURED, None, None)
+    return times, _memory(CPU_MEMORY_METHOD, rss.baseline, rss.peak)

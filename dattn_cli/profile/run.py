@@ -82,11 +82,8 @@ def block_table_for(problem: Problem) -> torch.Tensor:
             f"--impl {' or '.join(names(lambda s: s.block_sparse))}"
         )
     module = build_module(problem, device="cpu", use_pattern_cache=False, enable_memory_pool=False)
-    return _core(module, problem).block_table(problem.seq_len, problem.heads)
-
-
-def _core(module: nn.Module, problem: Problem) -> nn.Module:
-    return module.attention if problem.spec.kind == "multihead" else module
+    core = module.attention if problem.spec.kind == "multihead" else module
+    return core.block_table(problem.seq_len, problem.heads)
 
 
 def _workload(settings: ProfileSettings, device: torch.device, caches: bool) -> Workload:

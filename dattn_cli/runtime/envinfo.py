@@ -81,13 +81,12 @@ def comparability_facts() -> dict:
         except (OSError, AttributeError, ValueError):
             return None
 
-    governor = read(lambda: Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip())
     return {
         "hostname": platform.node() or None,
         "load_average": load_average(),
         "torch_threads": torch.get_num_threads(),
         "cpu_affinity": read(lambda: sorted(os.sched_getaffinity(0))),
-        "governor": governor,
+        "governor": read(lambda: Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()),
     }
 
 

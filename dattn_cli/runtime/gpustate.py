@@ -10,23 +10,17 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# NVML's clocks event (throttle) reason bits (nvml.h nvmlClocksEventReason* / nvmlClocksThrottleReason*)
-REASONS = {
-    0x1: "idle",
-    0x2: "applications_clocks",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal",
-    0x40: "hw_thermal",
-    0x80: "hw_power_brake",
-    0x100: "display_clocks",
-    0x200: "board_limit",
-    0x400: "reliability",
-}
+# NVML's clocks event (throttle) reason bits 0x1, 0x2, ... 0x400 (nvml.h nvmlClocksEventReason* /
+# nvmlClocksThrottleReason*), in bit order
+REASON_NAMES = (
+    "idle applications_clocks sw_power_cap hw_slowdown sync_boost sw_thermal hw_thermal hw_power_brake display_clocks "
+    "board_limit reliability"
+)
+REASONS = {1 << bit: name for bit, name in enumerate(REASON_NAMES.split())}
 # what holds a busy GPU's clocks below what it would run at (idle, application clocks, display, sync boost: not)
 LIMITING = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake", "board_limit", "reliability")
 NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0  # nvml.h enum values
@@ -72,48 +66,41 @@ def nvml_state(nvml: Any, handle: Any) -> dict:
     }
 
 
+def with_nvml(ask: Callable[[Any], Any]) -> Any:
+    """ask(pynvml) between NVML's init and shutdown; None where NVML is absent or unusable or `ask` raises."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        return ask(pynvml)
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
 def gpu_state(index: int) -> dict | None:
     """Clocks (MHz), temperature (C), power and its limit (W) and throttle reasons of CUDA device `index` as
     torch numbers it (CUDA_VISIBLE_DEVICES applied), and `nvml_device`: how NVML's device was found (by UUID,
     PCI bus id, or only by index); None where NVML is absent or unusable; a field None where its query is not
     supported. Never raises."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        handle, how = nvml_device(pynvml, index)
-        return {**nvml_state(pynvml, handle), "nvml_device": how}
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+
+    def state(nvml: Any) -> dict:
+        handle, how = nvml_device(nvml, index)
+        return {**nvml_state(nvml, handle), "nvml_device": how}
+
+    return with_nvml(state)
 
 
 def gpu_memory_bytes(index: int = 0) -> int | None:
     """Total memory of CUDA device `index` from NVML, without starting CUDA in this process; None without NVML."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        return int(pynvml.nvmlDeviceGetMemoryInfo(nvml_device(pynvml, index)[0]).total)
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+    return with_nvml(lambda nvml: int(nvml.nvmlDeviceGetMemoryInfo(nvml_device(nvml, index)[0]).total))
 
 
 def nvml_device(nvml: Any, index: int) -> tuple[Any, str]:
@@ -128,8 +115,7 @@ def nvml_device(nvml: Any, index: int) -> tuple[Any, str]:
             return nvml.nvmlDeviceGetHandleByUUID(uuid), f"UUID {uuid}"
         except Exception:
             continue
-    bus_id = _pci_bus_id(props)
-    if bus_id is not None:
+    if (bus_id := _pci_bus_id(props)) is not None:
         try:
             return nvml.nvmlDeviceGetHandleByPciBusId(bus_id), f"PCI bus id {bus_id}"
         except Exception:
@@ -186,8 +172,7 @@ def _by_uuid_prefix(nvml: Any, entry: str) -> Any:
     except Exception:
         pass
     matches = []
-    for i in range(nvml.nvmlDeviceGetCount()):
-        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+    for handle in map(nvml.nvmlDeviceGetHandleByIndex, range(nvml.nvmlDeviceGetCount())):
         uuid = nvml.nvmlDeviceGetUUID(handle)
         if (uuid.decode() if isinstance(uuid, bytes) else str(uuid)).startswith(entry):
             matches.append(handle)
@@ -202,8 +187,7 @@ def throttle_reason(before: dict | None, after: dict | None) -> str | None:
     application clocks and the like do not slow a kernel)."""
     found = []
     for when, state in (("before", before), ("after", after)):
-        limiting = [r for r in (state or {}).get("throttle_reasons") or [] if r in LIMITING]
-        if limiting:
+        if limiting := [r for r in (state or {}).get("throttle_reasons") or [] if r in LIMITING]:
             clock, top = state.get("sm_clock_mhz"), state.get("max_sm_clock_mhz")
             speed = f" (SM clock {clock} of {top} MHz)" if clock and top else ""
             found.append(f"{', '.join(limiting)} {when} the point{speed}")
@@ -221,8 +205,7 @@ def cpu_cache_bytes(cache_dir: Path = CPU_CACHE_DIR) -> int | None:
     for entry in sorted(cache_dir.glob("index*/size")):
         try:
             text = entry.read_text().strip().upper()
-            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-            sizes.append(int(text.rstrip("KMG")) * scale)
+            sizes.append(int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1))
         except (OSError, ValueError):
             continue
     return max(sizes) if sizes and max(sizes) > 0 else None
@@ -243,12 +226,8 @@ class CacheFlusher:
             cache, level = cpu_cache_bytes(cache_dir), "last-level cache"
         self.nbytes = 2 * cache if cache else CPU_CACHE_FALLBACK
         self.buffer = torch.empty(self.nbytes, dtype=torch.int8, device=dev)
-        size = f"a {self.nbytes / 2**20:g} MiB buffer zeroed"
-        self.method = (
-            f"{level} flushed before each timed call: {size} (2 x the {cache / 2**20:g} MiB {level})"
-            if cache
-            else f"{level} flushed before each timed call: {size} (its size was not readable)"
-        )
+        size = f"2 x the {cache / 2**20:g} MiB {level}" if cache else "its size was not readable"
+        self.method = f"{level} flushed before each timed call: a {self.nbytes / 2**20:g} MiB buffer zeroed ({size})"
 
     def flush(self) -> None:
         self.buffer.zero_()

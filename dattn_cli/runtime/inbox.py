@@ -40,9 +40,8 @@ class Inbox:
                 chunk = os.read(self.fd, CHUNK)
             except BlockingIOError:
                 return
-            except OSError:  # e.g. the descriptor was closed under us
-                self.closed = True
-                return
+            except OSError:  # e.g. the descriptor was closed under us: as if the child's end were
+                chunk = b""
             if not chunk:
                 self.closed = True
                 return

@@ -7,6 +7,7 @@ RuntimeError, status oom) long before the kernel's OOM killer would act.
 
 from __future__ import annotations
 
+import os
 import resource
 
 from .measure import vm_bytes
@@ -61,16 +62,12 @@ MIN_RANK_LIMIT = 8
 def max_spawned_ranks() -> int:
     """The most ranks dattn starts on this machine for one process group: RANKS_PER_CORE x the CPU cores
     (at least MIN_RANK_LIMIT), so a typo like --world-size 1000000 is refused instead of forking that many."""
-    import os
-
     return max(MIN_RANK_LIMIT, RANKS_PER_CORE * (os.cpu_count() or 1))
 
 
 def check_spawned_ranks(world_size: int, option: str = "--world-size", device: str = "cpu") -> None:
     """ValueError naming `option` when `world_size` ranks are more than this machine may spawn: on CUDA one GPU
     per rank (NCCL refuses two ranks on one device)."""
-    import os
-
     if device.startswith("cuda"):
         import torch
 

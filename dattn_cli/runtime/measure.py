@@ -22,16 +22,15 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def rss_bytes(pid: int | str = "self") -> int:
-    """Resident set size of a process now, from /proc/<pid>/statm (Linux)."""
+def rss_bytes(pid: int | str = "self", field: int = 1) -> int:
+    """Resident set size of a process now, from /proc/<pid>/statm (Linux); field 0: its address-space size."""
     with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return int(f.read().split()[field]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def vm_bytes() -> int:
     """Address-space size of this process now (what RLIMIT_AS limits)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    return rss_bytes("self", 0)
 
 
 def return_freed_memory() -> bool:
@@ -44,12 +43,7 @@ def return_freed_memory() -> bool:
     before the work allocates: large chunks already freed into the heap are reused, and stay resident.
     False where the C library is not glibc.
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim(0)
-        return bool(libc.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX) and libc.mallopt(M_MMAP_THRESHOLD, RETURN_THRESHOLD))
-    except (OSError, AttributeError):
-        return False
+    return _mallopt((M_MMAP_MAX, DEFAULT_MMAP_MAX), (M_MMAP_THRESHOLD, RETURN_THRESHOLD), trim=True)
 
 
 def reuse_freed_memory() -> bool:
@@ -58,9 +52,17 @@ def reuse_freed_memory() -> bool:
     its tensors. Measured in fresh processes (attention at N=4096, 1 thread, 256 MiB of scores a call): under
     glibc's own limits (mmap above 32 MiB, trim above 64 MiB) each call faulted its large tensors in again,
     841-1174 ms over 8 processes; with no mmap and no trim 374-449 ms. False where the C library is not glibc."""
+    return _mallopt((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, NEVER_TRIM))
+
+
+def _mallopt(*settings: tuple[int, int], trim: bool = False) -> bool:
+    """glibc's mallopt(parameter, value) for each setting in turn, after malloc_trim(0) with `trim`; whether all
+    took. False where the C library is not glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+        if trim:
+            libc.malloc_trim(0)
+        return all(libc.mallopt(parameter, value) for parameter, value in settings)
     except (OSError, AttributeError):
         return False
 
@@ -146,15 +148,6 @@ class LiveTensorBytes:
 def nvml_used_bytes(index: int) -> int | None:
     """Device memory in use on torch's CUDA device `index` according to NVML (all processes); None where NVML is
     absent or unusable. The device is NVML's match of torch's (gpustate.nvml_device), not NVML's number `index`."""
-    try:
-        import pynvml
+    from .gpustate import nvml_device, with_nvml
 
-        from .gpustate import nvml_device
-
-        pynvml.nvmlInit()
-        try:
-            return pynvml.nvmlDeviceGetMemoryInfo(nvml_device(pynvml, index)[0]).used
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # NVML absent or unusable: the caller's column stays empty
-        return None
+    return with_nvml(lambda nvml: nvml.nvmlDeviceGetMemoryInfo(nvml_device(nvml, index)[0]).used)

@@ -28,8 +28,7 @@ def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> boo
     armed = False
     if sys.platform.startswith("linux"):
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            armed = libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+            armed = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
         except (OSError, AttributeError):
             armed = False
     if parent is not None and os.getppid() != parent:  # orphaned between fork and prctl

@@ -31,8 +31,7 @@ def checked(samples: Sequence[float], name: str = "samples") -> np.ndarray:
 
 def relative_iqr(samples: Sequence[float]) -> float:
     """(q75 - q25) / median (numpy's linear quantiles): the noise of one list of times, scale free."""
-    values = checked(samples)
-    q25, q50, q75 = np.percentile(values, [25, 50, 75])
+    q25, q50, q75 = np.percentile(checked(samples), [25, 50, 75])
     return float((q75 - q25) / q50)
 
 
@@ -59,8 +58,7 @@ def median_ci(samples: Sequence[float], confidence: float = CONFIDENCE) -> tuple
 
 def median_ci_pct(samples: Sequence[float]) -> float | None:
     """The 95% CI of the median as a percentage of it: the farther of its two edges. None below 6 samples."""
-    ci = median_ci(samples)
-    if ci is None:
+    if (ci := median_ci(samples)) is None:
         return None
     median = float(np.median(samples))
     return 100.0 * max(median - ci[0], ci[1] - median) / median
