@@ -15,8 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..runtime.attach import backend as attach_backend
-from ..runtime.launch import DistributedError, run_distributed
-from ..runtime.launch import run_isolated as launch_isolated
+from ..runtime.launch import DistributedError, run_distributed, run_isolated as launch_isolated
 from ..runtime.limits import RLIMIT_SLACK, cap_memory, is_oom
 from ..runtime.measure import rss_bytes
 from ..workload.problem import Problem

@@ -25,8 +25,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..workload.records import BenchRow
-from .match import Loaded, environment_warnings, load_report, match_impls, match_reports, missing_environment, side_of
-from .report import ComparePoint, CompareReport, build_report
+from .match import (
+    Loaded as Loaded,
+    environment_warnings,
+    load_report as load_report,
+    match_impls,
+    match_reports,
+    missing_environment,
+    side_of,
+)
+from .report import ComparePoint as ComparePoint, CompareReport as CompareReport, build_report
 from .stats import band
 
 DEFAULT_THRESHOLD_PCT = 10.0  # identical runs here differ by ~5% per point (benchmarks/RESULTS.md, noise)
@@ -74,15 +82,3 @@ def compare_rows(
         ) from None
     differences = environment_warnings(old.environments, [environment] if environment else [], pairs)
     return build_report(pairs, warnings, differences, threshold_pct, alpha)
-
-
-__all__ = [
-    "ComparePoint",
-    "CompareReport",
-    "DEFAULT_THRESHOLD_PCT",
-    "Loaded",
-    "compare_impls",
-    "compare_reports",
-    "compare_rows",
-    "load_report",
-]

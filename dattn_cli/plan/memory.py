@@ -231,8 +231,7 @@ def _sequence_parallel_buffers(s: Problem, fwdbwd: bool) -> int:
 def reference_items(s: Problem) -> dict[str, int]:
     """The float64 reference baseline: one dense reference call as workload/check_memory.py models it (its
     float64 copies, out, gradients and, with backward, the scores autograd saves), beside its inputs."""
-    from ..workload.check_memory import input_bytes
-    from ..workload.check_memory import reference_items as reference_call
+    from ..workload.check_memory import input_bytes, reference_items as reference_call
 
     return {"inputs": input_bytes(s), **reference_call(s, local=False, chunk_elements=0)}
 

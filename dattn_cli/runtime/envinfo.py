@@ -14,8 +14,7 @@ from pydantic import BaseModel
 
 from .. import __version__
 from ..kernels.flash_kernels import flash_installs
-from ..kernels.kernel_choice import available as kernel_available
-from ..kernels.kernel_choice import cached_choices, forced_kernel
+from ..kernels.kernel_choice import available as kernel_available, cached_choices, forced_kernel
 from .contention import load_average
 from .gpustate import nvml_ask, nvml_device, nvml_state
 

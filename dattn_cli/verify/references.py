@@ -28,8 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import reference as dense
-from ..kernels import reference_local as local
+from ..kernels import reference as dense, reference_local as local
 from ..kernels.documents import attend_documents
 from ..workload.build import input_shape
 from ..workload.check_memory import CACHE_BYTES  # references kept beyond the one in use
