@@ -24,18 +24,9 @@ def error_growth(results: list[CaseResult]) -> list[GrowthPoint]:
             key = (r.impl, r.world_size, r.pattern, r.semantics, r.causal, r.dtype, group, r.seq_len)
             old = points.get(key)
             if old is None or e.rel > old.error:
-                points[key] = GrowthPoint(
-                    impl=r.impl,
-                    world_size=r.world_size,
-                    pattern=r.pattern,
-                    semantics=r.semantics,
-                    causal=r.causal,
-                    dtype=r.dtype,
-                    quantity=group,
-                    seq_len=r.seq_len,
-                    error=e.rel,
-                    naive=e.naive if old is None or old.naive is None else max(old.naive, e.naive or 0.0),
-                )
+                line = {name: getattr(r, name) for name in GrowthPoint.model_fields if name in CaseResult.model_fields}
+                naive = e.naive if old is None or old.naive is None else max(old.naive, e.naive or 0.0)
+                points[key] = GrowthPoint(**line, quantity=group, error=e.rel, naive=naive)
     return sorted(points.values(), key=lambda p: (p.quantity, p.impl, p.world_size, str(p.pattern), p.seq_len))
 
 

@@ -78,27 +78,10 @@ def case_result(
     comm: list[dict[str, int]] | None = None,
 ) -> CaseResult:
     """The result of check `v`: its errors, or the failure that stopped it (a crash is a failed check)."""
-    p, errors = v.problem, errors or {}
-    return CaseResult(
-        impl=p.impl,
-        world_size=p.world_size,
-        case=v.case,
-        backend=p.backend,
-        semantics=p.semantics,
-        causal=p.causal,
-        dtype=p.dtype,
-        device=p.device,
-        batch=p.batch,
-        seq_len=p.seq_len,
-        heads=p.heads,
-        kv_heads=p.kv_heads,
-        head_dim=p.head_dim,
-        segment_lengths=p.segment_lengths,
-        dilation_rates=p.dilation_rates,
-        uncovered_fraction=v.uncovered,
-        pattern=v.pattern,
-        errors=errors,
-        passed=failure is None and all(e.passed for e in errors.values()),
-        message=failure or "",
-        comm=comm,
-    )
+    errors = errors or {}
+    shared = {
+        name: getattr(v.problem, name) for name in CaseResult.model_fields if name in type(v.problem).model_fields
+    }
+    passed = failure is None and all(e.passed for e in errors.values())
+    own = dict(case=v.case, uncovered_fraction=v.uncovered, pattern=v.pattern, errors=errors, passed=passed)
+    return CaseResult(**{**shared, **own}, message=failure or "", comm=comm)
