@@ -76,8 +76,7 @@ def available(name: str) -> bool:
         return True
     if name == "cudnn":
         return hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention") and torch.backends.cudnn.is_available()
-    installs = flash_installs()
-    return installs.fa4 if name == "fa4" else installs.fa2 if name == "flash-attn2" else False
+    return {"fa4": flash_installs().fa4, "flash-attn2": flash_installs().fa2}.get(name, False)
 
 
 def cache_path() -> Path:
@@ -171,16 +170,17 @@ def probe_entry(facts: dict, candidates: tuple[str, ...], measure: Callable[[str
     (`measure(kernel)` -> {"ms": steady fwd+bwd ms or None, "compile_s": ..., "error": ...} per candidate) and
     written to the cache."""
     key = probe_key(facts)
-    entry = _MEMO.get(key)
-    if entry is not None and all(c in entry["kernels"] for c in candidates):
+
+    def complete(entry) -> bool:
+        return entry is not None and all(c in entry["kernels"] for c in candidates)
+
+    if complete(entry := _MEMO.get(key)):
         return entry
     path = cache_path() if path is None else path
-    entry = read_cache(path).get(key)
-    if entry is None or not all(c in entry["kernels"] for c in candidates):
+    if not complete(entry := read_cache(path).get(key)):
         with _locked(path):
             entries = read_cache(path)
-            entry = entries.get(key)
-            if entry is None or not all(c in entry["kernels"] for c in candidates):
+            if not complete(entry := entries.get(key)):
                 log.info("dattn: probing block kernels %s for %s", ", ".join(candidates), key)
                 entry = {
                     "facts": facts,
