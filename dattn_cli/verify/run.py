@@ -168,9 +168,8 @@ def _grid(
     token_window: tuple[int, int] | None = None,
 ) -> Grid:
     patterns = list(patterns)
-    for pattern in patterns:
-        if pattern not in PATTERNS:
-            raise ValueError(f"--pattern {pattern!r} is unknown: use one of {', '.join(PATTERNS)}")
+    if unknown := [pattern for pattern in patterns if pattern not in PATTERNS]:
+        raise ValueError(f"--pattern {unknown[0]!r} is unknown: use one of {', '.join(PATTERNS)}")
     return Grid(
         semantics=list(semantics),
         causal=list(causal),
@@ -192,8 +191,7 @@ def check_need(v: Variant, world: int = 1, checks: int = 1, impl_memory: ImplMem
     """Peak bytes of check `v` (workload/check_memory.py): one process, or a group of `world` ranks running
     `checks` checks; the implementation's part from `impl_memory` (the planner's model) where it has one."""
     p = v.problem
-    known = impl_memory(p) if impl_memory is not None else None
-    impl = known if known else None  # None: the planner has no model; 0: a shape it cannot plan
+    impl = (impl_memory(p) if impl_memory is not None else None) or None  # None or 0: the planner has no figure
     local, chunk = uses_local_reference(p), chunk_elements(p.device)
     if world > 1:
         return group_peak(p, world, checks, local, chunk, impl)
