@@ -276,12 +276,11 @@ class _DilatedAttentionBase(AttentionCore):
 
     # reporting --------------------------------------------------------------------------------
     def describe(self) -> str:
-        backend = self.describe_backend()
         rows = "gathered by index" if self.gathers_by_index else "reached through strided views"
         parts = [
             f"{type(self).__name__}: segments {list(self.segment_lengths)}, dilations {list(self.dilation_rates)}, "
             f"semantics {self.semantics}",
-            backend,
+            self.describe_backend(),
             f"kept rows {rows}",
             f"pattern cache {'on' if self.use_pattern_cache else 'off'}, "
             f"memory pool {'on' if self.enable_memory_pool else 'off'}",

@@ -110,14 +110,15 @@ for core, wrapper, summary, options in _OWN:
     register(ImplSpec(wrapper.__name__, wrapper, "multihead", summary=f"projections around {core.__name__}", **options))
 
 
-def _dense(name: str, cls, summary: str, **options) -> None:
-    """A dense baseline: all pairs, memory of a dense kernel unless said otherwise."""
-    register(ImplSpec(name, cls, summary=summary, **{**_DENSE, **options}))
+def _entry(defaults: dict, name: str, cls, summary: str, **options) -> None:
+    """A baseline or peer: its kind's defaults (_DENSE, _PEER), then its own options."""
+    register(ImplSpec(name, cls, summary=summary, **{**defaults, **options}))
 
 
-_dense("sdpa", SDPAAttention, "torch scaled_dot_product_attention, all pairs")
-_dense("math", MathAttention, "N x N scores, softmax, weighted sum", memory_model="dense_scores")
-_dense(
+_entry(_DENSE, "sdpa", SDPAAttention, "torch scaled_dot_product_attention, all pairs")
+_entry(_DENSE, "math", MathAttention, "N x N scores, softmax, weighted sum", memory_model="dense_scores")
+_entry(
+    _DENSE,
     "flash",
     FlashAttention,
     "flash-attn flash_attn_func, all pairs",
@@ -126,14 +127,16 @@ _dense(
     probe=fa2_missing,
     install_hint="pip install 'dattn[flash]'",
 )
-_dense(
+_entry(
+    _DENSE,
     "reference",
     ReferenceAttention,
     "the dense float64 reference of the dilated pattern",
     strategy="reference",
     memory_model="reference",
 )
-_dense(
+_entry(
+    _DENSE,
     "flash4",
     FA4Attention,
     "FlashAttention-4 (flash_attn.cute) flash_attn_func, all pairs",
@@ -141,59 +144,52 @@ _dense(
     install_hint="pip install flash-attn-4 (CUDA 12.9+ or 13, sm90/sm100)",
     probe=fa4_import_error,
 )
-_dense(
+_entry(
+    _DENSE,
     "cudnn",
     CuDNNAttention,
     "torch scaled_dot_product_attention forced to the cuDNN kernel, all pairs",
     devices=("cuda",),
     probe=lambda: None if torch.backends.cudnn.is_available() else f"torch {torch.__version__} has no cuDNN",
 )
-register(
-    ImplSpec(
-        "flex_dilated",
-        FlexDilatedAttention,
-        summary="FlexAttention, the dilated pattern as score_mod + log c(t,u): dattn's function",
-        **_PEER,
-    )
+_entry(
+    _PEER,
+    "flex_dilated",
+    FlexDilatedAttention,
+    "FlexAttention, the dilated pattern as score_mod + log c(t,u): dattn's function",
 )
-register(
-    ImplSpec(
-        "flex_dilated_mask",
-        FlexDilatedMaskAttention,
-        summary="FlexAttention, the pattern as a boolean mask (c > 0): ANOTHER function, keys counted once",
-        **_PEER,
-    )
+_entry(
+    _PEER,
+    "flex_dilated_mask",
+    FlexDilatedMaskAttention,
+    "FlexAttention, the pattern as a boolean mask (c > 0): ANOTHER function, keys counted once",
 )
 _FKODOM_HINT = (
     "pip install --no-deps dilated-attention-pytorch==0.2.0 einops and an xformers built for this torch "
     "(0.2.0 pins xformers<0.0.22 and torchscale~=0.2.0, made for torch 2.0); --semantics head_groups"
 )
-register(
-    ImplSpec(
-        "fkodom",
-        FkodomDilatedAttention,
-        summary="fkodom's dilated-attention-pytorch 0.2.0 (xformers), head_groups pattern; ANOTHER function: "
-        "each pair's output divided by its sum over the positions, then by the number of pairs",
-        requires=("dilated_attention_pytorch", "xformers", "einops"),
-        install_hint=_FKODOM_HINT,
-        probe=lambda: import_problem(FKODOM),
-        **_PEER,
-    )
+_entry(
+    _PEER,
+    "fkodom",
+    FkodomDilatedAttention,
+    "fkodom's dilated-attention-pytorch 0.2.0 (xformers), head_groups pattern; ANOTHER function: "
+    "each pair's output divided by its sum over the positions, then by the number of pairs",
+    requires=("dilated_attention_pytorch", "xformers", "einops"),
+    install_hint=_FKODOM_HINT,
+    probe=lambda: import_problem(FKODOM),
 )
 _SEED_HINT = (
     "not on PyPI (the name dilated-attention-pytorch there is fkodom's): pip install "
     "git+https://github.com/DarcStar-Solutions-Tech/dilated-attention-pytorch (needs torchscale; it replaces "
     "fkodom's package, both import as dilated_attention_pytorch); --semantics head_groups"
 )
-register(
-    ImplSpec(
-        "seed",
-        SeedDilatedAttention,
-        summary="the seed project's DilatedAttention (DarcStar-Solutions-Tech), head_groups pattern; ANOTHER "
-        "function: the output divided by the number of pairs",
-        requires=("dilated_attention_pytorch",),
-        install_hint=_SEED_HINT,
-        probe=lambda: import_problem(SEED),
-        **_PEER,
-    )
+_entry(
+    _PEER,
+    "seed",
+    SeedDilatedAttention,
+    "the seed project's DilatedAttention (DarcStar-Solutions-Tech), head_groups pattern; ANOTHER "
+    "function: the output divided by the number of pairs",
+    requires=("dilated_attention_pytorch",),
+    install_hint=_SEED_HINT,
+    probe=lambda: import_problem(SEED),
 )

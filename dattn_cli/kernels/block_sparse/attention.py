@@ -353,13 +353,9 @@ class BlockSparseRingDilatedAttention(AttentionCore):
                 f"density {self.density():.4f} of blocks, {self.element_density():.4f} of (query, key) pairs "
                 f"at N={self.last_shape[0]}"
             )
-        if self.last_executor:
-            parts.append(
-                f"executor {self.executor} -> {self.last_executor[0]} on the last call ({self.last_executor[1]})"
-            )
-        else:
-            parts.append(f"executor {self.executor} (flex or gather, chosen per call)")
-        parts.append(self.describe_backend())
+        last = self.last_executor
+        ran = f"-> {last[0]} on the last call ({last[1]})" if last else "(flex or gather, chosen per call)"
+        parts += [f"executor {self.executor} {ran}", self.describe_backend()]
         if world > 1:
             parts.append(f"ring form over {world} ranks: each rank receives only the key blocks its queries use")
         if self.selection_reason:
