@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from .heartbeat import prefix as attempt_prefix
+
 DEFAULT_PORT = 29500
 BACKEND = "cpu:gloo,cuda:nccl"
 
@@ -160,7 +162,7 @@ def join(world: World, cuda: bool, timeout_s: float) -> None:
     try:
         dist.init_process_group(
             backend(),
-            init_method=address,
+            init_method=_init_method(world, address),
             rank=world.rank,
             world_size=world.world_size,
             timeout=timedelta(seconds=timeout_s),
@@ -174,6 +176,15 @@ def join(world: World, cuda: bool, timeout_s: float) -> None:
         ) from None
 
 
+def _init_method(world: World, address: str) -> str:
+    """env:// under torchrun, where the environment names this world: a group torchrun restarted
+    (--max-restarts) joins there, where tcp:// to the same address fails to connect gloo's pairs (seen with
+    torch 2.13); tcp:// elsewhere (srun, or --master-addr/--master-port given)."""
+    env = os.environ
+    same = env.get("MASTER_ADDR") == world.master_addr and env.get("MASTER_PORT") == str(world.master_port)
+    return "env://" if world.launcher == "torchrun" and same else address
+
+
 def _host(addr: str) -> str:
     return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
 
@@ -185,7 +196,7 @@ def post_failure(rank: int, message: str) -> None:
         from torch.distributed.distributed_c10d import _get_default_store
 
         if dist.is_initialized():
-            _get_default_store().set(f"{FAILURE_KEY}{rank}", message[:500])
+            _get_default_store().set(f"{attempt_prefix()}{FAILURE_KEY}{rank}", message[:500])
     except Exception:  # the store itself may be gone with the master: the deadline still names no one then
         pass
 
@@ -198,7 +209,7 @@ def failed_ranks(world_size: int) -> dict[int, str]:
         store = _get_default_store()
         found = {}
         for rank in range(world_size):
-            key = f"{FAILURE_KEY}{rank}"
+            key = f"{attempt_prefix()}{FAILURE_KEY}{rank}"
             if store.check([key]):
                 found[rank] = store.get(key).decode(errors="replace")
         return found
@@ -225,12 +236,9 @@ def exchange(tag: str, payload: Any, world: World, timeout_s: float) -> list[Any
     store = _get_default_store()
     buffer = io.BytesIO()
     torch.save(payload, buffer)
-    store.set(f"dattn/{tag}/{world.rank}", buffer.getvalue())
-    keys = [f"dattn/{tag}/{rank}" for rank in range(world.world_size)]
-    try:
-        store.wait(keys, timedelta(seconds=timeout_s))
-    except Exception:  # some rank is silent: named below
-        pass
+    store.set(f"{attempt_prefix()}dattn/{tag}/{world.rank}", buffer.getvalue())
+    keys = [f"{attempt_prefix()}dattn/{tag}/{rank}" for rank in range(world.world_size)]
+    dead = _wait(store, keys, timeout_s)
     posted = failed_ranks(world.world_size)
     results: list[Any] = []
     for rank, key in enumerate(keys):
@@ -238,8 +246,36 @@ def exchange(tag: str, payload: Any, world: World, timeout_s: float) -> list[Any
             results.append(torch.load(io.BytesIO(store.get(key)), weights_only=False))
         else:
             said = f"; it reported {posted[rank]}" if rank in posted else ""
-            results.append(RankSilent(f"rank {rank} did not report within --dist-timeout {timeout_s:g} s{said}"))
+            if rank in dead:
+                results.append(RankSilent(f"rank {rank} died (its heartbeat stopped){said}"))
+            else:
+                results.append(RankSilent(f"rank {rank} did not report within --dist-timeout {timeout_s:g} s{said}"))
     return results
+
+
+def _wait(store: Any, keys: list[str], timeout_s: float) -> list[int]:
+    """Wait for `keys` up to timeout_s: a rank the heartbeat (runtime.heartbeat) finds dead
+    ends the wait early. The dead ranks found, if any."""
+    import time
+
+    from .heartbeat import current
+
+    watch = current()
+    deadline = time.monotonic() + timeout_s
+    if watch is not None:
+        watch.in_exchange = True
+    try:
+        while not store.check(keys):  # polled, not store.wait: a wait that times out is logged by c10d
+            missing = {rank for rank, key in enumerate(keys) if not store.check([key])}
+            if watch is not None and missing and missing <= set(watch.dead_ranks):
+                return sorted(missing)
+            if time.monotonic() >= deadline:
+                return []
+            time.sleep(0.02)
+        return []
+    finally:
+        if watch is not None:
+            watch.in_exchange = False
 
 
 @dataclass(frozen=True)
