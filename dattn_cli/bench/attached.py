@@ -30,15 +30,14 @@ class AttachedRunner:
         self.done = done or {}  # rank 0's points already in the report (resume): rank 0 does not run them
 
     def __call__(self, sweep: Sweep, problem: Problem) -> dict:
-        from ..runtime.heartbeat import current
+        from ..runtime.heartbeat import measuring
 
         fields = row_fields(problem)
         if self.world.rank != 0 and (row := self.done.get(point_key(fields))) is not None:
             # rank 0 reads this point from its report: the same row here, so both take the same next step
             return {k: v for k, v in row.items() if k not in fields and k != "predicted_mem_bytes"}
-        if (watch := current()) is not None:
-            watch.point(f"{problem.impl} N={problem.seq_len:,}")
-        return self._point(sweep, problem)
+        with measuring(f"{problem.impl} N={problem.seq_len:,}"):
+            return self._point(sweep, problem)
 
     def _point(self, sweep: Sweep, problem: Problem) -> dict:
         import torch.distributed as dist

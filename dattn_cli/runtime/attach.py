@@ -201,12 +201,13 @@ def post_failure(rank: int, message: str) -> None:
         pass
 
 
-def failed_ranks(world_size: int) -> dict[int, str]:
-    """The errors ranks posted with post_failure, by rank (empty when none did or the store cannot say)."""
+def failed_ranks(world_size: int, store: Any = None) -> dict[int, str]:
+    """The errors ranks posted with post_failure, by rank (empty when none did or the store cannot say);
+    `store`: a connection of the default group's store other than the main thread's (the heartbeat's)."""
     try:
         from torch.distributed.distributed_c10d import _get_default_store
 
-        store = _get_default_store()
+        store = store or _get_default_store()
         found = {}
         for rank in range(world_size):
             key = f"{attempt_prefix()}{FAILURE_KEY}{rank}"
@@ -247,15 +248,15 @@ def exchange(tag: str, payload: Any, world: World, timeout_s: float) -> list[Any
         else:
             said = f"; it reported {posted[rank]}" if rank in posted else ""
             if rank in dead:
-                results.append(RankSilent(f"rank {rank} died (its heartbeat stopped){said}"))
+                results.append(RankSilent(f"rank {rank} {dead[rank]}{said}"))
             else:
                 results.append(RankSilent(f"rank {rank} did not report within --dist-timeout {timeout_s:g} s{said}"))
     return results
 
 
-def _wait(store: Any, keys: list[str], timeout_s: float) -> list[int]:
+def _wait(store: Any, keys: list[str], timeout_s: float) -> dict[int, str]:
     """Wait for `keys` up to timeout_s: a rank the heartbeat (runtime.heartbeat) finds dead
-    ends the wait early. The dead ranks found, if any."""
+    ends the wait early. The ranks found dead or gone, with what happened to them."""
     import time
 
     from .heartbeat import current
@@ -267,12 +268,12 @@ def _wait(store: Any, keys: list[str], timeout_s: float) -> list[int]:
     try:
         while not store.check(keys):  # polled, not store.wait: a wait that times out is logged by c10d
             missing = {rank for rank, key in enumerate(keys) if not store.check([key])}
-            if watch is not None and missing and missing <= set(watch.dead_ranks):
-                return sorted(missing)
+            if watch is not None and missing and missing <= set(watch.gone):
+                return {rank: watch.gone[rank] for rank in missing}
             if time.monotonic() >= deadline:
-                return []
+                return {}
             time.sleep(0.02)
-        return []
+        return {}
     finally:
         if watch is not None:
             watch.in_exchange = False

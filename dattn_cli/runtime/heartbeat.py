@@ -25,7 +25,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -33,6 +34,7 @@ from .signals import STOPPING
 
 BEAT_S = 0.5
 DEAD_AFTER_S = 10.0  # a beat that has not moved for this long: the rank is dead or stopped
+FAILED_GRACE_S = 10.0  # a peer failed its point and this rank is still held in a collective this long: leave
 GRACE_S = 5.0  # after a signal: how long peers have to say they were told to stop too
 STORE_TIMEOUT_S = 5.0  # one store operation of the watch; the store gone for DEAD_AFTER_S is a fault too
 KEY = "dattn/watch/"
@@ -64,7 +66,9 @@ class Watch:
         self.seen: dict[int, tuple[bytes | None, float]] = {}
         self.stopped = threading.Event()
         self.in_exchange = False  # the main thread waits in the store (exchange), not in a collective
-        self.dead_ranks: list[int] = []
+        self.gone: dict[int, str] = {}  # peers dead or left on a fault: what happened to them
+        self.failed_since: float | None = None
+        self.in_point = False  # the main thread is measuring a point (its collectives may hold it)
         self.beats = 0
         self.previous: dict = {}
         self.read_fd, self.write_fd = os.pipe()
@@ -77,7 +81,7 @@ class Watch:
         dies in it (through the main thread's own connection: the watch's is the watch thread's)."""
         from torch.distributed.distributed_c10d import _get_default_store
 
-        self.at = at
+        self.at, self.in_point = at, True
         try:
             _get_default_store().set(self.key("at", self.world.rank), at)
         except Exception:
@@ -134,12 +138,35 @@ class Watch:
                     self.leave(1, "the launcher's store stopped answering (the launcher or rank 0 is gone)", [])
                 continue
             store_lost = None
-            if dead := self.dead(DEAD_AFTER_S):
-                self.dead_ranks = dead
-                if not self.in_exchange:  # blocked in a collective, or between points: leave from here
-                    self.leave(1, None, dead)
-            elif left := self._left_with_fault():
-                self.leave(1, f"rank {left[0]} left ({left[1]}); this rank stops too", [])
+            self._check_peers()
+
+    def _check_peers(self) -> None:
+        """Leave for a dead peer, one that left on a fault, or one that failed its point while this rank is still
+        held in a collective; in an exchange (the store) the main thread names them itself (`gone`)."""
+        dead, left = self.dead(DEAD_AFTER_S), self._left_with_fault()
+        self.gone = {**{r: "died (its heartbeat stopped)" for r in dead}, **{r: f"left ({why})" for r, why in left}}
+        if self.in_exchange:
+            self.failed_since = None
+            return
+        if dead:
+            self.leave(1, None, dead)
+        if left:
+            self.leave(1, f"rank {left[0][0]} left ({left[0][1]}); this rank stops too", [])
+        failed = self._failed() if self.in_point else []
+        if not failed:
+            self.failed_since = None
+        elif self.failed_since is None:
+            self.failed_since = time.monotonic()
+        elif time.monotonic() - self.failed_since > FAILED_GRACE_S:
+            rank, message = failed[0]
+            self.leave(1, f"rank {rank} failed at {self.at}: {message}; this rank was held in a collective", [])
+
+    def _failed(self) -> list[tuple[int, str]]:
+        """Peers that posted a failure (runtime.attach.post_failure) for the point this rank is on."""
+        from .attach import failed_ranks
+
+        posted = failed_ranks(self.world.world_size, self.store)
+        return [(r, m) for r, m in posted.items() if r != self.world.rank]
 
     def _peer_state(self) -> dict[int, tuple[bytes | None, bool]]:
         """Each peer's beat and whether it has left (done, or a fault it saw)."""
@@ -150,13 +177,14 @@ class Watch:
             state[rank] = (beat, self.store.check([self.key("left", rank)]))
         return state
 
-    def _left_with_fault(self) -> tuple[int, str] | None:
-        """A peer that left because of a fault (not done): its group cannot finish."""
+    def _left_with_fault(self) -> list[tuple[int, str]]:
+        """Peers that left because of a fault (not done, not told to stop): the group cannot finish."""
+        found = []
         for rank in self.peers:
             value = self._get(self.key("left", rank))
-            if value is not None and value != b"done":
-                return rank, value.decode(errors="replace")
-        return None
+            if value is not None and value != b"done" and not value.startswith(b"terminated"):
+                found.append((rank, value.decode(errors="replace")))
+        return found
 
     def _have_all(self, what: str) -> bool:
         return self.store.check([self.key(what, r) for r in self.peers])
@@ -195,6 +223,8 @@ class Watch:
                 if left or beat != start.get(rank) or self.store.check([self.key("stop", rank)]):
                     alive.add(rank)
         dead = [r for r in self.peers if r not in alive]
+        if not dead and (left := self._left_with_fault()):
+            self.leave(1, f"rank {left[0][0]} left ({left[0][1]}); this rank stops too", [])
         self.leave(1 if dead else 128 + signum, None if dead else signal.Signals(signum).name, dead)
 
     def _state_or_empty(self) -> dict:
@@ -212,7 +242,8 @@ class Watch:
 
     def leave(self, code: int, reason: str | None, dead: list[int]) -> None:
         """End this process: the lowest surviving rank says why and what was kept."""
-        self._set(self.key("left", self.world.rank), f"exit {code}")
+        said = f"terminated ({reason})" if code > 128 else f"exit {code}: {reason or 'a peer died'}"
+        self._set(self.key("left", self.world.rank), said[:300])
         alive = [r for r in range(self.world.world_size) if r not in dead]
         if self.world.rank == min(alive):
             if dead:
@@ -275,3 +306,17 @@ def watch(world: Any) -> Watch | None:
 
 def current() -> Watch | None:
     return Watch.current
+
+
+@contextmanager
+def measuring(at: str) -> Iterator[None]:
+    """This rank measures `at` (a point, a group of checks) inside: named if a rank dies in it, and a peer's
+    failure posted meanwhile ends this rank after FAILED_GRACE_S if a collective still holds it."""
+    watch = Watch.current
+    if watch is not None:
+        watch.point(at)
+    try:
+        yield
+    finally:
+        if watch is not None:
+            watch.in_point = False

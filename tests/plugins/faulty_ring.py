@@ -2,7 +2,8 @@
 injected on one rank at one sequence length, in the first attempt of a torchrun group only (a restarted group
 runs clean). DATTN_FAULT="ACTION:RANK:N": ACTION is kill (SIGKILL itself), stop (SIGSTOP itself), raise (a
 ValueError: bad input on that rank alone), oom (torch.OutOfMemoryError, as CUDA raises it) or hold (sleep 600 s,
-so its peers wait in a collective: for signals sent meanwhile); ACTION "hold-all" holds every rank at N."""
+so its peers wait in a collective: for signals sent meanwhile); ACTION "hold-all" holds every rank at N.
+DATTN_FAULT_MARK: a file the faulty rank writes "TIME PID" to just before its fault."""
 
 import os
 import signal
@@ -29,6 +30,9 @@ class FaultyRingAttention(RingDilatedAttention):
 
         rank = dist.get_rank() if dist.is_initialized() else 0
         action = _fault(rank, q.shape[1] * (dist.get_world_size() if dist.is_initialized() else 1))
+        if action and os.environ.get("DATTN_FAULT_MARK"):  # when the fault came, for the test's timings
+            with open(os.environ["DATTN_FAULT_MARK"], "w") as mark:
+                mark.write(f"{time.time()} {os.getpid()}")
         if action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif action == "stop":
