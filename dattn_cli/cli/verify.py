@@ -158,6 +158,7 @@ def verify(**given: Any) -> None:
     o = SimpleNamespace(**given)
     world_sizes = parse_option("verify", "world_size", o.world_size)
     world = joined(o, world_sizes[0] if len(world_sizes) == 1 else None, OUTPUTS)
+    done = _watched(world)
     if world is not None:
         world_sizes = [world.world_size]
     machine_output(o.json_out, o.csv_out, o.junit, o.markdown)
@@ -169,7 +170,6 @@ def verify(**given: Any) -> None:
     if own:
         _note_slow_reference(cases, o.device)
         _note_distributed(o.impl, world_sizes)
-    done = _watched(world)
     with progress() as bar:
         task = bar.add_task("verify", total=checks.total)
         report = run_checks(

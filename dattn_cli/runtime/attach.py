@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from .heartbeat import prefix as attempt_prefix
+from .heartbeat import restart_count
 
 DEFAULT_PORT = 29500
 BACKEND = "cpu:gloo,cuda:nccl"
@@ -159,14 +160,17 @@ def join(world: World, cuda: bool, timeout_s: float) -> None:
             )
         torch.cuda.set_device(world.local_rank)
     address = f"tcp://{_host(world.master_addr)}:{world.master_port}"
+    timeout = timedelta(seconds=timeout_s)
     try:
-        dist.init_process_group(
-            backend(),
-            init_method=_init_method(world, address),
-            rank=world.rank,
-            world_size=world.world_size,
-            timeout=timedelta(seconds=timeout_s),
-        )
+        if world.launcher == "torchrun":
+            store = _attempt_store(world, timeout)
+            dist.init_process_group(
+                backend(), store=store, rank=world.rank, world_size=world.world_size, timeout=timeout
+            )
+        else:
+            dist.init_process_group(
+                backend(), init_method=address, rank=world.rank, world_size=world.world_size, timeout=timeout
+            )
     except Exception as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(
@@ -176,13 +180,15 @@ def join(world: World, cuda: bool, timeout_s: float) -> None:
         ) from None
 
 
-def _init_method(world: World, address: str) -> str:
-    """env:// under torchrun, where the environment names this world: a group torchrun restarted
-    (--max-restarts) joins there, where tcp:// to the same address fails to connect gloo's pairs (seen with
-    torch 2.13); tcp:// elsewhere (srun, or --master-addr/--master-port given)."""
-    env = os.environ
-    same = env.get("MASTER_ADDR") == world.master_addr and env.get("MASTER_PORT") == str(world.master_port)
-    return "env://" if world.launcher == "torchrun" and same else address
+def _attempt_store(world: World, timeout: timedelta) -> Any:
+    """The launcher's store (torchrun's agent store, or rank 0's) under this attempt's own prefix: torchrun keeps
+    one store across the restarts of --max-restarts, and a restarted group reading the keys of the attempt before
+    (gloo's addresses of ranks now dead) fails to connect."""
+    import torch.distributed as dist
+    from torch.distributed.rendezvous import _create_c10d_store
+
+    store = _create_c10d_store(world.master_addr, world.master_port, world.rank, world.world_size, timeout)
+    return dist.PrefixStore(f"dattn/attempt/{restart_count()}", store)
 
 
 def _host(addr: str) -> str:
