@@ -63,7 +63,15 @@ def refuse_launcher(command: str, attach: bool | None) -> None:
     world = detect()
     if world is None or world.world_size == 1:
         return
-    if world.rank != 0:
+    if world.rank != 0:  # silent: rank 0 says it; the launcher's SIGTERM after rank 0's exit ends this one quietly
+        import signal
+        import time
+
+        from ..runtime.signals import STOPPING
+
+        for s in STOPPING:
+            signal.signal(s, signal.SIG_DFL)
+        time.sleep(10)
         raise typer.Exit(code=2)
     raise ValueError(
         f"{command}: runs in one process and does not join a launcher's world ({world.launcher} started "

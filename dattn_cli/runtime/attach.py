@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from .heartbeat import failed_ranks, post_failure, restart_count  # noqa: F401 (post_failure: attach's API)
 from .heartbeat import prefix as attempt_prefix
-from .heartbeat import restart_count
 
 DEFAULT_PORT = 29500
 BACKEND = "cpu:gloo,cuda:nccl"
@@ -41,7 +41,6 @@ def backend() -> str:
     return BACKEND if dist.is_nccl_available() else "gloo"
 
 
-FAILURE_KEY = "dattn/failed/"
 LAUNCHER_VARIABLES = (
     "RANK",
     "WORLD_SIZE",
@@ -193,35 +192,6 @@ def _attempt_store(world: World, timeout: timedelta) -> Any:
 
 def _host(addr: str) -> str:
     return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
-
-
-def post_failure(rank: int, message: str) -> None:
-    """Leave this rank's error in the store of the default group, for the other ranks to name."""
-    try:
-        import torch.distributed as dist
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        if dist.is_initialized():
-            _get_default_store().set(f"{attempt_prefix()}{FAILURE_KEY}{rank}", message[:500])
-    except Exception:  # the store itself may be gone with the master: the deadline still names no one then
-        pass
-
-
-def failed_ranks(world_size: int, store: Any = None) -> dict[int, str]:
-    """The errors ranks posted with post_failure, by rank (empty when none did or the store cannot say);
-    `store`: a connection of the default group's store other than the main thread's (the heartbeat's)."""
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        store = store or _get_default_store()
-        found = {}
-        for rank in range(world_size):
-            key = f"{attempt_prefix()}{FAILURE_KEY}{rank}"
-            if store.check([key]):
-                found[rank] = store.get(key).decode(errors="replace")
-        return found
-    except Exception:
-        return {}
 
 
 def strip_launcher_variables() -> None:

@@ -38,6 +38,7 @@ FAILED_GRACE_S = 10.0  # a peer failed its point and this rank is still held in 
 GRACE_S = 5.0  # after a signal: how long peers have to say they were told to stop too
 STORE_TIMEOUT_S = 5.0  # one store operation of the watch; the store gone for DEAD_AFTER_S is a fault too
 KEY = "dattn/watch/"
+FAILURE_KEY = "dattn/failed/"
 
 
 def restart_count() -> int:
@@ -49,6 +50,35 @@ def restart_count() -> int:
 def prefix() -> str:
     """Store keys of this attempt: a group torchrun restarted may share its store with the attempt before."""
     return f"dattn/{restart_count()}/"
+
+
+def post_failure(rank: int, message: str) -> None:
+    """Leave this rank's error in the store of the default group, for the other ranks to name."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        if dist.is_initialized():
+            _get_default_store().set(f"{prefix()}{FAILURE_KEY}{rank}", message[:500])
+    except Exception:  # the store itself may be gone with the master: the deadline still names no one then
+        pass
+
+
+def failed_ranks(world_size: int, store: Any = None) -> dict[int, str]:
+    """The errors ranks posted with post_failure, by rank (empty when none did or the store cannot say);
+    `store`: a connection of the default group's store other than the main thread's (the heartbeat's)."""
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        store = store or _get_default_store()
+        found = {}
+        for rank in range(world_size):
+            key = f"{prefix()}{FAILURE_KEY}{rank}"
+            if store.check([key]):
+                found[rank] = store.get(key).decode(errors="replace")
+        return found
+    except Exception:
+        return {}
 
 
 class Watch:
@@ -162,9 +192,7 @@ class Watch:
             self.leave(1, f"rank {rank} failed at {self.at}: {message}; this rank was held in a collective", [])
 
     def _failed(self) -> list[tuple[int, str]]:
-        """Peers that posted a failure (runtime.attach.post_failure) for the point this rank is on."""
-        from .attach import failed_ranks
-
+        """Peers that posted a failure (post_failure) for the point this rank is on."""
         posted = failed_ranks(self.world.world_size, self.store)
         return [(r, m) for r, m in posted.items() if r != self.world.rank]
 
