@@ -189,7 +189,7 @@ class Watch:
             self.failed_since = time.monotonic()
         elif time.monotonic() - self.failed_since > FAILED_GRACE_S:
             rank, message = failed[0]
-            self.leave(1, f"rank {rank} failed at {self.at}: {message}; this rank was held in a collective", [])
+            self.leave(1, f"rank {rank} failed: {message}; this rank was held in a collective", [])
 
     def _failed(self) -> list[tuple[int, str]]:
         """Peers that posted a failure (post_failure) for the point this rank is on."""
