@@ -99,6 +99,7 @@ class Watch:
         self.gone: dict[int, str] = {}  # peers dead or left on a fault: what happened to them
         self.failed_since: float | None = None
         self.in_point = False  # the main thread is measuring a point (its collectives may hold it)
+        self.failed_before: set[tuple[int, str]] = set()
         self.beats = 0
         self.previous: dict = {}
         self.read_fd, self.write_fd = os.pipe()
@@ -192,9 +193,9 @@ class Watch:
             self.leave(1, f"rank {rank} failed: {message}; this rank was held in a collective", [])
 
     def _failed(self) -> list[tuple[int, str]]:
-        """Peers that posted a failure (post_failure) for the point this rank is on."""
+        """Peers that posted a failure (post_failure) since this rank began its point."""
         posted = failed_ranks(self.world.world_size, self.store)
-        return [(r, m) for r, m in posted.items() if r != self.world.rank]
+        return [(r, m) for r, m in posted.items() if r != self.world.rank and (r, m) not in self.failed_before]
 
     def _peer_state(self) -> dict[int, tuple[bytes | None, bool]]:
         """Each peer's beat and whether it has left (done, or a fault it saw)."""
@@ -348,3 +349,5 @@ def measuring(at: str) -> Iterator[None]:
     finally:
         if watch is not None:
             watch.in_point = False
+            # the failures posted so far are this point's or earlier ones: not a reason to leave a later point
+            watch.failed_before = set(failed_ranks(watch.world.world_size).items())
