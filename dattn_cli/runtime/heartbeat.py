@@ -153,6 +153,12 @@ class Watch:
             return False
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception as exc:  # never leave a parked main thread without its watch
+            self.leave(1, f"the fault watch of rank {self.world.rank} failed: {type(exc).__name__}: {exc}", [])
+
+    def _watch(self) -> None:
         store_lost = None
         ready: list = []
         while not self.stopped.is_set():
