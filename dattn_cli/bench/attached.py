@@ -14,6 +14,7 @@ from __future__ import annotations
 from ..runtime.attach import RankSilent, World, exchange, post_failure
 from ..runtime.launch import peer_symptom
 from ..workload.problem import Problem
+from ..workload.records import point_key, row_fields
 from .config import Sweep
 from .point import measure_point
 from .worker import _combine_ranks, _set_threads, failure_row
@@ -22,12 +23,23 @@ from .worker import _combine_ranks, _set_threads, failure_row
 class AttachedRunner:
     """The runner of a sweep in an attached world: `runner(sweep, problem) -> result` on every rank."""
 
-    def __init__(self, world: World, timeout_s: float):
+    def __init__(self, world: World, timeout_s: float, done: dict | None = None):
         self.world, self.timeout_s = world, timeout_s
         self.points = 0
         self.broken: str | None = None
+        self.done = done or {}  # rank 0's points already in the report (resume): rank 0 does not run them
 
     def __call__(self, sweep: Sweep, problem: Problem) -> dict:
+        from ..runtime.heartbeat import measuring
+
+        fields = row_fields(problem)
+        if self.world.rank != 0 and (row := self.done.get(point_key(fields))) is not None:
+            # rank 0 reads this point from its report: the same row here, so both take the same next step
+            return {k: v for k, v in row.items() if k not in fields and k != "predicted_mem_bytes"}
+        with measuring(f"{problem.impl} N={problem.seq_len:,}"):
+            return self._point(sweep, problem)
+
+    def _point(self, sweep: Sweep, problem: Problem) -> dict:
         import torch.distributed as dist
 
         if self.broken:
@@ -66,3 +78,13 @@ class AttachedRunner:
             {"status": "error", "reason": "a rank failed", "error": r.message} if isinstance(r, RankSilent) else r
             for r in results
         ]
+
+
+def resumed_points(world: World, report, timeout_s: float) -> dict:
+    """The rows rank 0's report holds, by point key, on every rank (only rank 0 has the report): resuming,
+    every rank takes the same rows as measured and the ranks stay in lock-step."""
+    from ..workload.records import rows_with_settings
+
+    rows = rows_with_settings(report) if report is not None and report.exists() else []
+    first = exchange("resume", {row.key(): row.model_dump() for _, row in rows}, world, timeout_s)[0]
+    return first if isinstance(first, dict) else {}

@@ -2,8 +2,9 @@
 
 Exit codes: 0 ok, 1 a check failed, 2 bad usage or bad input (one line on stderr; --debug for the
 traceback), and when a signal stops it, 128 + the signal: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP (one line
-saying what was kept, no traceback). Progress goes to stderr; tables to stdout, or to stderr when `--json -` or
-`--csv -` puts machine output on stdout.
+saying what was kept, no traceback). Inside a torchrun/srun job (runtime/heartbeat.py): 1 when a peer rank
+died, 143 when the job was terminated (every rank told to stop). Progress goes to stderr; tables to stdout, or
+to stderr when `--json -` or `--csv -` puts machine output on stdout.
 
 Layout: app.py (the Typer app, --config/--debug/--version), commands.py (the app with its commands; loaded by
 main, after its signal handlers), build.py (each command's options, made from the Problem's fields and

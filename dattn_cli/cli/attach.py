@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
+
+import typer
 
 from ..runtime.attach import World, detect, join
 
@@ -44,9 +47,53 @@ def agreed_exit_code(world: World | None, code: int, timeout_s: float = 60.0) ->
     if world is None or world.world_size == 1:
         return code
     from ..runtime.attach import RankSilent, exchange
+    from ..runtime.heartbeat import current
 
     codes = exchange("exit", code, world, timeout_s)
+    if (watch := current()) is not None:
+        watch.stop()
     return max(1 if isinstance(c, RankSilent) else int(c) for c in codes)
+
+
+def refuse_launcher(command: str, attach: bool | None) -> None:
+    """A command that runs in one process, started by a launcher with more than one rank: one line (rank 0's;
+    the other ranks exit 2 quietly), not N copies of the same run."""
+    if attach is False:
+        return
+    world = detect()
+    if world is None or world.world_size == 1:
+        return
+    if world.rank != 0:  # silent: rank 0 says it; the launcher's SIGTERM after rank 0's exit ends this one quietly
+        import signal
+        import time
+
+        from ..runtime.signals import STOPPING
+
+        for s in STOPPING:
+            signal.signal(s, signal.SIG_DFL)
+        time.sleep(10)
+        raise typer.Exit(code=2)
+    raise ValueError(
+        f"{command}: runs in one process and does not join a launcher's world ({world.launcher} started "
+        f"{world.world_size} ranks): run `dattn {command}` without {world.launcher}, or with one process"
+    )
+
+
+def attached_resume(o: Any, world: World | None) -> bool:
+    """Whether an attached bench continues its report: --resume, or a group torchrun restarted (--max-restarts,
+    TORCHELASTIC_RESTART_COUNT > 0), said in one line. Only rank 0 has the report: --resume is unset on the
+    others (bench.attached.resumed_points gives them rank 0's points)."""
+    from ..runtime.heartbeat import restart_count
+
+    if world is None:
+        return bool(o.resume)
+    resume = bool(o.resume)
+    if not resume and (count := restart_count()):
+        resume = True
+        if world.rank == 0 and o.out is not None and o.out.exists():
+            print(f"dattn: note: restart {count} of this torchrun group: resuming {o.out}", file=sys.stderr)
+    o.resume = resume and world.rank == 0
+    return resume
 
 
 def joined(o: Any, world_size: int | None, outputs: tuple[str, ...]) -> World | None:
@@ -54,6 +101,11 @@ def joined(o: Any, world_size: int | None, outputs: tuple[str, ...]) -> World | 
     `o` made quiet and its `outputs` unset: only rank 0 prints and writes."""
     cuda = (o.device or "").startswith("cuda")
     world = attached_world(o.attach, o.master_addr, o.master_port, world_size, cuda, o.dist_timeout)
+    if world is not None:
+        from ..runtime.heartbeat import watch
+
+        if (w := watch(world)) is not None:
+            w.report = getattr(o, "out", None)  # rank 0's report, named by whichever rank says what was kept
     if world is not None and world.rank != 0:
         o.quiet = True
         for name in outputs:

@@ -10,10 +10,11 @@ from typing import Any
 
 import typer
 
+from ..runtime.heartbeat import current
 from ..runtime.signals import Interrupted
 from ..workload.problem_options import DEFAULT_MODE
-from .attach import agreed_exit_code, joined
-from .bench_files import check_outputs, command_line, fail, gate, interrupted, show
+from .attach import agreed_exit_code, attached_resume, joined
+from .bench_files import check_outputs, command_line, fail, gate, interrupted, points_kept, show
 from .build import generated, model_values
 from .options import check_ranks
 from .render.bench import point_line
@@ -95,10 +96,13 @@ def _lines(sweep) -> int:
 
 def _run(sweep, o: SimpleNamespace, world):
     from ..bench import run_sweep
-    from ..bench.attached import AttachedRunner
+    from ..bench.attached import AttachedRunner, resumed_points
     from ..plan.solve import predicted_peak_bytes
     from ..workload.reportfile import ReportWriteError
 
+    if world is not None:
+        done = resumed_points(world, o.out, sweep.dist_timeout) if o.attached_resume else {}
+        runner = AttachedRunner(world, sweep.dist_timeout, done)
     try:
         with progress() as bar:
             task = bar.add_task("bench", total=None if sweep.until_oom else _lines(sweep) * len(sweep.seq_lens))
@@ -109,7 +113,7 @@ def _run(sweep, o: SimpleNamespace, world):
                 command=command_line(),
                 on_row=lambda row: bar.update(task, advance=1, description=point_line(row)),
                 predict=predicted_peak_bytes,
-                runner=AttachedRunner(world, sweep.dist_timeout) if world is not None else None,
+                runner=runner if world is not None else None,
             )
     except ReportWriteError as exc:  # the machine failed, not the input: exit 1
         fail(f"{exc}; rerun with --resume once there is room")
@@ -132,6 +136,9 @@ def bench(**given: Any) -> None:
     world = joined(o, o.world_size, OUTPUTS)
     if world is not None:
         o.world_size = world.world_size
+        o.attached_resume = attached_resume(o, world)
+        if (watch := current()) is not None:
+            watch.kept = lambda: points_kept(watch.report)
     machine_output(o.csv_out, o.json_out, o.markdown)
     set_quiet(o.quiet)
     _defaults(o)

@@ -4,7 +4,9 @@ the table, --csv/--json/--plot/--markdown, what a signal leaves, and the regress
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import typer
@@ -91,6 +93,26 @@ def interrupted(sweep, exc: Interrupted, o: SimpleNamespace) -> Interrupted:
         f"nothing kept ({_points(len(rows))} measured, no --out): pass --out FILE.jsonl "
         "to keep points as they are measured, and --resume to continue",
     )
+
+
+def points_kept(report: Path | None) -> str:
+    """What a fault in an attached world left: the point rows in rank 0's report (read where it is visible)."""
+    if report is None:
+        return "nothing kept (no --out): pass --out FILE.jsonl to keep points as they are measured"
+    try:
+        lines = Path(report).read_text().splitlines()
+    except OSError:
+        return f"the points measured before it are kept in rank 0's {report}; rerun with --resume"
+    points = sum(1 for line in lines if _point_line(line))
+    return f"{_points(points)} kept in {report}; rerun with --resume"
+
+
+def _point_line(line: str) -> bool:
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("record", "point") == "point"
 
 
 def show(sweep, result, o: SimpleNamespace) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from .attach import refuse_launcher
 from .build import generated, model_values
 from .render.common import emit, emit_csv, machine_output, note, progress, set_quiet, stdout
 from .render.profile import pattern_title, profile_table, setting_line
@@ -51,6 +52,7 @@ def _show(report, o: SimpleNamespace) -> None:
 def profile(**given: Any) -> None:
     """Pattern-cache and memory-pool hit rates, allocator stats, time and peak memory with caches on vs off."""
     o = SimpleNamespace(**given)
+    refuse_launcher("profile", None)
     machine_output(o.json_out, o.csv_out)
     set_quiet(o.quiet)
     from ..profile import run_profile

@@ -121,6 +121,20 @@ def _checks(o: SimpleNamespace, world, world_sizes: list[int], cases: list, own:
     )
 
 
+def _watched(world) -> list:
+    """The checks done so far, for the line a fault in an attached world ends with (runtime.heartbeat)."""
+    from ..runtime.heartbeat import current
+
+    done: list = []
+    if world is not None and (watch := current()) is not None:
+        watch.kept = lambda: (
+            f"{len(done)} check(s) done, "
+            + (f"{sum(not r.passed for r in done)} failed" if any(not r.passed for r in done) else "none failed so far")
+            + "; no report written"
+        )
+    return done
+
+
 @generated("verify")
 def verify(**given: Any) -> None:
     """Equivalence of every implementation against the dense reference, forward and gradients.
@@ -139,6 +153,7 @@ def verify(**given: Any) -> None:
     o = SimpleNamespace(**given)
     world_sizes = parse_option("verify", "world_size", o.world_size)
     world = joined(o, world_sizes[0] if len(world_sizes) == 1 else None, OUTPUTS)
+    done = _watched(world)
     if world is not None:
         world_sizes = [world.world_size]
     machine_output(o.json_out, o.csv_out, o.junit, o.markdown)
@@ -152,7 +167,9 @@ def verify(**given: Any) -> None:
         _note_distributed(o.impl, world_sizes)
     with progress() as bar:
         task = bar.add_task("verify", total=checks.total)
-        report = run_checks(checks, on_result=lambda r: bar.update(task, advance=1, description=check_line(r)))
+        report = run_checks(
+            checks, on_result=lambda r: (done.append(r), bar.update(task, advance=1, description=check_line(r)))
+        )
     if world is None or world.rank == 0:
         _show(report, o.details, own, o.json_out, o.csv_out, o.junit, o.markdown)
         if o.plot:

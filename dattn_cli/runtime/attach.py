@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from .heartbeat import failed_ranks, post_failure, prefix as attempt_prefix, restart_count  # noqa: F401 (post_failure: attach's API)
+
 DEFAULT_PORT = 29500
 BACKEND = "cpu:gloo,cuda:nccl"
 
@@ -38,7 +40,6 @@ def backend() -> str:
     return BACKEND if dist.is_nccl_available() else "gloo"
 
 
-FAILURE_KEY = "dattn/failed/"
 LAUNCHER_VARIABLES = (
     "RANK",
     "WORLD_SIZE",
@@ -157,14 +158,17 @@ def join(world: World, cuda: bool, timeout_s: float) -> None:
             )
         torch.cuda.set_device(world.local_rank)
     address = f"tcp://{_host(world.master_addr)}:{world.master_port}"
+    timeout = timedelta(seconds=timeout_s)
     try:
-        dist.init_process_group(
-            backend(),
-            init_method=address,
-            rank=world.rank,
-            world_size=world.world_size,
-            timeout=timedelta(seconds=timeout_s),
-        )
+        if world.launcher == "torchrun":
+            store = _attempt_store(world, timeout)
+            dist.init_process_group(
+                backend(), store=store, rank=world.rank, world_size=world.world_size, timeout=timeout
+            )
+        else:
+            dist.init_process_group(
+                backend(), init_method=address, rank=world.rank, world_size=world.world_size, timeout=timeout
+            )
     except Exception as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(
@@ -174,36 +178,19 @@ def join(world: World, cuda: bool, timeout_s: float) -> None:
         ) from None
 
 
+def _attempt_store(world: World, timeout: timedelta) -> Any:
+    """The launcher's store (torchrun's agent store, or rank 0's) under this attempt's own prefix: torchrun keeps
+    one store across the restarts of --max-restarts, and a restarted group reading the keys of the attempt before
+    (gloo's addresses of ranks now dead) fails to connect."""
+    import torch.distributed as dist
+    from torch.distributed.rendezvous import _create_c10d_store
+
+    store = _create_c10d_store(world.master_addr, world.master_port, world.rank, world.world_size, timeout)
+    return dist.PrefixStore(f"dattn/attempt/{restart_count()}", store)
+
+
 def _host(addr: str) -> str:
     return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
-
-
-def post_failure(rank: int, message: str) -> None:
-    """Leave this rank's error in the store of the default group, for the other ranks to name."""
-    try:
-        import torch.distributed as dist
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        if dist.is_initialized():
-            _get_default_store().set(f"{FAILURE_KEY}{rank}", message[:500])
-    except Exception:  # the store itself may be gone with the master: the deadline still names no one then
-        pass
-
-
-def failed_ranks(world_size: int) -> dict[int, str]:
-    """The errors ranks posted with post_failure, by rank (empty when none did or the store cannot say)."""
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        store = _get_default_store()
-        found = {}
-        for rank in range(world_size):
-            key = f"{FAILURE_KEY}{rank}"
-            if store.check([key]):
-                found[rank] = store.get(key).decode(errors="replace")
-        return found
-    except Exception:
-        return {}
 
 
 def strip_launcher_variables() -> None:
@@ -225,12 +212,9 @@ def exchange(tag: str, payload: Any, world: World, timeout_s: float) -> list[Any
     store = _get_default_store()
     buffer = io.BytesIO()
     torch.save(payload, buffer)
-    store.set(f"dattn/{tag}/{world.rank}", buffer.getvalue())
-    keys = [f"dattn/{tag}/{rank}" for rank in range(world.world_size)]
-    try:
-        store.wait(keys, timedelta(seconds=timeout_s))
-    except Exception:  # some rank is silent: named below
-        pass
+    store.set(f"{attempt_prefix()}dattn/{tag}/{world.rank}", buffer.getvalue())
+    keys = [f"{attempt_prefix()}dattn/{tag}/{rank}" for rank in range(world.world_size)]
+    dead = _wait(store, keys, timeout_s)
     posted = failed_ranks(world.world_size)
     results: list[Any] = []
     for rank, key in enumerate(keys):
@@ -238,8 +222,36 @@ def exchange(tag: str, payload: Any, world: World, timeout_s: float) -> list[Any
             results.append(torch.load(io.BytesIO(store.get(key)), weights_only=False))
         else:
             said = f"; it reported {posted[rank]}" if rank in posted else ""
-            results.append(RankSilent(f"rank {rank} did not report within --dist-timeout {timeout_s:g} s{said}"))
+            if rank in dead:
+                results.append(RankSilent(f"rank {rank} {dead[rank]}{said}"))
+            else:
+                results.append(RankSilent(f"rank {rank} did not report within --dist-timeout {timeout_s:g} s{said}"))
     return results
+
+
+def _wait(store: Any, keys: list[str], timeout_s: float) -> dict[int, str]:
+    """Wait for `keys` up to timeout_s: a rank the heartbeat (runtime.heartbeat) finds dead
+    ends the wait early. The ranks found dead or gone, with what happened to them."""
+    import time
+
+    from .heartbeat import current
+
+    watch = current()
+    deadline = time.monotonic() + timeout_s
+    if watch is not None:
+        watch.in_exchange = True
+    try:
+        while not store.check(keys):  # polled, not store.wait: a wait that times out is logged by c10d
+            missing = {rank for rank, key in enumerate(keys) if not store.check([key])}
+            if watch is not None and missing and missing <= set(watch.gone):
+                return {rank: watch.gone[rank] for rank in missing}
+            if time.monotonic() >= deadline:
+                return {}
+            time.sleep(0.02)
+        return {}
+    finally:
+        if watch is not None:
+            watch.in_exchange = False
 
 
 @dataclass(frozen=True)

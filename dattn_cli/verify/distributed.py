@@ -110,10 +110,12 @@ def _attached_outputs(world: Any, impl: str, jobs: list[tuple[dict, int]], timeo
     """rank_outputs on this rank of the launcher's world, and every other rank's through the store; a rank that
     failed or fell silent is a DistributedError naming it (the cause, not a peer that only lost it)."""
     from ..runtime.attach import RankSilent, exchange, post_failure
+    from ..runtime.heartbeat import measuring
     from ..runtime.launch import DistributedError, peer_symptom
 
     try:
-        mine: Any = rank_outputs(world.rank, world.world_size, jobs)
+        with measuring(f"verify {impl}, {len(jobs)} check(s)"):
+            mine: Any = rank_outputs(world.rank, world.world_size, jobs)
     except Exception as exc:
         mine = f"rank {world.rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         post_failure(world.rank, mine)
