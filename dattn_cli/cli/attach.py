@@ -71,7 +71,7 @@ def refuse_launcher(command: str, attach: bool | None) -> None:
 
         for s in STOPPING:
             signal.signal(s, signal.SIG_DFL)
-        time.sleep(10)
+        time.sleep(60)  # long enough for rank 0 to start and say it on a loaded machine (10 s was not)
         raise typer.Exit(code=2)
     raise ValueError(
         f"{command}: runs in one process and does not join a launcher's world ({world.launcher} started "
