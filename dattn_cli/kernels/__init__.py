@@ -5,16 +5,18 @@ sequence/head-parallel forms in kernels/distributed/, block-sparse patterns and 
 kernels/block_sparse/; every one of them is described by one ImplSpec in registry.py."""
 
 from . import entries  # noqa: F401  (dattn's register() calls: the registry complete on import)
-from .block_sparse.attention import BlockSparseRingDilatedAttention
-from .block_sparse.patterns import PATTERNS, BlockPattern
-from .cache import PatternCache, get_global_pattern_cache, reset_global_pattern_cache
-from .dilated import DilatedAttention, ImprovedDilatedAttention
-from .distributed.allgather import DistributedImprovedDilatedAttention
-from .distributed.head_parallel import HeadParallelDilatedAttention
-from .distributed.ring import RingDilatedAttention
-from .distributed.sharding import gather_sequence, padded_length, shard_sequence
-from .merge import merge_partial_, merge_partials
-from .multihead import (
+
+# the package's public names (the imports below, re-exported):
+from .block_sparse.attention import BlockSparseRingDilatedAttention  # noqa: F401
+from .block_sparse.patterns import PATTERNS, BlockPattern  # noqa: F401
+from .cache import PatternCache, get_global_pattern_cache, reset_global_pattern_cache  # noqa: F401
+from .dilated import DilatedAttention, ImprovedDilatedAttention  # noqa: F401
+from .distributed.allgather import DistributedImprovedDilatedAttention  # noqa: F401
+from .distributed.head_parallel import HeadParallelDilatedAttention  # noqa: F401
+from .distributed.ring import RingDilatedAttention  # noqa: F401
+from .distributed.sharding import gather_sequence, padded_length, shard_sequence  # noqa: F401
+from .merge import merge_partial_, merge_partials  # noqa: F401
+from .multihead import (  # noqa: F401
     BlockSparseRingMultiheadDilatedAttention,
     DistributedImprovedMultiheadDilatedAttention,
     HeadParallelMultiheadDilatedAttention,
@@ -22,9 +24,9 @@ from .multihead import (
     MultiheadDilatedAttention,
     RingMultiheadDilatedAttention,
 )
-from .pool import MemoryPool, get_global_memory_pool, reset_global_memory_pool
-from .reference import block_sparse_reference, dilated_attention_reference
-from .registry import (
+from .pool import MemoryPool, get_global_memory_pool, reset_global_memory_pool  # noqa: F401
+from .reference import block_sparse_reference, dilated_attention_reference  # noqa: F401
+from .registry import (  # noqa: F401
     REGISTRY,
     ImplSpec,
     create_dilated_attention,
@@ -33,41 +35,5 @@ from .registry import (
     load_plugins,
     register,
 )
-
-__all__ = [
-    "DilatedAttention",
-    "ImprovedDilatedAttention",
-    "HeadParallelDilatedAttention",
-    "RingDilatedAttention",
-    "RingMultiheadDilatedAttention",
-    "DistributedImprovedDilatedAttention",
-    "DistributedImprovedMultiheadDilatedAttention",
-    "HeadParallelMultiheadDilatedAttention",
-    "BlockSparseRingDilatedAttention",
-    "BlockSparseRingMultiheadDilatedAttention",
-    "BlockPattern",
-    "PATTERNS",
-    "block_sparse_reference",
-    "MultiheadDilatedAttention",
-    "ImprovedMultiheadDilatedAttention",
-    "dilated_attention_reference",
-    "merge_partial_",
-    "merge_partials",
-    "PatternCache",
-    "get_global_pattern_cache",
-    "reset_global_pattern_cache",
-    "MemoryPool",
-    "get_global_memory_pool",
-    "reset_global_memory_pool",
-    "REGISTRY",
-    "ImplSpec",
-    "register",
-    "get_implementation",
-    "create_dilated_attention",
-    "create_multihead_dilated_attention",
-    "shard_sequence",
-    "gather_sequence",
-    "padded_length",
-]
 
 load_plugins()  # implementations registered outside dattn (DATTN_PLUGINS, entry points)
