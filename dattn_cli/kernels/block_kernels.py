@@ -275,23 +275,11 @@ class Fa2Op:
     def backward(self, dout, q, k, v, out, lse, key_pad, call):
         unused = torch.empty(0, dtype=torch.int64, device=q.device)  # philox state: read only with dropout
 
-        def op(dout, q, k, v, out, lse):
+        m, n = q.shape[2], k.shape[2]  # batch slices split dim 0 only
+
+        def op(*tensors):  # dout, q, k, v, out, lse of one batch slice
             return aten._scaled_dot_product_flash_attention_backward(
-                dout,
-                q,
-                k,
-                v,
-                out,
-                lse,
-                None,
-                None,
-                q.shape[2],
-                k.shape[2],
-                0.0,
-                call.causal,
-                unused,
-                unused,
-                scale=call.scale,
+                *tensors, None, None, m, n, 0.0, call.causal, unused, unused, scale=call.scale
             )
 
         return batch_sliced(op, (dout, q, k, v, out, lse.contiguous()))

@@ -190,14 +190,8 @@ class _DilatedAttentionBase(AttentionCore):
         cu_seqlens: packed documents in q, k, v (1, T, H, D), each attended on its own (kernels/documents.py).
         """
         if cu_seqlens is not None:
-            return attend_documents(
-                lambda *x: self.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3], head_range=head_range),
-                q,
-                k,
-                v,
-                key_padding_mask,
-                cu_seqlens,
-            )
+            call = lambda *x: self.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3], head_range=head_range)
+            return attend_documents(call, q, k, v, key_padding_mask, cu_seqlens)
         check_qkv(q, k, v)
         check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[1], q.device)
         if torch.compiler.is_compiling() and not (self.training and self.dropout > 0):
@@ -253,14 +247,8 @@ class _DilatedAttentionBase(AttentionCore):
         """The dense reference of what this module computes (docs/semantics.md), differentiable; with
         cu_seqlens, one reference per document."""
         if cu_seqlens is not None:
-            return attend_documents(
-                lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3], compute_dtype=compute_dtype),
-                q,
-                k,
-                v,
-                key_padding_mask,
-                cu_seqlens,
-            )
+            call = lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3], compute_dtype=compute_dtype)
+            return attend_documents(call, q, k, v, key_padding_mask, cu_seqlens)
         return dilated_attention_reference(
             q,
             k,

@@ -156,13 +156,8 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         """The dense reference with this module's block table (whole sequence), differentiable; with cu_seqlens
         one reference per document, each with its own length's table."""
         if cu_seqlens is not None:
-
-            def document(q, k, v, key_padding_mask):
-                return self.reference(
-                    q, k, v, is_causal, key_padding_mask=key_padding_mask, compute_dtype=compute_dtype
-                )
-
-            return attend_documents(document, q, k, v, key_padding_mask, cu_seqlens)
+            call = lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3], compute_dtype=compute_dtype)
+            return attend_documents(call, q, k, v, key_padding_mask, cu_seqlens)
         options = dict(key_padding_mask=key_padding_mask, compute_dtype=compute_dtype)
         if self.pattern.token_level:
             return sliding_window_reference(q, k, v, *self.pattern.token_window, is_causal, self.scale, **options)
