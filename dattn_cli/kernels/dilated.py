@@ -100,20 +100,10 @@ class _DilatedAttentionBase(AttentionCore):
         dilation_rates: Sequence[int],
         *,
         semantics: str = "longnet",
-        scale: float | None = None,
-        dropout: float = 0.0,
-        backend: str = "auto",
-        use_pattern_cache: bool | None = None,
-        enable_memory_pool: bool | None = None,
         sequence_chunk_elements: int | None = SEQUENCE_CHUNK_ELEMENTS,
+        **core_options,  # AttentionCore's: scale, dropout, backend, use_pattern_cache, enable_memory_pool
     ):
-        super().__init__(
-            scale=scale,
-            dropout=dropout,
-            backend=backend,
-            use_pattern_cache=use_pattern_cache,
-            enable_memory_pool=enable_memory_pool,
-        )
+        super().__init__(**core_options)
         self.segment_lengths, self.dilation_rates = validate_pattern(segment_lengths, dilation_rates, semantics)
         self.semantics = semantics
         if sequence_chunk_elements is not None and (

@@ -75,19 +75,9 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         window_right: int | None = None,
         executor: str = "auto",
         process_group=None,
-        scale: float | None = None,
-        dropout: float = 0.0,
-        backend: str = "auto",
-        use_pattern_cache: bool | None = None,
-        enable_memory_pool: bool | None = None,
+        **core_options,  # AttentionCore's: scale, dropout, backend, use_pattern_cache, enable_memory_pool
     ):
-        super().__init__(
-            scale=scale,
-            dropout=dropout,
-            backend=backend,
-            use_pattern_cache=use_pattern_cache,
-            enable_memory_pool=enable_memory_pool,
-        )
+        super().__init__(**core_options)
         if takes(pattern, "segments") and (segment_lengths is None or dilation_rates is None):
             raise ValueError(
                 f"pattern={pattern!r} needs segment_lengths and dilation_rates, e.g. [2048, 4096] and [1, 2]"
