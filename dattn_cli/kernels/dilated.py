@@ -210,18 +210,10 @@ class _DilatedAttentionBase(AttentionCore):
             )
         return ChunkedAttention(chunks)
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        is_causal: bool = False,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """q, k, v: (batch, seq_len, heads, head_dim) -> out of the same shape and dtype (k, v: H_kv heads)."""
-        return self.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens)[0]
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, **options):
+        """q, k, v: (batch, seq_len, heads, head_dim) -> out of the same shape and dtype (k, v: H_kv heads);
+        options: forward_with_lse's key_padding_mask and cu_seqlens."""
+        return self.forward_with_lse(q, k, v, is_causal, **options)[0]
 
     def reference(
         self,

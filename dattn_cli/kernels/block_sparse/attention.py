@@ -165,30 +165,20 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         key_padding_mask: torch.Tensor | None = None,
         seq_len: int | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        need_lse: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out, lse) of this rank's shard (the whole sequence without a process group). cu_seqlens: packed
-        documents of the whole sequence, each with the block pattern of its own length (kernels/documents.py)."""
+        """(out, lse) of this rank's shard (the whole sequence without a process group). seq_len: the sequence's
+        length before shard_sequence padded it (the block table is that length's; the padding must be masked by
+        key_padding_mask); default: all positions are real. cu_seqlens: packed documents of the whole sequence,
+        each with the block pattern of its own length (kernels/documents.py). lse may be None when not need_lse."""
         if cu_seqlens is not None:
             return self._documents(q, k, v, is_causal, key_padding_mask, seq_len, cu_seqlens)
-        return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=True, seq_len=seq_len)
+        return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=need_lse, seq_len=seq_len)
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        is_causal: bool = False,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        seq_len: int | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """q, k, v: (batch, seq_len, heads, head_dim) (a shard of N/p in the ring form) -> out, same shape.
-        seq_len: the sequence's length before shard_sequence padded it (the block table is that length's;
-        the padding must be masked by key_padding_mask); default: all positions are real."""
-        if cu_seqlens is not None:
-            return self._documents(q, k, v, is_causal, key_padding_mask, seq_len, cu_seqlens)[0]
-        return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=False, seq_len=seq_len)[0]
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, **options):
+        """q, k, v: (batch, seq_len, heads, head_dim) (a shard of N/p in the ring form) -> out, same shape
+        (options: forward_with_lse's key_padding_mask, seq_len and cu_seqlens)."""
+        return self.forward_with_lse(q, k, v, is_causal, need_lse=False, **options)[0]
 
     def _documents(self, q, k, v, is_causal, key_padding_mask, seq_len, cu_seqlens):
         if seq_len is not None:
