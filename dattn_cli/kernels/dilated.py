@@ -106,18 +106,11 @@ class _DilatedAttentionBase(AttentionCore):
         super().__init__(**core_options)
         self.segment_lengths, self.dilation_rates = validate_pattern(segment_lengths, dilation_rates, semantics)
         self.semantics = semantics
-        if sequence_chunk_elements is not None and (
-            isinstance(sequence_chunk_elements, bool)
-            or not isinstance(sequence_chunk_elements, int)
-            or sequence_chunk_elements < 1
-        ):
-            raise ValueError(
-                f"sequence_chunk_elements must be a positive int or None (one call over N), "
-                f"got {sequence_chunk_elements!r}"
-            )
         # long calls run chunk by chunk of the sequence (kernels/chunks.py): same result, the engine's working set
         # sized by the chunk; None: one call over N
-        self.sequence_chunk_elements = sequence_chunk_elements
+        self.sequence_chunk_elements = chunk = sequence_chunk_elements
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"sequence_chunk_elements must be a positive int or None (one call over N), got {chunk!r}")
 
     # planning ---------------------------------------------------------------------------------
     def _plan_pair(self, pair: int, seq_len: int, num_heads: int, device: torch.device, heads: tuple[int, int]):

@@ -186,10 +186,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
                 "seq_len and cu_seqlens together: the documents give the lengths; with padded shards, "
                 "end cu_seqlens at the padded length and mask the padding"
             )
-
-        def call(*x):
-            return self._forward(*x[:3], is_causal, x[3], need_lse=True, local=True)
-
+        call = lambda *x: self._forward(*x[:3], is_causal, x[3], need_lse=True, local=True)
         _, world = group_rank_size(self.process_group)
         if world == 1:
             return attend_documents(call, q, k, v, key_padding_mask, cu_seqlens)
@@ -328,12 +325,12 @@ class BlockSparseRingDilatedAttention(AttentionCore):
                 f"density {self.density():.4f} of blocks, {self.element_density():.4f} of (query, key) pairs "
                 f"at N={self.last_shape[0]}"
             )
-        if self.last_executor:
-            parts.append(
-                f"executor {self.executor} -> {self.last_executor[0]} on the last call ({self.last_executor[1]})"
-            )
-        else:
-            parts.append(f"executor {self.executor} (flex or gather, chosen per call)")
+        ran = self.last_executor
+        parts.append(
+            f"executor {self.executor} -> {ran[0]} on the last call ({ran[1]})"
+            if ran
+            else f"executor {self.executor} (flex or gather, chosen per call)"
+        )
         parts.append(self.describe_backend())
         if world > 1:
             parts.append(f"ring form over {world} ranks: each rank receives only the key blocks its queries use")
