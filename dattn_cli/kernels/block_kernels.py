@@ -275,23 +275,11 @@ class Fa2Op:
     def backward(self, dout, q, k, v, out, lse, key_pad, call):
         unused = torch.empty(0, dtype=torch.int64, device=q.device)  # philox state: read only with dropout
 
-        def op(dout, q, k, v, out, lse):
+        m, n = q.shape[2], k.shape[2]  # batch slices split dim 0 only
+
+        def op(*tensors):  # dout, q, k, v, out, lse of one batch slice
             return aten._scaled_dot_product_flash_attention_backward(
-                dout,
-                q,
-                k,
-                v,
-                out,
-                lse,
-                None,
-                None,
-                q.shape[2],
-                k.shape[2],
-                0.0,
-                call.causal,
-                unused,
-                unused,
-                scale=call.scale,
+                *tensors, None, None, m, n, 0.0, call.causal, unused, unused, scale=call.scale
             )
 
         return batch_sliced(op, (dout, q, k, v, out, lse.contiguous()))
@@ -330,31 +318,15 @@ class Cudnn:
     def backward(self, dout, q, k, v, out, lse, key_pad, call):
         seed = torch.zeros((), dtype=torch.int64, device=q.device)  # philox state: read only with dropout
         lse = lse.float().contiguous()
+        m, n = q.shape[2], k.shape[2]  # batch slices split dim 0 only
 
-        def op(dout, q, k, v, out, lse):
+        def op(*inputs):  # dout, q, k, v, out, lse (b, h, m, 1) of one batch slice
             return aten._scaled_dot_product_cudnn_attention_backward(
-                dout,
-                q,
-                k,
-                v,
-                out,
-                lse.unsqueeze(-1),
-                seed,
-                seed,
-                None,
-                None,
-                None,
-                q.shape[2],
-                k.shape[2],
-                0.0,
-                call.causal,
-                scale=call.scale,
+                *inputs, seed, seed, None, None, None, m, n, 0.0, call.causal, scale=call.scale
             )
 
-        def fa2():
-            return KERNELS["fa2"].backward(dout, q, k, v, out, lse, None, call)
-
-        return self._or_fa2("backward", op, (dout, q, k, v, out, lse), fa2, call)
+        fa2 = lambda: KERNELS["fa2"].backward(dout, q, k, v, out, lse, None, call)
+        return self._or_fa2("backward", op, (dout, q, k, v, out, lse.unsqueeze(-1)), fa2, call)
 
     def _or_fa2(self, direction, op, tensors, fa2, call):
         signature = (direction, tuple(tensors[0].shape), tuple(tensors[-1].shape), tensors[1].dtype, call.causal)

@@ -50,32 +50,26 @@ def _module(segments, rates, semantics, cls_name, backend, scale, cache, pool, c
     return module
 
 
-def _attention(q, key_pad, config, causal, head_first, head_total):
+def _attention(q, key_pad, config):
+    *module_config, causal, head_first, head_total = config
     head_range = None if head_total < 0 else (head_first, head_total)
-    return _module(*config).attention_for(q, causal, key_pad is not None, head_range)
+    return _module(*module_config).attention_for(q, causal, key_pad is not None, head_range)
 
 
-@torch.library.custom_op("dattn::dilated_attention", mutates_args=())
-def dilated_attention_op(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    key_pad: Tensor | None,
-    segments: list[int],
-    rates: list[int],
-    semantics: str,
-    cls_name: str,
-    backend: str,
-    scale: float,
-    cache: bool,
-    pool: bool,
-    chunk: int,
-    causal: bool,
-    head_first: int,
-    head_total: int,
-) -> tuple[Tensor, Tensor]:
-    config = (segments, rates, semantics, cls_name, backend, scale, cache, pool, chunk)
-    out, lse = _attention(q, key_pad, config, causal, head_first, head_total).forward(q, k, v, key_pad)
+# the module's configuration and the call's options, as the two ops' trailing arguments
+_CONFIG = (
+    "int[] segments, int[] rates, str semantics, str cls_name, str backend, float scale, bool cache, bool pool, "
+    "int chunk, bool causal, int head_first, int head_total"
+)
+
+
+@torch.library.custom_op(
+    "dattn::dilated_attention",
+    mutates_args=(),
+    schema=f"(Tensor q, Tensor k, Tensor v, Tensor? key_pad, {_CONFIG}) -> (Tensor, Tensor)",
+)
+def dilated_attention_op(q, k, v, key_pad, *config):
+    out, lse = _attention(q, key_pad, config).forward(q, k, v, key_pad)
     return out.contiguous(), lse.to(accumulator_dtype(q.dtype)).contiguous()
 
 
@@ -84,30 +78,14 @@ def _(q, k, v, key_pad, *rest):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=accumulator_dtype(q.dtype))
 
 
-@torch.library.custom_op("dattn::dilated_attention_backward", mutates_args=())
-def dilated_attention_backward_op(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    key_pad: Tensor | None,
-    segments: list[int],
-    rates: list[int],
-    semantics: str,
-    cls_name: str,
-    backend: str,
-    scale: float,
-    cache: bool,
-    pool: bool,
-    chunk: int,
-    causal: bool,
-    head_first: int,
-    head_total: int,
-) -> tuple[Tensor, Tensor, Tensor]:
-    config = (segments, rates, semantics, cls_name, backend, scale, cache, pool, chunk)
-    attention = _attention(q, key_pad, config, causal, head_first, head_total)
+@torch.library.custom_op(
+    "dattn::dilated_attention_backward",
+    mutates_args=(),
+    schema=f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? key_pad, {_CONFIG}) "
+    "-> (Tensor, Tensor, Tensor)",
+)
+def dilated_attention_backward_op(dout, q, k, v, out, lse, key_pad, *config):
+    attention = _attention(q, key_pad, config)
     return tuple(g.contiguous() for g in attention.backward(dout, q, k, v, out, lse, key_pad))
 
 

@@ -100,34 +100,17 @@ class _DilatedAttentionBase(AttentionCore):
         dilation_rates: Sequence[int],
         *,
         semantics: str = "longnet",
-        scale: float | None = None,
-        dropout: float = 0.0,
-        backend: str = "auto",
-        use_pattern_cache: bool | None = None,
-        enable_memory_pool: bool | None = None,
         sequence_chunk_elements: int | None = SEQUENCE_CHUNK_ELEMENTS,
+        **core_options,  # AttentionCore's: scale, dropout, backend, use_pattern_cache, enable_memory_pool
     ):
-        super().__init__(
-            scale=scale,
-            dropout=dropout,
-            backend=backend,
-            use_pattern_cache=use_pattern_cache,
-            enable_memory_pool=enable_memory_pool,
-        )
+        super().__init__(**core_options)
         self.segment_lengths, self.dilation_rates = validate_pattern(segment_lengths, dilation_rates, semantics)
         self.semantics = semantics
-        if sequence_chunk_elements is not None and (
-            isinstance(sequence_chunk_elements, bool)
-            or not isinstance(sequence_chunk_elements, int)
-            or sequence_chunk_elements < 1
-        ):
-            raise ValueError(
-                f"sequence_chunk_elements must be a positive int or None (one call over N), "
-                f"got {sequence_chunk_elements!r}"
-            )
         # long calls run chunk by chunk of the sequence (kernels/chunks.py): same result, the engine's working set
         # sized by the chunk; None: one call over N
-        self.sequence_chunk_elements = sequence_chunk_elements
+        self.sequence_chunk_elements = chunk = sequence_chunk_elements
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"sequence_chunk_elements must be a positive int or None (one call over N), got {chunk!r}")
 
     # planning ---------------------------------------------------------------------------------
     def _plan_pair(self, pair: int, seq_len: int, num_heads: int, device: torch.device, heads: tuple[int, int]):
@@ -190,14 +173,8 @@ class _DilatedAttentionBase(AttentionCore):
         cu_seqlens: packed documents in q, k, v (1, T, H, D), each attended on its own (kernels/documents.py).
         """
         if cu_seqlens is not None:
-            return attend_documents(
-                lambda *x: self.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3], head_range=head_range),
-                q,
-                k,
-                v,
-                key_padding_mask,
-                cu_seqlens,
-            )
+            call = lambda *x: self.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3], head_range=head_range)
+            return attend_documents(call, q, k, v, key_padding_mask, cu_seqlens)
         check_qkv(q, k, v)
         check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[1], q.device)
         if torch.compiler.is_compiling() and not (self.training and self.dropout > 0):
@@ -226,18 +203,10 @@ class _DilatedAttentionBase(AttentionCore):
             )
         return ChunkedAttention(chunks)
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        is_causal: bool = False,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """q, k, v: (batch, seq_len, heads, head_dim) -> out of the same shape and dtype (k, v: H_kv heads)."""
-        return self.forward_with_lse(q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens)[0]
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, **options):
+        """q, k, v: (batch, seq_len, heads, head_dim) -> out of the same shape and dtype (k, v: H_kv heads);
+        options: forward_with_lse's key_padding_mask and cu_seqlens."""
+        return self.forward_with_lse(q, k, v, is_causal, **options)[0]
 
     def reference(
         self,
@@ -253,14 +222,8 @@ class _DilatedAttentionBase(AttentionCore):
         """The dense reference of what this module computes (docs/semantics.md), differentiable; with
         cu_seqlens, one reference per document."""
         if cu_seqlens is not None:
-            return attend_documents(
-                lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3], compute_dtype=compute_dtype),
-                q,
-                k,
-                v,
-                key_padding_mask,
-                cu_seqlens,
-            )
+            call = lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3], compute_dtype=compute_dtype)
+            return attend_documents(call, q, k, v, key_padding_mask, cu_seqlens)
         return dilated_attention_reference(
             q,
             k,

@@ -9,6 +9,7 @@ rows of documents that cross shard boundaries (distributed/documents.py).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -51,10 +52,7 @@ def whole_sequence(cu_seqlens: torch.Tensor | None, total: int) -> bool:
 
 def offsets(lengths: Sequence[int], device: torch.device | str | None = None) -> torch.Tensor:
     """cu_seqlens of documents of `lengths` tokens: int32 (0, l1, l1 + l2, ...)."""
-    cum = [0]
-    for n in lengths:
-        cum.append(cum[-1] + int(n))
-    return torch.tensor(cum, dtype=torch.int32, device=device)
+    return torch.tensor([0, *itertools.accumulate(int(n) for n in lengths)], dtype=torch.int32, device=device)
 
 
 def attend_documents(
@@ -69,10 +67,6 @@ def attend_documents(
     spans = document_spans(cu_seqlens, q.shape[1], q.shape[0])
     if spans == [(0, q.shape[1])]:
         return call(q, k, v, key_padding_mask)
-    outs, lses = [], []
-    for a, b in spans:
-        mask = None if key_padding_mask is None else key_padding_mask[:, a:b]
-        out, lse = call(q[:, a:b], k[:, a:b], v[:, a:b], mask)
-        outs.append(out)
-        lses.append(lse)
+    mask = lambda a, b: None if key_padding_mask is None else key_padding_mask[:, a:b]
+    outs, lses = zip(*(call(q[:, a:b], k[:, a:b], v[:, a:b], mask(a, b)) for a, b in spans))
     return torch.cat(outs, 1), torch.cat(lses, 1)

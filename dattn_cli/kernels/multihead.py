@@ -56,16 +56,10 @@ class MultiheadDilatedAttention(nn.Module):
         *,
         segment_lengths: Sequence[int] | None = None,
         dilation_rates: Sequence[int] | None = None,
-        semantics: str = "longnet",
-        dropout: float = 0.0,
         bias: bool = True,
         layer_norm: bool = True,
         layer_norm_eps: float = 1e-5,
         gamma_init: float = 1.0,
-        scale: float | None = None,
-        backend: str = "auto",
-        use_pattern_cache: bool | None = None,
-        enable_memory_pool: bool | None = None,
         batch_first: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -73,8 +67,9 @@ class MultiheadDilatedAttention(nn.Module):
         num_kv_heads: int | None = None,
         **attention_options,
     ):
-        """attention_options go to the core (e.g. process_group for the distributed forms; pattern, block_size,
-        window, density for the block-sparse form); a core that does not take one raises TypeError."""
+        """attention_options go to the core: semantics, scale, dropout, backend, use_pattern_cache,
+        enable_memory_pool (every core's, same defaults), process_group for the distributed forms, pattern,
+        block_size, window, density for the block-sparse form; a core that does not take one raises TypeError."""
         super().__init__()
         self.num_kv_heads = _check_shape(embed_dim, num_heads, num_kv_heads, batch_first, gamma_init)
         self.embed_dim, self.num_heads = embed_dim, num_heads
@@ -87,17 +82,7 @@ class MultiheadDilatedAttention(nn.Module):
             raise ValueError(f"rotary=True needs an even head_dim, got {self.head_dim}: change embed_dim or num_heads")
         factory = {"device": device, "dtype": dtype}
         self.in_proj = nn.Linear(embed_dim, embed_dim + 2 * self.kv_dim, bias=bias, **factory)
-        self.attention = self.attention_class(
-            segment_lengths,
-            dilation_rates,
-            semantics=semantics,
-            scale=scale,
-            dropout=dropout,
-            backend=backend,
-            use_pattern_cache=use_pattern_cache,
-            enable_memory_pool=enable_memory_pool,
-            **attention_options,
-        )
+        self.attention = self.attention_class(segment_lengths, dilation_rates, **attention_options)
         self.norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps, **factory) if layer_norm else None
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.reset_parameters()
@@ -160,9 +145,8 @@ class MultiheadDilatedAttention(nn.Module):
                 None if cu_seqlens is None else document_positions(cu_seqlens, position_offset, q.shape[1], q.device)
             )
             q, k = (apply_rotary(x, position_offset, positions=positions) for x in (q, k))
-        real = {} if seq_len is None else {"seq_len": seq_len}  # only block-sparse cores take it
-        if cu_seqlens is not None:
-            real["cu_seqlens"] = cu_seqlens
+        # only the given ones: only block-sparse cores take seq_len
+        real = {name: x for name, x in (("seq_len", seq_len), ("cu_seqlens", cu_seqlens)) if x is not None}
         out = self.attention(q, k, v, is_causal=is_causal, key_padding_mask=key_padding_mask, **real).flatten(2)
         if self.norm is not None:
             out = self.norm(out)

@@ -172,9 +172,11 @@ def _whole_segments(who: str, n: int, segments: Sequence[int]) -> None:
 class FkodomDilatedAttention(nn.Module):
     """fkodom's DilatedAttention (dilated-attention-pytorch 0.2.0), constructed with its defaults."""
 
+    who = "fkodom's dilated-attention-pytorch"
+
     def __init__(self, segment_lengths: Sequence[int], dilation_rates: Sequence[int], semantics: str = "longnet", **_):
         super().__init__()
-        _head_groups_only("fkodom's dilated-attention-pytorch", semantics)
+        _head_groups_only(self.who, semantics)
         from dilated_attention_pytorch.dilated_attention import DilatedAttention
 
         self.segment_lengths = list(segment_lengths)
@@ -189,13 +191,7 @@ class FkodomDilatedAttention(nn.Module):
 class SeedDilatedAttention(FkodomDilatedAttention):
     """The seed project's DilatedAttention, constructed with its defaults."""
 
-    def __init__(self, segment_lengths: Sequence[int], dilation_rates: Sequence[int], semantics: str = "longnet", **_):
-        nn.Module.__init__(self)
-        _head_groups_only("the seed project's DilatedAttention", semantics)
-        from dilated_attention_pytorch.dilated_attention import DilatedAttention
-
-        self.segment_lengths = list(segment_lengths)
-        self.inner = DilatedAttention(list(segment_lengths), list(dilation_rates))
+    who = "the seed project's DilatedAttention"
 
 
 # --- why an external peer cannot run here (ImplSpec.probe) ------------------------------------------

@@ -161,7 +161,7 @@ def test_flex_block_mask_encodes_the_table(pattern, causal, seq_len):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not flex_compiles_on(torch.device("cpu")), reason="no C++ compiler for torch.compile on CPU")
+@pytest.mark.skipif(not flex_compiles_on("cpu"), reason="no C++ compiler for torch.compile on CPU")
 def test_compiled_flex_forward_on_cpu_equals_the_reference():
     torch.manual_seed(2)
     module = make("hierarchical", block_size=16, executor="flex")

@@ -75,19 +75,9 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         window_right: int | None = None,
         executor: str = "auto",
         process_group=None,
-        scale: float | None = None,
-        dropout: float = 0.0,
-        backend: str = "auto",
-        use_pattern_cache: bool | None = None,
-        enable_memory_pool: bool | None = None,
+        **core_options,  # AttentionCore's: scale, dropout, backend, use_pattern_cache, enable_memory_pool
     ):
-        super().__init__(
-            scale=scale,
-            dropout=dropout,
-            backend=backend,
-            use_pattern_cache=use_pattern_cache,
-            enable_memory_pool=enable_memory_pool,
-        )
+        super().__init__(**core_options)
         if takes(pattern, "segments") and (segment_lengths is None or dilation_rates is None):
             raise ValueError(
                 f"pattern={pattern!r} needs segment_lengths and dilation_rates, e.g. [2048, 4096] and [1, 2]"
@@ -156,13 +146,8 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         """The dense reference with this module's block table (whole sequence), differentiable; with cu_seqlens
         one reference per document, each with its own length's table."""
         if cu_seqlens is not None:
-
-            def document(q, k, v, key_padding_mask):
-                return self.reference(
-                    q, k, v, is_causal, key_padding_mask=key_padding_mask, compute_dtype=compute_dtype
-                )
-
-            return attend_documents(document, q, k, v, key_padding_mask, cu_seqlens)
+            call = lambda *x: self.reference(*x[:3], is_causal, key_padding_mask=x[3], compute_dtype=compute_dtype)
+            return attend_documents(call, q, k, v, key_padding_mask, cu_seqlens)
         options = dict(key_padding_mask=key_padding_mask, compute_dtype=compute_dtype)
         if self.pattern.token_level:
             return sliding_window_reference(q, k, v, *self.pattern.token_window, is_causal, self.scale, **options)
@@ -180,30 +165,20 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         key_padding_mask: torch.Tensor | None = None,
         seq_len: int | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        need_lse: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out, lse) of this rank's shard (the whole sequence without a process group). cu_seqlens: packed
-        documents of the whole sequence, each with the block pattern of its own length (kernels/documents.py)."""
+        """(out, lse) of this rank's shard (the whole sequence without a process group). seq_len: the sequence's
+        length before shard_sequence padded it (the block table is that length's; the padding must be masked by
+        key_padding_mask); default: all positions are real. cu_seqlens: packed documents of the whole sequence,
+        each with the block pattern of its own length (kernels/documents.py). lse may be None when not need_lse."""
         if cu_seqlens is not None:
             return self._documents(q, k, v, is_causal, key_padding_mask, seq_len, cu_seqlens)
-        return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=True, seq_len=seq_len)
+        return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=need_lse, seq_len=seq_len)
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        is_causal: bool = False,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        seq_len: int | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """q, k, v: (batch, seq_len, heads, head_dim) (a shard of N/p in the ring form) -> out, same shape.
-        seq_len: the sequence's length before shard_sequence padded it (the block table is that length's;
-        the padding must be masked by key_padding_mask); default: all positions are real."""
-        if cu_seqlens is not None:
-            return self._documents(q, k, v, is_causal, key_padding_mask, seq_len, cu_seqlens)[0]
-        return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=False, seq_len=seq_len)[0]
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, **options):
+        """q, k, v: (batch, seq_len, heads, head_dim) (a shard of N/p in the ring form) -> out, same shape
+        (options: forward_with_lse's key_padding_mask, seq_len and cu_seqlens)."""
+        return self.forward_with_lse(q, k, v, is_causal, need_lse=False, **options)[0]
 
     def _documents(self, q, k, v, is_causal, key_padding_mask, seq_len, cu_seqlens):
         if seq_len is not None:
@@ -211,10 +186,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
                 "seq_len and cu_seqlens together: the documents give the lengths; with padded shards, "
                 "end cu_seqlens at the padded length and mask the padding"
             )
-
-        def call(*x):
-            return self._forward(*x[:3], is_causal, x[3], need_lse=True, local=True)
-
+        call = lambda *x: self._forward(*x[:3], is_causal, x[3], need_lse=True, local=True)
         _, world = group_rank_size(self.process_group)
         if world == 1:
             return attend_documents(call, q, k, v, key_padding_mask, cu_seqlens)

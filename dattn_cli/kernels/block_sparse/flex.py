@@ -75,14 +75,10 @@ def flex_forward(q, k, v, block_mask, scale: float, *, need_lse: bool, compiled:
         return fn(qt, kt, vt, block_mask=block_mask, scale=scale).transpose(1, 2), None
 
 
-def flex_compiles_on(device: torch.device) -> bool:
-    """Whether torch can compile flex attention for this device here (triton for CUDA, a C++ compiler
-    for CPU); looked up once per device type, not on every call."""
-    return _flex_compiles_on(device.type)
-
-
 @functools.cache
-def _flex_compiles_on(device_type: str) -> bool:
+def flex_compiles_on(device_type: str) -> bool:
+    """Whether torch can compile flex attention for this device type here (triton for CUDA, a C++ compiler
+    for CPU); looked up once per device type, not on every call."""
     import importlib.util
     import shutil
 
@@ -109,7 +105,7 @@ def choose_executor(
         blockers.append("torch compiles FlexAttention on CPU for inference only")
     if q.device.type == "cpu" and need_lse:
         blockers.append("compiled CPU FlexAttention returns no logsumexp")
-    if not flex_compiles_on(q.device):
+    if not flex_compiles_on(q.device.type):
         blockers.append(f"no compiler for FlexAttention on {q.device.type} (triton / a C++ compiler)")
     if requested == "flex":
         if blockers:

@@ -30,13 +30,8 @@ class CommStats:
         self.reset()
 
     def reset(self) -> None:
-        self.counts = {
-            "forward_bytes_sent": 0,
-            "forward_bytes_received": 0,
-            "backward_bytes_sent": 0,
-            "backward_bytes_received": 0,
-            "forward_calls": 0,
-        }
+        counts = (f"{phase}_bytes_{way}" for phase in ("forward", "backward") for way in ("sent", "received"))
+        self.counts = dict.fromkeys((*counts, "forward_calls"), 0)
 
     def __getstate__(self):  # copies and pickles of a module carry the counts, not the lock
         return {"counts": self.snapshot()}
@@ -142,25 +137,11 @@ class DistributedAttention(nn.Module):
         *,
         key_padding_mask: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        need_lse: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(out, lse) of this rank's shard (batch, N/p, heads, head_dim) of the whole sequence; cu_seqlens:
-        packed documents of the whole sequence, the same on every rank (distributed/documents.py)."""
-        return self._call(q, k, v, is_causal, key_padding_mask, cu_seqlens, True)
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        is_causal: bool = False,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """q, k, v: this rank's shard (batch, N/p, heads, head_dim) -> its output shard."""
-        return self._call(q, k, v, is_causal, key_padding_mask, cu_seqlens, False)[0]
-
-    def _call(self, q, k, v, is_causal, key_padding_mask, cu_seqlens, need_lse: bool):
+        packed documents of the whole sequence, the same on every rank (distributed/documents.py); lse may be
+        None when not need_lse."""
         rank, world = group_rank_size(self.process_group)
         if world == 1:
             return self.attention.forward_with_lse(
@@ -169,6 +150,11 @@ class DistributedAttention(nn.Module):
         check_qkv(q, k, v)
         check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[1], q.device)
         return self._distributed(q, k, v, is_causal, key_padding_mask, cu_seqlens, need_lse, rank, world)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, **options):
+        """q, k, v: this rank's shard (batch, N/p, heads, head_dim) -> its output shard (options:
+        forward_with_lse's key_padding_mask and cu_seqlens)."""
+        return self.forward_with_lse(q, k, v, is_causal, need_lse=False, **options)[0]
 
     def _distributed(self, q, k, v, is_causal, key_padding_mask, cu_seqlens, need_lse: bool, rank: int, world: int):
         """(out, lse) of a call over world > 1 ranks (lse may be None when not need_lse)."""
