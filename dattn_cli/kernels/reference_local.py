@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .documents import attend_documents
+from .reference import check_block_table
 from .validation import check_key_padding_mask, check_qkv
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 22  # scores (B x H x rows x keys) per chunk: 32 MiB in float64
@@ -107,7 +108,7 @@ class _Blocks:
 class _Window:
     """docs/block-sparse.md, sliding_window: query t attends keys t - left .. t + right (causal: .. t)."""
 
-    def __init__(self, n, left, right, causal, rows_per_chunk, device):
+    def __init__(self, n, left, right, causal, rows_per_chunk):
         self.n, self.left = n, left
         self.reach = 0 if causal else right
         span = self.left + self.reach
@@ -285,17 +286,8 @@ def dilated_attention_local(
     """`reference.dilated_attention_reference`, block-local: (out in q's dtype, lse float32), differentiable;
     cu_seqlens: packed documents, each attended on its own."""
     segs, rates = _check_pattern(segment_lengths, dilation_rates, semantics, q.shape[2] if q.dim() == 4 else 0)
-    return _attend(
-        q,
-        k,
-        v,
-        lambda n, h, rows: _Dilated(n, h, segs, rates, semantics, is_causal, rows, q.device),
-        scale,
-        key_padding_mask,
-        compute_dtype,
-        max_chunk_elements,
-        cu_seqlens,
-    )
+    layout = lambda n, h, rows: _Dilated(n, h, segs, rates, semantics, is_causal, rows, q.device)
+    return _attend(q, k, v, layout, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens)
 
 
 def block_sparse_local(
@@ -316,13 +308,7 @@ def block_sparse_local(
     function of N giving it (with cu_seqlens each document has its own length's table)."""
 
     def layout(n, heads, rows):
-        table = block_table(n) if callable(block_table) else block_table
-        blocks = -(-n // block_size)
-        if tuple(table.shape) != (blocks, blocks) or table.dtype != torch.bool:
-            raise ValueError(
-                f"block_table must be bool ({blocks}, {blocks}) for N={n}, block_size={block_size}; "
-                f"got {table.dtype} {tuple(table.shape)}"
-            )
+        table = check_block_table(block_table(n) if callable(block_table) else block_table, n, block_size)
         return _Blocks(n, table, block_size, is_causal, rows, q.device)
 
     return _attend(q, k, v, layout, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens)
@@ -345,14 +331,5 @@ def sliding_window_local(
     """`reference.sliding_window_reference`, block-local: query t attends keys t - left .. t + right."""
     if left < 0 or right < 0:
         raise ValueError(f"window left={left}, right={right}: both must be >= 0 tokens")
-    return _attend(
-        q,
-        k,
-        v,
-        lambda n, h, rows: _Window(n, left, right, is_causal, rows, q.device),
-        scale,
-        key_padding_mask,
-        compute_dtype,
-        max_chunk_elements,
-        cu_seqlens,
-    )
+    layout = lambda n, h, rows: _Window(n, left, right, is_causal, rows)
+    return _attend(q, k, v, layout, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens)
