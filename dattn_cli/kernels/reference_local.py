@@ -2,18 +2,21 @@
 (attention restricted by a block table; the token sliding window), computed a chunk of query rows at a time
 over only the keys that chunk can attend.
 
-Each chunk takes one softmax over its keys with an additive bias (log c for the dilated pair count, 0 where a
-block table or window allows, -inf elsewhere), exactly as the dense references (reference.py) do over all N
-keys; keys outside the chunk's range have c = 0 there, so the two compute the same function. The backward is
-written out (FlashAttention's recomputation: each chunk's probabilities again from the saved lse), so memory
-is q, k, v, out, lse and the gradients, O(B x N x H x D), plus one chunk's scores (`max_chunk_elements`),
-not O(N^2) and not O(N x window x H). Work is each chunk's rows times its key range: N x max(segment) for the
-dilated pattern, N x (left + right + chunk) for the window, the table's key blocks for a block table.
+A chunk is a set of query rows (a stride), the keys they may attend, and the heads it computes. The
+dilated definition weighs exp by the pair count c_h(t, u), a sum of one indicator per pair, so a row's softmax
+numerator and denominator are sums of one term per pair: each chunk is one pair's kept rows of one segment
+(for the heads with one offset) against that segment's kept keys, and the chunks of a row merge by their
+log-sum-exp, the same function as the dense reference's one softmax with a log c bias. A block table or a
+window gives one chunk per row range, masked where the table or window forbids. The backward is written out
+(FlashAttention's recomputation: each chunk's probabilities again from the row's final lse), so memory is q,
+k, v, out, lse and the gradients, O(B x N x H x D), plus one chunk's scores (`max_chunk_elements`), not
+O(N^2) and not O(N x window x H). Work is sum over pairs of (N / r) x (w / r) per head for the dilated
+pattern, N x (left + right + chunk) for the window, the table's key blocks for a block table.
 
 Written from the documents, not from kernels/pattern.py or the engine; the dense references stay the
 definitions, and tests/kernels/test_reference_local.py proves these equal to them on the awkward cases.
-`compute_dtype` other than float64 gives the naive same-dtype computation (half precisions accumulate dK/dV
-across chunks in float32, as one matmul would, so the chunking adds no rounding of its own).
+`compute_dtype` other than float64 gives the naive same-dtype computation (half precisions accumulate out
+and the gradients across chunks in float32, as one matmul would, so the chunking adds little rounding of its own).
 """
 
 from __future__ import annotations
