@@ -100,8 +100,9 @@ class _Blocks:
             blocks = self.table[i0:i1].any(dim=0).nonzero().flatten()
             keys = (blocks.view(-1, 1) * self.b + offsets).flatten()
             keys = keys[keys < (t1 if self.causal else self.n)]
+            whole = not self.causal and bool(self.table[i0:i1, blocks].all())  # every row attends every key
             if keys.numel():
-                yield Chunk(slice(t0, t1), keys, None, self.allowed)
+                yield Chunk(slice(t0, t1), keys, None, None if whole else self.allowed)
 
     def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         allowed = self.table[rows // self.b][:, keys // self.b]
