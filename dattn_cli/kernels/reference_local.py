@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from .documents import attend_documents
-from .reference import check_block_table
+from .reference import check_block_table, pair_offsets
 from .validation import check_key_padding_mask, check_qkv
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 22  # scores (B x H x rows x keys) per chunk: 32 MiB in float64
@@ -55,21 +55,19 @@ class _Dilated:
     the kept keys of its own segment (causal: u <= t); c_h(t, u) counts the pairs that allow (t, u). The softmax
     weighs exp by c, a sum over pairs, so its numerator and denominator are sums of one term per pair: each
     chunk is one pair's kept rows of one segment (a stride) for the heads with one offset, against that
-    segment's kept keys, and the chunks of a row merge by their log-sum-exp."""
+    segment's kept keys, and the chunks of a row merge by their log-sum-exp. Which pairs a head uses, with which
+    offsets: reference.pair_offsets, the dense reference's own."""
 
     def __init__(self, n, heads, segs, rates, semantics, causal, rows_per_chunk, device):
-        m = len(segs)
-        group = [i for i in range(m) for _ in range(heads // m + (1 if i < heads % m else 0))]
         self.n, self.heads, self.causal, self.rows_per_chunk = n, heads, causal, rows_per_chunk
-        self.branches = []  # (w, r, offset, heads)
-        for i, (w, r) in enumerate(zip(segs, rates)):
-            if semantics == "longnet":
-                offsets = [(o, list(range(o, heads, r))) for o in range(min(r, heads))]
-            else:
-                offsets = [(i % r, [h for h in range(heads) if group[h] == i])]
-            for o, hs in offsets:
-                hs = None if len(hs) == heads else torch.tensor(hs, device=device)
-                self.branches.append((min(w, n), r, o, hs))
+        branches: dict[tuple, list[int]] = {}  # (pair index, w, r, offset): the heads using it
+        for h in range(heads):
+            for i, (w, r, o) in enumerate(pair_offsets(h, heads, segs, rates, semantics)):
+                branches.setdefault((i, min(w, n), r, o), []).append(h)
+        self.branches = [  # (w, r, offset, heads)
+            (w, r, o, None if len(hs) == heads else torch.tensor(hs, device=device))
+            for (_, w, r, o), hs in branches.items()
+        ]
 
     def chunks(self) -> Iterator[Chunk]:
         for w, r, o, heads in self.branches:
