@@ -98,8 +98,10 @@ class _Blocks:
             blocks = self.table[i0:i1].any(dim=0).nonzero().flatten()
             keys = (blocks.view(-1, 1) * self.b + offsets).flatten()
             keys = keys[keys < (t1 if self.causal else self.n)]
+            if keys.numel() and int(keys[-1] - keys[0]) + 1 == keys.numel():  # one range of keys: a view, no gather
+                keys = slice(int(keys[0]), int(keys[-1]) + 1)
             whole = not self.causal and bool(self.table[i0:i1, blocks].all())  # every row attends every key
-            if keys.numel():
+            if not isinstance(keys, torch.Tensor) or keys.numel():
                 yield Chunk(slice(t0, t1), keys, None, None if whole else self.allowed)
 
     def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -139,14 +141,19 @@ def _chunk_scores(q, k, v, key_mask, chunk, scale):
     mask forbids; the chunk's q (B, H_chunk, R, D), and K and V at its query heads (B, H_chunk, K, D)."""
     qs = _heads(q[:, chunk.rows], chunk.heads).transpose(1, 2)
     kv_of = _kv_heads(chunk, q.shape[2], k.shape[2], q.device)
-    ks, vs = (_heads(x[:, chunk.keys], kv_of).transpose(1, 2) for x in (k, v))
+    ks, vs = (_heads(_at(x, chunk.keys), kv_of).transpose(1, 2) for x in (k, v))
     scores = torch.matmul(qs, ks.transpose(-1, -2)).mul_(scale)
     if chunk.rule is not None:
         positions = torch.arange(q.shape[1], device=q.device)
         scores.masked_fill_(~chunk.rule(positions[chunk.rows], positions[chunk.keys]), NEG_INF)
     if key_mask is not None:
-        scores.masked_fill_(key_mask[:, chunk.keys].view(q.shape[0], 1, 1, -1), NEG_INF)
+        scores.masked_fill_(_at(key_mask, chunk.keys).view(q.shape[0], 1, 1, -1), NEG_INF)
     return scores, qs, ks, vs
+
+
+def _at(x: torch.Tensor, keys: slice | torch.Tensor) -> torch.Tensor:
+    """x[:, keys] (a gather by index_select, faster than advanced indexing)."""
+    return x[:, keys] if isinstance(keys, slice) else x.index_select(1, keys)
 
 
 def _heads(x: torch.Tensor, heads: torch.Tensor | None) -> torch.Tensor:
