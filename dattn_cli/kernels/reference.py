@@ -116,24 +116,25 @@ def block_sparse_reference(
     per query over every key of its active blocks (and, causal, not after it). Returns (out, lse) like
     `dilated_attention_reference`; rows with no key output 0 with lse -inf."""
     check_qkv(q, k, v)
-    seq_len = q.shape[1]
-    num_blocks = -(-seq_len // block_size)
-    if tuple(block_table.shape) != (num_blocks, num_blocks) or block_table.dtype != torch.bool:
-        raise ValueError(
-            f"block_table must be bool ({num_blocks}, {num_blocks}) for N={seq_len}, block_size={block_size}; "
-            f"got {block_table.dtype} {tuple(block_table.shape)}"
-        )
-    table = block_table.to(q.device)
-    keys = torch.arange(seq_len, device=q.device)
+    table = check_block_table(block_table, q.shape[1], block_size).to(q.device)
+    keys = torch.arange(q.shape[1], device=q.device)
 
-    def log_allowed(rows):
+    def allowed(rows):
         allowed = table[rows // block_size][:, keys // block_size]
-        if is_causal:
-            allowed = allowed & (keys.unsqueeze(0) <= rows.unsqueeze(1))
-        zero = torch.zeros((), dtype=compute_dtype, device=q.device)
-        return torch.where(allowed, zero, float("-inf")).unsqueeze(0)  # (1, rows, N): the same for every head
+        return allowed & (keys.unsqueeze(0) <= rows.unsqueeze(1)) if is_causal else allowed
 
-    return _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, max_block_elements, log_allowed)
+    return _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, max_block_elements, allowed)
+
+
+def check_block_table(table: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+    """`table` if it is the bool (blocks, blocks) table of N = seq_len in blocks of block_size, else ValueError."""
+    blocks = -(-seq_len // block_size)
+    if tuple(table.shape) != (blocks, blocks) or table.dtype != torch.bool:
+        raise ValueError(
+            f"block_table must be bool ({blocks}, {blocks}) for N={seq_len}, block_size={block_size}; "
+            f"got {table.dtype} {tuple(table.shape)}"
+        )
+    return table
 
 
 def sliding_window_reference(
@@ -154,17 +155,16 @@ def sliding_window_reference(
     keys = torch.arange(q.shape[1], device=q.device)
     reach = 0 if is_causal else right
 
-    def log_allowed(rows):
-        allowed = (keys[None, :] >= rows[:, None] - left) & (keys[None, :] <= rows[:, None] + reach)
-        zero = torch.zeros((), dtype=compute_dtype, device=q.device)
-        return torch.where(allowed, zero, float("-inf")).unsqueeze(0)
+    def allowed(rows):
+        return (keys[None, :] >= rows[:, None] - left) & (keys[None, :] <= rows[:, None] + reach)
 
-    return _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, max_block_elements, log_allowed)
+    return _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, max_block_elements, allowed)
 
 
 def _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, max_block_elements, row_bias):
-    """One softmax per query over all keys with the additive bias `row_bias(rows)` ((H or 1, rows, N);
-    -inf = not attended), a chunk of query rows at a time, in compute_dtype."""
+    """One softmax per query over all keys with the additive bias `row_bias(rows)` ((H, rows, N); -inf = not
+    attended), or where the bool (rows, N) `row_bias(rows)` allows, a chunk of query rows at a time, in
+    compute_dtype."""
     batch, seq_len, num_heads, head_dim = q.shape
     tau = head_dim**-0.5 if scale is None else scale
     qc, kc, vc = (x.to(compute_dtype).transpose(1, 2) for x in (q, k, v))  # (B, H, N, D)
@@ -177,7 +177,10 @@ def _masked_softmax_attention(q, k, v, scale, key_padding_mask, compute_dtype, m
     outs, lses = [], []
     for t0 in range(0, seq_len, chunk):
         rows = torch.arange(t0, min(seq_len, t0 + chunk), device=q.device)
-        scores = torch.matmul(qc[:, :, rows], kc.transpose(-1, -2)) * tau + row_bias(rows)
+        bias = row_bias(rows)
+        if bias.dtype == torch.bool:  # the same for every head
+            bias = torch.zeros((), dtype=compute_dtype, device=q.device).masked_fill(~bias, float("-inf"))
+        scores = torch.matmul(qc[:, :, rows], kc.transpose(-1, -2)) * tau + bias
         if key_bias is not None:
             scores = scores + key_bias
         # Rows with no key at all (kept by no pair, or every key padded) output 0 with lse -inf;

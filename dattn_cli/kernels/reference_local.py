@@ -2,18 +2,21 @@
 (attention restricted by a block table; the token sliding window), computed a chunk of query rows at a time
 over only the keys that chunk can attend.
 
-Each chunk takes one softmax over its keys with an additive bias (log c for the dilated pair count, 0 where a
-block table or window allows, -inf elsewhere), exactly as the dense references (reference.py) do over all N
-keys; keys outside the chunk's range have c = 0 there, so the two compute the same function. The backward is
-written out (FlashAttention's recomputation: each chunk's probabilities again from the saved lse), so memory
-is q, k, v, out, lse and the gradients, O(B x N x H x D), plus one chunk's scores (`max_chunk_elements`),
-not O(N^2) and not O(N x window x H). Work is each chunk's rows times its key range: N x max(segment) for the
-dilated pattern, N x (left + right + chunk) for the window, the table's key blocks for a block table.
+A chunk is a set of query rows (a stride), the keys they may attend, and the heads it computes. The
+dilated definition weighs exp by the pair count c_h(t, u), a sum of one indicator per pair, so a row's softmax
+numerator and denominator are sums of one term per pair: each chunk is one pair's kept rows of one segment
+(for the heads with one offset) against that segment's kept keys, and the chunks of a row merge by their
+log-sum-exp, the same function as the dense reference's one softmax with a log c bias. A block table or a
+window gives one chunk per row range, masked where the table or window forbids. The backward is written out
+(FlashAttention's recomputation: each chunk's probabilities again from the row's final lse), so memory is q,
+k, v, out, lse and the gradients, O(B x N x H x D), plus one chunk's scores (`max_chunk_elements`), not
+O(N^2) and not O(N x window x H). Work is sum over pairs of (N / r) x (w / r) per head for the dilated
+pattern, N x (left + right + chunk) for the window, the table's key blocks for a block table.
 
 Written from the documents, not from kernels/pattern.py or the engine; the dense references stay the
 definitions, and tests/kernels/test_reference_local.py proves these equal to them on the awkward cases.
-`compute_dtype` other than float64 gives the naive same-dtype computation (half precisions accumulate dK/dV
-across chunks in float32, as one matmul would, so the chunking adds no rounding of its own).
+`compute_dtype` other than float64 gives the naive same-dtype computation (half precisions accumulate out
+and the gradients across chunks in float32, as one matmul would, so the chunking adds little rounding of its own).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from .documents import attend_documents
+from .reference import check_block_table, pair_offsets
 from .validation import check_key_padding_mask, check_qkv
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 22  # scores (B x H x rows x keys) per chunk: 32 MiB in float64
@@ -32,85 +36,48 @@ NEG_INF = float("-inf")
 
 @dataclass(frozen=True)
 class Chunk:
-    start: int  # query rows [start, end)
-    end: int
-    keys: torch.Tensor  # 1-D int64, ascending: every key some row of the chunk may attend (for these heads)
-    heads: torch.Tensor | None = None  # the query heads this chunk computes (None: all)
-    rule: object = None  # restrict_(scores, rows, keys): the layout's mask for these heads (None: the layout's)
+    rows: slice  # query positions (a stride: a dilated pair's kept positions)
+    keys: slice | torch.Tensor  # the key positions these rows may attend (a stride, or 1-D int64 ascending)
+    heads: torch.Tensor | None = None  # the query heads (None: all)
+    rule: object = None  # rule(rows, keys) -> bool (rows, keys) allowed among them (None: all)
 
 
-class _HeadClass:
-    """Heads that use every pair with the same offset: one key set and one count c(t, u) for all of them."""
+def _stride(r: range) -> slice:
+    return slice(r.start, r.stop, r.step)
 
-    def __init__(self, n, pairs, causal, heads, device):
-        self.n, self.pairs, self.causal, self.heads, self.device = n, pairs, causal, heads, device
 
-    def keys(self, t0: int, t1: int) -> torch.Tensor:
-        """The keys some row in [t0, t1) attends: the kept keys of its segments, under any pair."""
-        spans = [(t0 // w * w, min(self.n, ((t1 - 1) // w + 1) * w), w, r, o) for w, r, o in self.pairs]
-        k0, k1 = min(s[0] for s in spans), max(s[1] for s in spans)
-        positions = torch.arange(k0, min(k1, t1) if self.causal else k1, device=self.device)
-        keep = torch.zeros_like(positions, dtype=torch.bool)
-        for a, b, w, r, o in spans:
-            keep |= (positions >= a) & (positions < b) & (positions % w % r == o)
-        return positions[keep]
-
-    def restrict_(self, scores: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
-        """-inf where c(t, u) = 0, in place; returns c (rows, keys) when some pair may count twice."""
-        counts = torch.zeros(rows.numel(), keys.numel(), dtype=torch.int8, device=self.device)
-        first, last = int(rows[0]), int(rows[-1])
-        for w, r, o in self.pairs:
-            kept_t = (rows % w % r == o).view(-1, 1)
-            kept_u = (keys % w % r == o).view(1, -1)
-            if first // w == last // w:  # the chunk lies in one segment of this pair: its keys are one slice
-                a, b = torch.searchsorted(
-                    keys, torch.tensor([first // w * w, (first // w + 1) * w], device=keys.device)
-                )
-                counts[:, a:b] += kept_t & kept_u[:, a:b]
-            else:
-                counts += kept_t & kept_u & ((rows // w).view(-1, 1) == (keys // w).view(1, -1))
-        if self.causal:
-            counts.masked_fill_(keys.view(1, -1) > rows.view(-1, 1), 0)
-        scores.masked_fill_(counts == 0, NEG_INF)
-        return counts if len(self.pairs) > 1 else None
+def _causal(rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    return keys.view(1, -1) <= rows.view(-1, 1)
 
 
 class _Dilated:
     """docs/semantics.md: pair i keeps position t for head h when pi_i(t) mod r_i = o_i(h); a kept query attends
-    the kept keys of its own segment (causal: u <= t); c_h(t, u) counts the pairs that allow (t, u). Heads with
-    the same offsets in every pair form a class (longnet: h mod lcm(r); head_groups: a group), computed together
-    over only the keys its rows can attend."""
+    the kept keys of its own segment (causal: u <= t); c_h(t, u) counts the pairs that allow (t, u). The softmax
+    weighs exp by c, a sum over pairs, so its numerator and denominator are sums of one term per pair: each
+    chunk is one pair's kept rows of one segment (a stride) for the heads with one offset, against that
+    segment's kept keys, and the chunks of a row merge by their log-sum-exp. Which pairs a head uses, with which
+    offsets: reference.pair_offsets, the dense reference's own."""
 
     def __init__(self, n, heads, segs, rates, semantics, causal, rows_per_chunk, device):
-        self.n = n
-        m = len(segs)
-        group = [i for i in range(m) for _ in range(heads // m + (1 if i < heads % m else 0))]
-        classes: dict[tuple, list[int]] = {}
+        self.n, self.heads, self.causal, self.rows_per_chunk = n, heads, causal, rows_per_chunk
+        branches: dict[tuple, list[int]] = {}  # (pair index, w, r, offset): the heads using it
         for h in range(heads):
-            used = [(i, h % r if semantics == "longnet" else i % r) for i, r in enumerate(rates)]
-            used = [(min(segs[i], n), rates[i], o) for i, o in used if semantics == "longnet" or group[h] == i]
-            classes.setdefault(tuple(used), []).append(h)
-        whole = len(classes) == 1
-        self.classes = [
-            _HeadClass(n, list(pairs), causal, None if whole else torch.tensor(hs, device=device), device)
-            for pairs, hs in classes.items()
+            for i, (w, r, o) in enumerate(pair_offsets(h, heads, segs, rates, semantics)):
+                branches.setdefault((i, min(w, n), r, o), []).append(h)
+        self.branches = [  # (w, r, offset, heads)
+            (w, r, o, None if len(hs) == heads else torch.tensor(hs, device=device))
+            for (_, w, r, o), hs in branches.items()
         ]
-        self.widths = sorted({w for pairs in classes for w, _, _ in pairs})
-        widest = self.widths[-1]
-        self.rows = rows_per_chunk(min(n, widest), max(len(hs) for hs in classes.values()))
-        if self.rows >= widest:  # whole segments per chunk: the key range is the rows' own
-            self.rows -= self.rows % widest
 
     def chunks(self) -> Iterator[Chunk]:
-        # a chunk never crosses a segment boundary of a pair whose segments are longer than a chunk
-        bounds = set(range(0, self.n, self.rows)) | {self.n}
-        for w in self.widths:
-            if w > self.rows:
-                bounds |= set(range(0, self.n, w))
-        bounds = sorted(bounds)
-        for t0, t1 in zip(bounds, bounds[1:]):
-            for c in self.classes:
-                yield Chunk(t0, t1, c.keys(t0, t1), c.heads, c)
+        for w, r, o, heads in self.branches:
+            for a in range(0, self.n, w):
+                kept = range(a + o, min(self.n, a + w), r)
+                rows = self.rows_per_chunk(len(kept), self.heads if heads is None else heads.numel())
+                for j in range(0, len(kept), rows):
+                    part = kept[j : j + rows]
+                    keys = kept[: j + len(part)] if self.causal else kept
+                    yield Chunk(_stride(part), _stride(keys), heads, _causal if self.causal else None)
 
 
 class _Blocks:
@@ -131,20 +98,22 @@ class _Blocks:
             blocks = self.table[i0:i1].any(dim=0).nonzero().flatten()
             keys = (blocks.view(-1, 1) * self.b + offsets).flatten()
             keys = keys[keys < (t1 if self.causal else self.n)]
-            yield Chunk(t0, t1, keys)
+            if keys.numel() and int(keys[-1] - keys[0]) + 1 == keys.numel():  # one range of keys: a view, no gather
+                keys = slice(int(keys[0]), int(keys[-1]) + 1)
+            whole = not self.causal and bool(self.table[i0:i1, blocks].all())  # every row attends every key
+            if not isinstance(keys, torch.Tensor) or keys.numel():
+                yield Chunk(slice(t0, t1), keys, None, None if whole else self.allowed)
 
-    def restrict_(self, scores: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor) -> None:
+    def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         allowed = self.table[rows // self.b][:, keys // self.b]
-        if self.causal:
-            allowed &= keys.view(1, -1) <= rows.view(-1, 1)
-        scores.masked_fill_(~allowed, NEG_INF)
+        return allowed & _causal(rows, keys) if self.causal else allowed
 
 
 class _Window:
     """docs/block-sparse.md, sliding_window: query t attends keys t - left .. t + right (causal: .. t)."""
 
-    def __init__(self, n, left, right, causal, rows_per_chunk, device):
-        self.n, self.left, self.device = n, left, device
+    def __init__(self, n, left, right, causal, rows_per_chunk):
+        self.n, self.left = n, left
         self.reach = 0 if causal else right
         span = self.left + self.reach
         budget = rows_per_chunk(1)  # rows x keys the chunk may hold: rows (rows + span) <= budget
@@ -153,32 +122,38 @@ class _Window:
     def chunks(self) -> Iterator[Chunk]:
         for t0 in range(0, self.n, self.rows):
             t1 = min(self.n, t0 + self.rows)
-            k0, k1 = max(0, t0 - self.left), min(self.n, t1 + self.reach)
-            yield Chunk(t0, t1, torch.arange(k0, k1, device=self.device))
+            yield Chunk(slice(t0, t1), slice(max(0, t0 - self.left), min(self.n, t1 + self.reach)), None, self.allowed)
 
-    def restrict_(self, scores: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor) -> None:
+    def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         gap = keys.view(1, -1) - rows.view(-1, 1)
-        scores.masked_fill_((gap < -self.left) | (gap > self.reach), NEG_INF)
+        return (gap >= -self.left) & (gap <= self.reach)
 
 
-def _chunk_scores(q, k, v, key_mask, layout, chunk, scale):
-    """Scale x q k^T (B, H, R, K) of the chunk's rows and keys, -inf where the layout or the key padding mask
-    forbids; the pair counts c to weigh exp by (None: all 1); the chunk's q (B, H, R, D), and K and V
-    repeated to the query heads (B, H, K, D)."""
-    rows = torch.arange(chunk.start, chunk.end, device=q.device)
-    qs = _heads(q[:, chunk.start : chunk.end], chunk.heads).transpose(1, 2)
-    ks, vs = (x.index_select(1, chunk.keys) for x in (k, v))
-    group = q.shape[2] // k.shape[2]
-    if chunk.heads is not None:  # GQA/MQA: query head h attends with kv head h // group
-        ks, vs = ks.index_select(2, chunk.heads // group), vs.index_select(2, chunk.heads // group)
-    elif group > 1:
-        ks, vs = ks.repeat_interleave(group, dim=2), vs.repeat_interleave(group, dim=2)
-    ks, vs = ks.transpose(1, 2), vs.transpose(1, 2)
+def _kv_heads(chunk: Chunk, heads: int, kv_heads: int, device) -> torch.Tensor | None:
+    """The kv head of each of the chunk's query heads (GQA/MQA: h // (H / H_kv)); None: the same heads."""
+    if chunk.heads is None and kv_heads == heads:
+        return None
+    return (chunk.heads if chunk.heads is not None else torch.arange(heads, device=device)) // (heads // kv_heads)
+
+
+def _chunk_scores(q, k, v, key_mask, chunk, scale):
+    """Scale x q k^T (B, H_chunk, R, K) of the chunk's rows and keys, -inf where its rule or the key padding
+    mask forbids; the chunk's q (B, H_chunk, R, D), and K and V at its query heads (B, H_chunk, K, D)."""
+    qs = _heads(q[:, chunk.rows], chunk.heads).transpose(1, 2)
+    kv_of = _kv_heads(chunk, q.shape[2], k.shape[2], q.device)
+    ks, vs = (_heads(_at(x, chunk.keys), kv_of).transpose(1, 2) for x in (k, v))
     scores = torch.matmul(qs, ks.transpose(-1, -2)).mul_(scale)
-    counts = (chunk.rule or layout).restrict_(scores, rows, chunk.keys)
+    if chunk.rule is not None:
+        positions = torch.arange(q.shape[1], device=q.device)
+        scores.masked_fill_(~chunk.rule(positions[chunk.rows], positions[chunk.keys]), NEG_INF)
     if key_mask is not None:
-        scores.masked_fill_(key_mask.index_select(1, chunk.keys).view(q.shape[0], 1, 1, -1), NEG_INF)
-    return scores, counts, qs, ks, vs
+        scores.masked_fill_(_at(key_mask, chunk.keys).view(q.shape[0], 1, 1, -1), NEG_INF)
+    return scores, qs, ks, vs
+
+
+def _at(x: torch.Tensor, keys: slice | torch.Tensor) -> torch.Tensor:
+    """x[:, keys] (a gather by index_select, faster than advanced indexing)."""
+    return x[:, keys] if isinstance(keys, slice) else x.index_select(1, keys)
 
 
 def _heads(x: torch.Tensor, heads: torch.Tensor | None) -> torch.Tensor:
@@ -186,80 +161,79 @@ def _heads(x: torch.Tensor, heads: torch.Tensor | None) -> torch.Tensor:
     return x if heads is None else x.index_select(2, heads)
 
 
-def _put(target: torch.Tensor, start: int, end: int, heads: torch.Tensor | None, value: torch.Tensor) -> None:
-    """target[:, start:end] (at `heads`) = value."""
+def _put(target: torch.Tensor, rows: slice, heads: torch.Tensor | None, value: torch.Tensor, add=False) -> None:
+    """target[:, rows] (at `heads`) = value, or += value."""
+    view = target[:, rows]
     if heads is None:
-        target[:, start:end] = value
+        view.add_(value) if add else view.copy_(value)
     else:
-        target[:, start:end].index_copy_(2, heads, value)
-
-
-def _weights_(scores: torch.Tensor, shift: torch.Tensor, counts: torch.Tensor | None) -> torch.Tensor:
-    """c x exp(scores - shift), in place of scores: the softmax numerators (c exp(s) = exp(s + log c))."""
-    weights = scores.sub_(shift).exp_()
-    return weights.mul_(counts) if counts is not None else weights
+        view.index_add_(2, heads, value) if add else view.index_copy_(2, heads, value)
 
 
 class _LocalAttention(torch.autograd.Function):
-    """out, lse of the layout's attention on q (B, N, H, D), k, v (B, N, H_kv, D), all in the compute dtype."""
+    """out, lse of the layout's attention on q (B, N, H, D), k, v (B, N, H_kv, D), all in the compute dtype
+    (half precisions: out and the gradients summed in float32, as one matmul would)."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_mask, layout, scale):
         batch, n, heads, _ = q.shape
-        out = torch.zeros_like(q)
-        lse = torch.full((batch, n, heads), NEG_INF, dtype=q.dtype, device=q.device)
+        acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        out = torch.zeros(q.shape, dtype=acc, device=q.device)
+        lse = torch.full((batch, n, heads), NEG_INF, dtype=acc, device=q.device)
         for chunk in layout.chunks():
-            if not chunk.keys.numel():
-                continue
-            scores, counts, _, _, vs = _chunk_scores(q, k, v, key_mask, layout, chunk, scale)
+            scores, _, _, vs = _chunk_scores(q, k, v, key_mask, chunk, scale)
             top = scores.amax(dim=-1, keepdim=True)
-            # rows with no key (kept by no pair, no active block, every key padded) output 0 with lse -inf
-            weights = _weights_(scores, top.masked_fill(top == NEG_INF, 0.0), counts)
-            total = weights.sum(dim=-1, keepdim=True)
-            rows_lse = top + torch.log(total)
-            weights.div_(total.masked_fill(total == 0, 1.0))
-            rows_lse = rows_lse.masked_fill(total == 0, NEG_INF).squeeze(-1).transpose(1, 2)
-            _put(out, chunk.start, chunk.end, chunk.heads, torch.matmul(weights, vs).transpose(1, 2))
-            _put(lse, chunk.start, chunk.end, chunk.heads, rows_lse)
+            top = top.masked_fill_(top == NEG_INF, 0.0)  # rows with no key here: weights 0, lse -inf
+            weights = scores.sub_(top).exp_()
+            part_lse = (top + torch.log(weights.sum(dim=-1, keepdim=True))).squeeze(-1).transpose(1, 2).to(acc)
+            old_lse = _heads(lse[:, chunk.rows], chunk.heads)
+            new_lse = torch.logaddexp(old_lse, part_lse)
+            shift = new_lse.masked_fill(new_lse == NEG_INF, 0.0)
+            part = (
+                torch.matmul(weights, vs).transpose(1, 2).to(acc)
+                * (top.squeeze(-1).transpose(1, 2) - shift).exp()[..., None]
+            )
+            merged = _heads(out[:, chunk.rows], chunk.heads) * (old_lse - shift).exp()[..., None] + part
+            _put(out, chunk.rows, chunk.heads, merged)
+            _put(lse, chunk.rows, chunk.heads, new_lse)
         ctx.save_for_backward(q, k, v, out, lse, key_mask)
         ctx.layout, ctx.scale = layout, scale
         ctx.mark_non_differentiable(lse)
-        return out, lse
+        return out.to(q.dtype), lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, key_mask = ctx.saved_tensors
-        acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-        dq = torch.zeros_like(q)
-        dk, dv = (torch.zeros(k.shape, dtype=acc, device=k.device) for _ in range(2))
+        acc = out.dtype
+        dq, dk, dv = (torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q, k, v))
+        delta = (dout.to(acc) * out).sum(dim=-1)  # rowsum(dO o O), (B, N, H)
         dout = dout.to(q.dtype)
         for chunk in ctx.layout.chunks():
-            if not chunk.keys.numel():
-                continue
-            _accumulate(ctx, q, k, v, key_mask, chunk, (dout, out, lse), (dq, dk, dv))
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None
+            _accumulate(ctx, q, k, v, key_mask, chunk, (dout, lse, delta), (dq, dk, dv))
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
 def _accumulate(ctx, q, k, v, key_mask, chunk, saved, grads):
     """One chunk's share of dq (its rows) and of dk, dv (its keys, summed over each kv head's query heads):
     probabilities recomputed from the saved lse; dS = P (dP - rowsum(dO o O)) as FlashAttention's backward."""
-    (dout, out, lse), (dq, dk, dv) = saved, grads
-    scale, rows = ctx.scale, slice(chunk.start, chunk.end)
-    scores, counts, qs, ks, vs = _chunk_scores(q, k, v, key_mask, ctx.layout, chunk, scale)
-    rows_lse = _heads(lse[:, rows], chunk.heads).transpose(1, 2).unsqueeze(-1)
-    probs = _weights_(scores, rows_lse.masked_fill(rows_lse == NEG_INF, float("inf")), counts)  # dead rows: 0
-    do = _heads(dout[:, rows], chunk.heads).transpose(1, 2)
-    delta = (do * _heads(out[:, rows], chunk.heads).transpose(1, 2)).sum(dim=-1, keepdim=True)
+    (dout, lse, delta), (dq, dk, dv) = saved, grads
+    scores, qs, ks, vs = _chunk_scores(q, k, v, key_mask, chunk, ctx.scale)
+    rows_lse = _heads(lse[:, chunk.rows], chunk.heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
+    probs = scores.sub_(rows_lse.masked_fill(rows_lse == NEG_INF, float("inf"))).exp_()  # dead rows: 0
+    do = _heads(dout[:, chunk.rows], chunk.heads).transpose(1, 2)
+    rows_delta = _heads(delta[:, chunk.rows], chunk.heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
     dvs = torch.matmul(probs.transpose(-1, -2), do)
-    ds = torch.matmul(do, vs.transpose(-1, -2)).sub_(delta).mul_(probs)
-    _put(dq, chunk.start, chunk.end, chunk.heads, (torch.matmul(ds, ks) * scale).transpose(1, 2))
-    dks = torch.matmul(ds.transpose(-1, -2), qs).mul_(scale)
-    heads, kv_heads = q.shape[2], k.shape[2]
-    kv_of = (chunk.heads if chunk.heads is not None else torch.arange(heads, device=q.device)) // (heads // kv_heads)
+    ds = torch.matmul(do, vs.transpose(-1, -2)).sub_(rows_delta).mul_(probs)
+    _put(dq, chunk.rows, chunk.heads, torch.matmul(ds, ks).mul_(ctx.scale).transpose(1, 2).to(dq.dtype), add=True)
+    dks = torch.matmul(ds.transpose(-1, -2), qs).mul_(ctx.scale)
+    kv_of = _kv_heads(chunk, q.shape[2], k.shape[2], q.device)
     for grad, share in ((dk, dks), (dv, dvs)):
         share = share.to(grad.dtype).transpose(1, 2)  # (B, K, H_chunk, D)
-        if chunk.heads is not None or kv_heads != heads:  # sum each kv head's query heads
-            summed = torch.zeros(*share.shape[:2], kv_heads, share.shape[3], dtype=grad.dtype, device=grad.device)
+        if isinstance(chunk.keys, slice):
+            _put(grad, chunk.keys, kv_of, share, add=True)
+            continue
+        if kv_of is not None:  # sum each kv head's query heads
+            summed = torch.zeros(*share.shape[:2], k.shape[2], share.shape[3], dtype=grad.dtype, device=grad.device)
             share = summed.index_add_(2, kv_of, share)
         grad.index_add_(1, chunk.keys, share)
 
@@ -321,17 +295,8 @@ def dilated_attention_local(
     """`reference.dilated_attention_reference`, block-local: (out in q's dtype, lse float32), differentiable;
     cu_seqlens: packed documents, each attended on its own."""
     segs, rates = _check_pattern(segment_lengths, dilation_rates, semantics, q.shape[2] if q.dim() == 4 else 0)
-    return _attend(
-        q,
-        k,
-        v,
-        lambda n, h, rows: _Dilated(n, h, segs, rates, semantics, is_causal, rows, q.device),
-        scale,
-        key_padding_mask,
-        compute_dtype,
-        max_chunk_elements,
-        cu_seqlens,
-    )
+    layout = lambda n, h, rows: _Dilated(n, h, segs, rates, semantics, is_causal, rows, q.device)
+    return _attend(q, k, v, layout, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens)
 
 
 def block_sparse_local(
@@ -352,13 +317,7 @@ def block_sparse_local(
     function of N giving it (with cu_seqlens each document has its own length's table)."""
 
     def layout(n, heads, rows):
-        table = block_table(n) if callable(block_table) else block_table
-        blocks = -(-n // block_size)
-        if tuple(table.shape) != (blocks, blocks) or table.dtype != torch.bool:
-            raise ValueError(
-                f"block_table must be bool ({blocks}, {blocks}) for N={n}, block_size={block_size}; "
-                f"got {table.dtype} {tuple(table.shape)}"
-            )
+        table = check_block_table(block_table(n) if callable(block_table) else block_table, n, block_size)
         return _Blocks(n, table, block_size, is_causal, rows, q.device)
 
     return _attend(q, k, v, layout, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens)
@@ -381,14 +340,5 @@ def sliding_window_local(
     """`reference.sliding_window_reference`, block-local: query t attends keys t - left .. t + right."""
     if left < 0 or right < 0:
         raise ValueError(f"window left={left}, right={right}: both must be >= 0 tokens")
-    return _attend(
-        q,
-        k,
-        v,
-        lambda n, h, rows: _Window(n, left, right, is_causal, rows, q.device),
-        scale,
-        key_padding_mask,
-        compute_dtype,
-        max_chunk_elements,
-        cu_seqlens,
-    )
+    layout = lambda n, h, rows: _Window(n, left, right, is_causal, rows)
+    return _attend(q, k, v, layout, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens)

@@ -9,8 +9,8 @@ X is one (B, N, H, D) tensor (a multihead module's (B, N, E), E = H x D); K/V ha
 * reference        one differentiable call in its compute dtype: the float64 leaves (q, k, v), out and lse,
                    dq, dk, dv, and what the call itself keeps: dense, the scores and probabilities of every
                    chunk (autograd saves both: 2 x B x H x N^2 elements); block-local, one chunk's working set
-                   (LOCAL_CHUNK_TENSORS score-sized tensors of max_chunk_elements) and the float32 dK/dV
-                   accumulators of a half computation. A multihead module adds its projections' activations.
+                   (LOCAL_CHUNK_TENSORS score-sized tensors of max_chunk_elements) and the float32 out and
+                   gradient accumulators of a half computation. A multihead module adds its projections' activations.
 * kept reference   the float64 out, lse and gradients the check is compared with (references.ReferenceCache
                    keeps earlier ones within CACHE_BYTES)
 * implementation   the caller's figure (verify passes the planner's), else IMPL_TENSORS x X in the dtype
@@ -26,7 +26,7 @@ from .problem import ELEMENT_BYTES, Problem
 
 DENSE_SAVED = 2  # score-sized tensors per element of B x H x N^2 that autograd saves in the dense reference
 DENSE_CHUNK_ELEMENTS = 1 << 22  # the dense reference's chunk of scores (kernels/reference.py)
-LOCAL_CHUNK_TENSORS = 6  # scores, weights, dP and temporaries of one block-local chunk, plus the pair counts
+LOCAL_CHUNK_TENSORS = 6  # scores, weights, dP, a mask and temporaries of one block-local chunk
 MULTIHEAD_ACTIVATIONS = 6  # x-sized tensors a multihead module keeps for backward (projections, attention out)
 IMPL_TENSORS = 14  # an implementation without a model: inputs, out, grads and its working copies, in X
 COMPARE_BYTES = 4 * (1 << 22) * 8  # verify/compare: float64 slices of got and ref, their difference, a mask
@@ -73,8 +73,11 @@ def reference_items(p: Problem, local: bool, chunk_elements: int, compute: str =
         items["projections"] = MULTIHEAD_ACTIVATIONS * x * e
     if local:
         items["one chunk"] = LOCAL_CHUNK_TENSORS * chunk_elements * e
-        if fwdbwd and e < 4:
-            items["float32 dK/dV"] = 2 * (kv or x) * 4
+        rows = p.batch * p.seq_len * p.heads  # lse, and rowsum(dO o O) of the backward
+        if fwdbwd:
+            items["rowsum(dO o O)"] = rows * e
+        if e < 4:  # out, lse and the gradients are summed across chunks in float32
+            items["float32 accumulators"] = (x + rows + (x + 2 * (kv or x) + rows if fwdbwd else 0)) * 4
     elif fwdbwd:
         items["saved scores"] = DENSE_SAVED * scores * e
     else:

@@ -129,3 +129,13 @@ def test_the_local_reference_on_a_gpu_equals_the_cpu_one():
     cpu = outputs(dilated_attention_local, q, k, v, up, *args, max_chunk_elements=1 << 12)
     gpu = outputs(dilated_attention_local, *(x.cuda() for x in (q, k, v, up)), *args, max_chunk_elements=1 << 12)
     assert_same(cpu, [x.cpu() for x in gpu])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_chunk_whose_rows_attend_all_its_keys_equals_dense(causal):
+    """Segment-like tables: a chunk of query blocks that attend every one of its key blocks takes no mask."""
+    table = torch.kron(torch.eye(4), torch.ones(2, 2)).bool()  # 8 blocks of 8 tokens, pairs of blocks together
+    q, k, v, up = draw(1, 64, 4, 2)
+    dense = outputs(block_sparse_reference, q, k, v, up, table, 8, causal)
+    for chunk in (1 << 22, 128):  # one chunk (masked), one block per chunk (whole)
+        assert_same(dense, outputs(block_sparse_local, q, k, v, up, table, 8, causal, max_chunk_elements=chunk))
