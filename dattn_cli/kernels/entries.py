@@ -1,4 +1,5 @@
-"""dattn's own registry entries: every implementation, baseline and peer, one `register(ImplSpec(...))` each.
+"""dattn's own registry entries: every implementation, baseline and peer, one ImplSpec each (dattn's classes from
+one table of (core, multihead wrapper) pairs; baselines and peers through `_entry` with their kind's defaults).
 
 The package imports this module with the registry (kernels/__init__.py), so REGISTRY is complete wherever it
 is read; plugins register theirs the same way (registry.load_plugins).
