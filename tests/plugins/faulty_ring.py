@@ -24,7 +24,7 @@ def _fault(rank: int, n: int) -> str | None:
 
 
 class FaultyRingAttention(RingDilatedAttention):
-    def _call(self, q, *args):
+    def forward_with_lse(self, q, *args, **kwargs):  # forward() goes through it too
         import torch
         import torch.distributed as dist
 
@@ -43,7 +43,7 @@ class FaultyRingAttention(RingDilatedAttention):
             raise torch.OutOfMemoryError(f"CUDA out of memory (injected on rank {rank})")
         elif action in ("hold", "hold-all"):
             time.sleep(600)
-        return super()._call(q, *args)
+        return super().forward_with_lse(q, *args, **kwargs)
 
 
 register(
