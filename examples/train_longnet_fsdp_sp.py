@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     if rank == 0:
         print(
             f"world {world} = dp {world // args.sp} x sp {args.sp} on {device.type} ({dist.get_backend()}); "
-            f"{model.num_parameters():,} parameters; {model.blocks[0].attn.attention.describe()}",
+            f"{sum(p.numel() for p in model.parameters()):,} parameters; {model.blocks[0].attn.attention.describe()}",
             flush=True,
         )
     replica = mesh["dp"].get_local_rank()
