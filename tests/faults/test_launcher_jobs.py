@@ -300,7 +300,9 @@ def test_profile_is_refused_in_one_line_under_a_launcher(tmp_path):
     args = ["profile", "--impl", "DilatedAttention", "--seq-len", "256", "--segments", "64,128", "--dilations", "1,2"]
     code, _, err = _run(tmp_path, 2, args).finish()
     assert code != 0
-    assert _lines(err) == [
+    # rank 1 may get torchrun's SIGTERM (after rank 0's exit) before it reaches the refusal: it then says it was
+    # interrupted, which is true; the refusal itself is said once, by rank 0
+    assert [line for line in _lines(err) if line != "dattn: interrupted"] == [
         "dattn: error: profile: runs in one process and does not join a launcher's world (torchrun started 2 "
         "ranks): run `dattn profile` without torchrun, or with one process"
     ], err[-2000:]
