@@ -12,11 +12,14 @@ from ..kernels.block_sparse.patterns import USES_SEGMENTS, USES_WINDOW, takes
 from ..kernels.registry import REGISTRY
 from ..workload.problem import Problem
 
+VERIFY_BLOCK_SIZE = 8  # small blocks, so the quick cases hold several, a ragged last one included
+
 
 @dataclass(frozen=True)
 class Case:
     name: str
     problem: Problem
+    block_size: int = VERIFY_BLOCK_SIZE  # of its block-sparse checks (your configuration: the Problem's)
 
 
 def _case(
@@ -90,23 +93,23 @@ def own_cases(seq_lens: list[int] | None = None, **shape) -> list[Case]:
     fields = {k: v for k, v in shape.items() if v is not None}
     seq_lens = seq_lens or [OWN_DEFAULTS["seq_len"]]
     named = [(OWN_CASE if len(seq_lens) == 1 else f"{OWN_CASE}, N={n:,}", n) for n in seq_lens]
-    return [Case(name, Problem(seq_len=n, **fields)) for name, n in named]
-
-
-VERIFY_BLOCK_SIZE = 8  # small blocks, so the quick cases hold several, a ragged last one included
+    problems = [(name, Problem(seq_len=n, **fields)) for name, n in named]
+    return [Case(name, problem, problem.block_size) for name, problem in problems]
 
 
 VERIFY_TOKEN_WINDOW = (13, 5)  # sliding_window: uneven, not a multiple of the block, wider than a block before
 
 
-def block_fields(pattern: str, token_window: tuple[int | None, int | None] | None = None) -> dict:
-    """Problem fields of a block-sparse check of `pattern`: 8-token blocks; a one-block window, one global
-    block and two hierarchical levels for the patterns that take a window; sliding_window's token window."""
+def block_fields(
+    pattern: str, token_window: tuple[int | None, int | None] | None = None, block_size: int = VERIFY_BLOCK_SIZE
+) -> dict:
+    """Problem fields of a block-sparse check of `pattern`: `block_size`-token blocks; a one-block window, one
+    global block and two hierarchical levels for the patterns that take a window; sliding_window's token window."""
     window = 1 if pattern in USES_WINDOW else None
     left, right = (token_window or VERIFY_TOKEN_WINDOW) if takes(pattern, "token_window") else (None, None)
     return dict(
         pattern=pattern,
-        block_size=VERIFY_BLOCK_SIZE,
+        block_size=block_size,
         window=window,
         global_blocks=1,
         levels=2,
@@ -116,12 +119,15 @@ def block_fields(pattern: str, token_window: tuple[int | None, int | None] | Non
 
 
 def for_impl(
-    problem: Problem,
+    case: Case,
     impl: str,
     pattern: str = "dilated",
     token_window: tuple[int | None, int | None] | None = None,
+    block_size: int | None = None,
     **changes,
 ) -> Problem:
-    """`problem` checked on `impl` (block-sparse entries: with the block fields of `pattern`)."""
-    block = block_fields(pattern, token_window) if REGISTRY[impl].block_sparse else {}
-    return problem.with_(impl=impl, **block, **changes)
+    """The case's problem checked on `impl` (block-sparse entries: with the block fields of `pattern`, in
+    blocks of `block_size` tokens, default the case's)."""
+    fields = block_fields(pattern, token_window, block_size or case.block_size)
+    block = fields if REGISTRY[impl].block_sparse else {}
+    return case.problem.with_(impl=impl, **block, **changes)

@@ -13,6 +13,7 @@ from ..kernels.registry import REGISTRY, names
 from ..runtime.limits import available_memory_bytes, check_spawned_ranks
 from ..workload.check_memory import check_items, group_peak
 from ..workload.parse import MAX_SECONDS, MAX_SEED, check_count, check_number, shown
+from ..workload.problem import SIZE_LIMITS
 from .cases import Case, case_matrix
 from .checks import Checks, group_checks, impl_checks, semantics_skips, unavailable_here
 from .compare import DTYPES
@@ -50,6 +51,7 @@ def collect_checks(
     cases: list[Case] | None = None,
     patterns: Iterable[str] = PATTERNS,
     token_window: tuple[int, int] | None = None,
+    block_size: int | None = None,
     attached: Any = None,
     impl_memory: ImplMemory | None = None,
 ) -> Checks:
@@ -72,9 +74,11 @@ def collect_checks(
         )
     check_number("--dist-timeout", dist_timeout_s, 0, MAX_SECONDS, low_open=True)
     check_count("--seed", seed, 0, MAX_SEED)
+    if block_size is not None:
+        check_count("--block-size", block_size, 1, SIZE_LIMITS["block_size"])
     distributed_run = worlds != [1]
     requested = list(impls or [])
-    grid = _grid(dtype, semantics, causal, backends, device, patterns, token_window)
+    grid = _grid(dtype, semantics, causal, backends, device, patterns, token_window, block_size)
     _check_implementations(requested)
     _check_backends(grid.backends, device)
     checked = cases if cases is not None else case_matrix(full)
@@ -166,6 +170,7 @@ def _grid(
     device: str,
     patterns: Iterable[str],
     token_window: tuple[int, int] | None = None,
+    block_size: int | None = None,
 ) -> Grid:
     patterns = list(patterns)
     if unknown := [pattern for pattern in patterns if pattern not in PATTERNS]:
@@ -178,6 +183,7 @@ def _grid(
         dtype=dtype,
         device=device,
         token_window=token_window,
+        block_size=block_size,
     )
 
 

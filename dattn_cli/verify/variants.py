@@ -39,6 +39,7 @@ class Grid:
     dtype: str
     device: str
     token_window: tuple[int, int] | None = None  # sliding_window checks: (left, right) tokens; None: the default
+    block_size: int | None = None  # of the block-sparse checks; None: each case's own
 
     def variants(self, cases: list[Case], impl: str, world_size: int = 1) -> Iterator[Variant]:
         """Every combination that is legal and distinct: head_groups needs at least one head per pair;
@@ -52,10 +53,11 @@ class Grid:
                     if pattern is not None and not takes(pattern, "semantics") and sem != self.semantics[0]:
                         continue
                     base = for_impl(
-                        case.problem,
+                        case,
                         impl,
                         pattern or "dilated",
                         self.token_window,
+                        self.block_size,
                         semantics=sem,
                         dtype=self.dtype,
                         device=self.device,

@@ -20,6 +20,7 @@ from .option import ALL, BLOCK, BLOCK_SPARSE, IMPL, LAYER, LAYERS, MEASURED, SHA
 from .parse import MAX_SEQ_LEN, shown
 from .problem_options import (
     BACKEND_OPTION,
+    BLOCK_SIZE_OPTION,
     CAUSAL_OPTION,
     CHECKPOINTING_OPTION,
     COMPILED_OPTION,
@@ -92,7 +93,7 @@ class Problem(BaseModel):
     backend: Annotated[str, BACKEND_OPTION] = "auto"  # attention backend of the dilated implementations' blocks
     # block-sparse implementations only
     pattern: Annotated[str, PATTERN_OPTION] = "dilated"
-    block_size: Annotated[int, Cli("Block size in tokens.", BLOCK, BLOCK_SPARSE)] = 128
+    block_size: Annotated[int, BLOCK_SIZE_OPTION] = 128
     window: Annotated[
         int | None, Cli("Window in blocks each side (local, global_local, hierarchical).", BLOCK, BLOCK_SPARSE)
     ] = None

@@ -79,6 +79,19 @@ SEGMENT_LENGTHS_OPTION, DILATION_RATES_OPTION = (
     for what, name in (("Segment lengths", "--segments"), ("Dilation rates", "--dilations"))
 )
 
+BLOCK_SIZE_OPTION = Cli(
+    "Block size in tokens.",
+    BLOCK,
+    ("verify", *BLOCK_SPARSE),
+    forms={
+        "verify": dict(
+            help="Block size in tokens of the block-sparse checks (default: 8 on the case matrix, so each case "
+            "holds several blocks; 128 on your configuration).",
+            default=None,
+        )
+    },
+)
+
 SEMANTICS_OPTION = Cli(
     "Head/pair preset.",
     PATTERN,

@@ -137,5 +137,5 @@ def test_a_chunk_whose_rows_attend_all_its_keys_equals_dense(causal):
     table = torch.kron(torch.eye(4), torch.ones(2, 2)).bool()  # 8 blocks of 8 tokens, pairs of blocks together
     q, k, v, up = draw(1, 64, 4, 2)
     dense = outputs(block_sparse_reference, q, k, v, up, table, 8, causal)
-    for chunk in (1 << 22, 128):  # one chunk (masked), one block per chunk (whole)
+    for chunk in (1 << 22, 128, 32):  # one chunk (masked), one block per chunk (whole), part of one block
         assert_same(dense, outputs(block_sparse_local, q, k, v, up, table, 8, causal, max_chunk_elements=chunk))
