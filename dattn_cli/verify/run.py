@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -97,8 +98,9 @@ def collect_checks(
 
 def run_checks(checks: Checks, on_result: Callable[[CaseResult], None] | None = None) -> VerifyReport:
     """Run the collected checks: process groups first, then single-process checks; the checks that share a
-    reference run one after another, so it is computed once (references.ReferenceCache). The report lists
-    them in the order they were collected."""
+    reference run one after another (groups by their first check's), so it is computed once
+    (references.ReferenceCache keeps the last one whatever its size). The report lists them in the order
+    they were collected."""
     cache = ReferenceCache(checks.seed)
     done: list[tuple[int, CaseResult]] = []
 
@@ -107,13 +109,14 @@ def run_checks(checks: Checks, on_result: Callable[[CaseResult], None] | None = 
         if on_result:
             on_result(result)
 
-    start = 0
-    for name, world, group in checks.groups:
+    starts = list(itertools.accumulate((len(group) for _, _, group in checks.groups), initial=0))
+    for j in by_reference([group[0] for _, _, group in checks.groups], checks.seed):  # groups sharing one together
+        name, world, group = checks.groups[j]
         order = by_reference(group, checks.seed)
         results = verify_group(name, world, [group[i] for i in order], cache, checks.dist_timeout_s, checks.attached)
         for i, result in zip(order, results):
-            record(start + i, result)
-        start += len(group)
+            record(starts[j] + i, result)
+    start = starts[-1]
     for i in by_reference(checks.single, checks.seed):
         record(start + i, check_one(checks.single[i], cache))
     if not done:  # a verify that checked nothing must not pass

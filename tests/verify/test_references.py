@@ -93,3 +93,31 @@ def test_multihead_classes_with_one_forward_and_the_same_weights_share_a_referen
         causal=[False],
     )
     assert report.passed and computed == ["MultiheadDilatedAttention"]
+
+
+def test_process_groups_sharing_a_reference_run_together(monkeypatch):
+    """References of N = 16K and more exceed the cache, which then keeps only the last: the groups whose checks
+    share one run one after another, so it is computed once, and the report keeps the collected order."""
+    from dattn_cli.verify import references, run as verify_run
+    from dattn_cli.verify.report import case_result
+
+    monkeypatch.setattr(references, "CACHE_BYTES", 0)
+    ran, computed = [], []
+
+    def group(name, world, checks, cache, timeout_s, attached):  # stands in for the spawned ranks
+        ran.append(name)
+        for v in checks:
+            before = cache.computed
+            cache.get(v.case, v.problem)
+            computed.extend([name] * (cache.computed - before))
+        return [case_result(v, failure="not run here") for v in checks]
+
+    monkeypatch.setattr(verify_run, "verify_group", group)
+    impls = ["RingDilatedAttention", "RingMultiheadDilatedAttention", "DistributedImprovedDilatedAttention"]
+    checks = collect_checks(
+        impls, world_sizes=[2], cases=own_cases([64], **SHAPE), semantics=["longnet"], causal=[False]
+    )
+    report = run_checks(checks)
+    assert ran == ["RingDilatedAttention", "DistributedImprovedDilatedAttention", "RingMultiheadDilatedAttention"]
+    assert computed == ["RingDilatedAttention", "RingMultiheadDilatedAttention"]
+    assert [r.impl for r in report.results] == impls
