@@ -38,8 +38,10 @@ NEG_INF = float("-inf")
 
 @dataclass(frozen=True)
 class Chunk:
-    rows: slice  # query positions (a stride: a dilated pair's kept positions)
-    keys: slice | torch.Tensor  # the key positions these rows may attend (a stride, or 1-D int64 ascending)
+    """Query rows against the keys they may attend, at some heads, in parts that share the gathered keys."""
+
+    keys: slice | torch.Tensor  # key positions (a stride, or 1-D int64 ascending)
+    parts: list[tuple[slice, int]]  # query positions (a stride), and how many of the keys they meet (a prefix)
     heads: torch.Tensor | None = None  # the query heads (None: all)
     rule: object = None  # rule(rows, keys) -> bool (rows, keys) allowed among them (None: all)
 
@@ -76,16 +78,18 @@ class _Dilated:
             for a in range(0, self.n, w):
                 kept = range(a + o, min(self.n, a + w), r)
                 rows = self.rows_per_chunk(len(kept), self.heads if heads is None else heads.numel())
-                for j in range(0, len(kept), rows):
-                    part = kept[j : j + rows]
-                    keys = kept[: j + len(part)] if self.causal else kept
-                    yield Chunk(_stride(part), _stride(keys), heads, _causal if self.causal else None)
+                parts = [
+                    (_stride(kept[j : j + rows]), min(len(kept), j + rows) if self.causal else len(kept))
+                    for j in range(0, len(kept), rows)
+                ]
+                if parts:
+                    yield Chunk(_stride(kept), parts, heads, _causal if self.causal else None)
 
 
 class _Blocks:
     """docs/block-sparse.md: query t attends key u when table[t // b, u // b] (causal: and u <= t). A chunk is
-    a run of query blocks against the union of their key blocks (masked where a block attends fewer), or, where
-    one block's keys exceed the budget, a part of one block's rows."""
+    a run of query blocks against the union of their key blocks (masked where a block attends fewer), in parts
+    of rows where one block's keys exceed the budget."""
 
     def __init__(self, n, table, block_size, causal, rows_per_chunk, device):
         self.n, self.b, self.causal, self.device = n, block_size, causal, device
@@ -102,12 +106,14 @@ class _Blocks:
             blocks = self.table[i0:i1].any(dim=0).nonzero().flatten()
             keys = (blocks.view(-1, 1) * self.b + offsets).flatten()
             keys = keys[keys < (t1 if self.causal else self.n)]
+            if not keys.numel():
+                continue
             whole = not self.causal and bool(self.table[i0:i1, blocks].all())  # every row attends every key
-            rows = self.rows_per_chunk(max(1, keys.numel()))
-            for r0 in range(t0, t1, rows) if keys.numel() else ():
-                r1 = min(t1, r0 + rows)
-                part = keys[keys < r1] if self.causal else keys
-                yield Chunk(slice(r0, r1), _range_or_index(part), None, None if whole else self.allowed)
+            rows = self.rows_per_chunk(keys.numel())
+            parts = [(slice(r0, min(t1, r0 + rows)), keys.numel()) for r0 in range(t0, t1, rows)]
+            if self.causal:  # keys ascending: a part meets those up to its last row
+                parts = [(part, int(torch.searchsorted(keys, part.stop))) for part, _ in parts]
+            yield Chunk(_range_or_index(keys), parts, None, None if whole else self.allowed)
 
     def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         allowed = self.table[rows // self.b][:, keys // self.b]
@@ -127,7 +133,8 @@ class _Window:
     def chunks(self) -> Iterator[Chunk]:
         for t0 in range(0, self.n, self.rows):
             t1 = min(self.n, t0 + self.rows)
-            yield Chunk(slice(t0, t1), slice(max(0, t0 - self.left), min(self.n, t1 + self.reach)), None, self.allowed)
+            keys = slice(max(0, t0 - self.left), min(self.n, t1 + self.reach))
+            yield Chunk(keys, [(slice(t0, t1), keys.stop - keys.start)], None, self.allowed)
 
     def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         gap = keys.view(1, -1) - rows.view(-1, 1)
@@ -148,19 +155,26 @@ def _kv_heads(chunk: Chunk, heads: int, kv_heads: int, device) -> torch.Tensor |
     return (chunk.heads if chunk.heads is not None else torch.arange(heads, device=device)) // (heads // kv_heads)
 
 
-def _chunk_scores(q, k, v, key_mask, chunk, scale):
-    """Scale x q k^T (B, H_chunk, R, K) of the chunk's rows and keys, -inf where its rule or the key padding
-    mask forbids; the chunk's q (B, H_chunk, R, D), and K and V at its query heads (B, H_chunk, K, D)."""
-    qs = _heads(q[:, chunk.rows], chunk.heads).transpose(1, 2)
-    kv_of = _kv_heads(chunk, q.shape[2], k.shape[2], q.device)
-    ks, vs = (_heads(_at(x, chunk.keys), kv_of).transpose(1, 2) for x in (k, v))
-    scores = torch.matmul(qs, ks.transpose(-1, -2)).mul_(scale)
-    if chunk.rule is not None:
-        positions = torch.arange(q.shape[1], device=q.device)
-        scores.masked_fill_(~chunk.rule(positions[chunk.rows], positions[chunk.keys]), NEG_INF)
-    if key_mask is not None:
-        scores.masked_fill_(_at(key_mask, chunk.keys).view(q.shape[0], 1, 1, -1), NEG_INF)
-    return scores, qs, ks, vs
+class _Keys:
+    """A chunk's keys and values at its query heads, (B, H_chunk, K, D), gathered once for all its parts, and
+    what the chunk's rule and the key padding mask forbid of them."""
+
+    def __init__(self, q, k, v, key_mask, chunk):
+        self.chunk, self.n = chunk, q.shape[1]
+        kv_of = _kv_heads(chunk, q.shape[2], k.shape[2], q.device)
+        self.k, self.v = (_heads(_at(x, chunk.keys), kv_of).transpose(1, 2) for x in (k, v))
+        self.mask = None if key_mask is None else _at(key_mask, chunk.keys).view(q.shape[0], 1, 1, -1)
+        self.positions = torch.arange(self.n, device=q.device)[chunk.keys] if chunk.rule is not None else None
+
+    def scores(self, qs: torch.Tensor, rows: slice, upto: int) -> torch.Tensor:
+        """qs (B, H_chunk, R, D, scaled) against the first `upto` keys, -inf where forbidden."""
+        scores = torch.matmul(qs, self.k[:, :, :upto].transpose(-1, -2))
+        if self.chunk.rule is not None:
+            allowed = self.chunk.rule(torch.arange(self.n, device=qs.device)[rows], self.positions[:upto])
+            scores.masked_fill_(~allowed, NEG_INF)
+        if self.mask is not None:
+            scores.masked_fill_(self.mask[..., :upto], NEG_INF)
+        return scores
 
 
 def _at(x: torch.Tensor, keys: slice | torch.Tensor) -> torch.Tensor:
@@ -182,6 +196,11 @@ def _put(target: torch.Tensor, rows: slice, heads: torch.Tensor | None, value: t
         view.index_add_(2, heads, value) if add else view.index_copy_(2, heads, value)
 
 
+def _scaled_rows(q: torch.Tensor, rows: slice, heads: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """scale x q at the rows and heads, (B, H_chunk, R, D): the scale on q, not on the R x K scores."""
+    return (_heads(q[:, rows], heads) * scale).transpose(1, 2)
+
+
 class _LocalAttention(torch.autograd.Function):
     """out, lse of the layout's attention on q (B, N, H, D), k, v (B, N, H_kv, D), all in the compute dtype
     (half precisions: out and the gradients summed in float32, as one matmul would)."""
@@ -193,21 +212,9 @@ class _LocalAttention(torch.autograd.Function):
         out = torch.zeros(q.shape, dtype=acc, device=q.device)
         lse = torch.full((batch, n, heads), NEG_INF, dtype=acc, device=q.device)
         for chunk in layout.chunks():
-            scores, _, _, vs = _chunk_scores(q, k, v, key_mask, chunk, scale)
-            top = scores.amax(dim=-1, keepdim=True)
-            top = top.masked_fill_(top == NEG_INF, 0.0)  # rows with no key here: weights 0, lse -inf
-            weights = scores.sub_(top).exp_()
-            part_lse = (top + torch.log(weights.sum(dim=-1, keepdim=True))).squeeze(-1).transpose(1, 2).to(acc)
-            old_lse = _heads(lse[:, chunk.rows], chunk.heads)
-            new_lse = torch.logaddexp(old_lse, part_lse)
-            shift = new_lse.masked_fill(new_lse == NEG_INF, 0.0)
-            part = (
-                torch.matmul(weights, vs).transpose(1, 2).to(acc)
-                * (top.squeeze(-1).transpose(1, 2) - shift).exp()[..., None]
-            )
-            merged = _heads(out[:, chunk.rows], chunk.heads) * (old_lse - shift).exp()[..., None] + part
-            _put(out, chunk.rows, chunk.heads, merged)
-            _put(lse, chunk.rows, chunk.heads, new_lse)
+            keys = _Keys(q, k, v, key_mask, chunk)
+            for rows, upto in chunk.parts:
+                _merge_part(out, lse, keys, rows, upto, _scaled_rows(q, rows, chunk.heads, scale))
         ctx.save_for_backward(q, k, v, out, lse, key_mask)
         ctx.layout, ctx.scale = layout, scale
         ctx.mark_non_differentiable(lse)
@@ -225,22 +232,48 @@ class _LocalAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
+def _merge_part(out, lse, keys: _Keys, rows: slice, upto: int, qs: torch.Tensor) -> None:
+    """One part's softmax numerator and denominator, merged into its rows' out and lse by log-sum-exp."""
+    heads, acc = keys.chunk.heads, out.dtype
+    scores = keys.scores(qs, rows, upto)
+    top = scores.amax(dim=-1, keepdim=True)
+    top = top.masked_fill_(top == NEG_INF, 0.0)  # rows with no key here: weights 0, lse -inf
+    weights = scores.sub_(top).exp_()
+    part_lse = (top + torch.log(weights.sum(dim=-1, keepdim=True))).squeeze(-1).transpose(1, 2).to(acc)
+    old_lse = _heads(lse[:, rows], heads)
+    new_lse = torch.logaddexp(old_lse, part_lse)
+    shift = new_lse.masked_fill(new_lse == NEG_INF, 0.0)
+    part = (
+        torch.matmul(weights, keys.v[:, :, :upto]).transpose(1, 2).to(acc)
+        * (top.squeeze(-1).transpose(1, 2) - shift).exp()[..., None]
+    )
+    merged = _heads(out[:, rows], heads) * (old_lse - shift).exp()[..., None] + part
+    _put(out, rows, heads, merged)
+    _put(lse, rows, heads, new_lse)
+
+
 def _accumulate(ctx, q, k, v, key_mask, chunk, saved, grads):
-    """One chunk's share of dq (its rows) and of dk, dv (its keys, summed over each kv head's query heads):
-    probabilities recomputed from the saved lse; dS = P (dP - rowsum(dO o O)) as FlashAttention's backward."""
+    """One chunk's share of dq (its rows) and of dk, dv (its keys, summed over its parts, then over each kv
+    head's query heads): probabilities recomputed from the saved lse; dS = P (dP - rowsum(dO o O)) as
+    FlashAttention's backward."""
     (dout, lse, delta), (dq, dk, dv) = saved, grads
-    scores, qs, ks, vs = _chunk_scores(q, k, v, key_mask, chunk, ctx.scale)
-    rows_lse = _heads(lse[:, chunk.rows], chunk.heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
-    probs = scores.sub_(rows_lse.masked_fill(rows_lse == NEG_INF, float("inf"))).exp_()  # dead rows: 0
-    do = _heads(dout[:, chunk.rows], chunk.heads).transpose(1, 2)
-    rows_delta = _heads(delta[:, chunk.rows], chunk.heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
-    dvs = torch.matmul(probs.transpose(-1, -2), do)
-    ds = torch.matmul(do, vs.transpose(-1, -2)).sub_(rows_delta).mul_(probs)
-    _put(dq, chunk.rows, chunk.heads, torch.matmul(ds, ks).mul_(ctx.scale).transpose(1, 2).to(dq.dtype), add=True)
-    dks = torch.matmul(ds.transpose(-1, -2), qs).mul_(ctx.scale)
+    keys = _Keys(q, k, v, key_mask, chunk)
+    dks, dvs = (torch.zeros(keys.k.shape, dtype=dk.dtype, device=dk.device) for _ in range(2))
+    for rows, upto in chunk.parts:
+        qs = _scaled_rows(q, rows, chunk.heads, ctx.scale)
+        scores = keys.scores(qs, rows, upto)
+        rows_lse = _heads(lse[:, rows], chunk.heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
+        probs = scores.sub_(rows_lse.masked_fill(rows_lse == NEG_INF, float("inf"))).exp_()  # dead rows: 0
+        do = _heads(dout[:, rows], chunk.heads).transpose(1, 2)
+        rows_delta = _heads(delta[:, rows], chunk.heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
+        dvs[:, :, :upto] += torch.matmul(probs.transpose(-1, -2), do)
+        ds = torch.matmul(do, keys.v[:, :, :upto].transpose(-1, -2)).sub_(rows_delta).mul_(probs)
+        dq_part = torch.matmul(ds, keys.k[:, :, :upto]).mul_(ctx.scale).transpose(1, 2)
+        _put(dq, rows, chunk.heads, dq_part.to(dq.dtype), add=True)
+        dks[:, :, :upto] += torch.matmul(ds.transpose(-1, -2), qs)  # qs holds the scale
     kv_of = _kv_heads(chunk, q.shape[2], k.shape[2], q.device)
     for grad, share in ((dk, dks), (dv, dvs)):
-        share = share.to(grad.dtype).transpose(1, 2)  # (B, K, H_chunk, D)
+        share = share.transpose(1, 2)  # (B, K, H_chunk, D)
         if isinstance(chunk.keys, slice):
             _put(grad, chunk.keys, kv_of, share, add=True)
             continue
