@@ -9,8 +9,9 @@ X is one (B, N, H, D) tensor (a multihead module's (B, N, E), E = H x D); K/V ha
 * reference        one differentiable call in its compute dtype: the float64 leaves (q, k, v), out and lse,
                    dq, dk, dv, and what the call itself keeps: dense, the scores and probabilities of every
                    chunk (autograd saves both: 2 x B x H x N^2 elements); block-local, one chunk's working set
-                   (LOCAL_CHUNK_TENSORS score-sized tensors of max_chunk_elements) and the float32 out and
-                   gradient accumulators of a half computation. A multihead module adds its projections' activations.
+                   (LOCAL_CHUNK_TENSORS score-sized tensors of max_chunk_elements; its keys' K, V, dK and dV at
+                   the query heads) and the float32 out and gradient accumulators of a half computation. A
+                   multihead module adds its projections' activations.
 * kept reference   the float64 out, lse and gradients the check is compared with (references.ReferenceCache
                    keeps earlier ones within CACHE_BYTES)
 * implementation   the caller's figure (verify passes the planner's), else IMPL_TENSORS x X in the dtype
@@ -73,6 +74,8 @@ def reference_items(p: Problem, local: bool, chunk_elements: int, compute: str =
         items["projections"] = MULTIHEAD_ACTIVATIONS * x * e
     if local:
         items["one chunk"] = LOCAL_CHUNK_TENSORS * chunk_elements * e
+        keys = p.seq_len if p.spec.block_sparse else min(p.seq_len, max(p.segment_lengths))  # a table row: any
+        items["one chunk's K, V, dK, dV"] = 4 * p.batch * keys * p.heads * p.head_dim * e
         rows = p.batch * p.seq_len * p.heads  # lse, and rowsum(dO o O) of the backward
         if fwdbwd:
             items["rowsum(dO o O)"] = rows * e
