@@ -1,0 +1,54 @@
+"""Rank functions (module level, so rank processes import them) for zigzag shards: each rank takes its shard
+from shard_sequence(..., layout="zigzag") (padded and masked when N is not aligned), runs a ring or
+all-gather module with layout="zigzag", and returns its padded shard of outputs, gradients and byte counts."""
+
+import torch
+
+from dattn_cli.kernels import shard_sequence
+
+B, D = 2, 8
+# (N, heads, kv heads, segment lengths, dilation rates): ŵ = N spans every chunk (a rank's two chunks share a
+# segment); GQA with segments spanning chunk pairs and their mirror groups; a ragged N (padded, masked);
+# dense causal (one segment of N)
+CASES = [
+    (64, 4, 4, [8, 64], [1, 2]),
+    (64, 4, 2, [16, 32], [1, 2]),
+    (50, 4, 4, [10, 100], [1, 3]),
+    (48, 2, 1, [48], [1]),
+]
+VARIANTS = [
+    (sem, causal, masked) for sem in ("longnet", "head_groups") for causal in (False, True) for masked in (False, True)
+]
+
+
+def inputs(case: int, variant: int):
+    N, H, KV, _, _ = CASES[case]
+    g = torch.Generator().manual_seed(100 * case + variant)
+    q, up = (torch.randn(B, N, H, D, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, N, KV, D, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.rand(B, N, generator=g) < 0.3 if VARIANTS[variant][2] else None
+    return q, k, v, up, mask
+
+
+def zigzag_cases(rank: int, world: int, impl: str):
+    """Per (case, variant): this rank's padded out, lse, gradient shards, its mask and byte counts."""
+    from dattn_cli.kernels import REGISTRY
+
+    results = {}
+    for c, (_N, _H, _KV, segs, rates) in enumerate(CASES):
+        for i, (sem, causal, _masked) in enumerate(VARIANTS):
+            q, k, v, up, mask = inputs(c, i)
+            sharding = dict(segment_lengths=segs, layout="zigzag", key_padding_mask=mask)
+            shards = [shard_sequence(x, **sharding) for x in (q, k, v, up)]
+            xs = [s.float().requires_grad_() for s, _ in shards[:3]]
+            module = REGISTRY[impl].cls(segs, rates, semantics=sem, layout="zigzag")
+            out, lse = module.forward_with_lse(*xs, causal, key_padding_mask=shards[0][1])
+            grads = torch.autograd.grad(out, xs, shards[3][0].float())
+            results[c, i] = {
+                "out": out.detach(),
+                "lse": lse.detach(),
+                "grads": [g.detach() for g in grads],
+                "masked": shards[0][1] is not None,
+                "comm": module.comm_stats(),
+            }
+    return results
