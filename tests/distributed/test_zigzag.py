@@ -78,3 +78,36 @@ def test_bad_layout_is_refused_in_one_line():
 
     with pytest.raises(ValueError, match=r"^layout='stripes' is unknown: use one of contiguous, zigzag$"):
         REGISTRY["DistributedImprovedDilatedAttention"].cls([8], [1], layout="stripes")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_block_sparse_ring_zigzag_equals_the_reference(world):
+    from dattn_cli.kernels import BlockSparseRingDilatedAttention, block_sparse_reference
+
+    per_rank = run_distributed(zw.block_sparse_zigzag_cases, world, timeout_s=300)
+    for case in per_rank[0]:
+        c, i = case
+        options, n = zw.BS_CASES[c]
+        causal, _ = zw.BS_VARIANTS[i]
+        q, k, v, up, mask = zw.bs_inputs(c, i)
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        table = BlockSparseRingDilatedAttention(block_size=8, **options).block_table(n, 4)
+        kr, vr = (x.repeat_interleave(2, dim=2) for x in (k, v))
+        ref, ref_lse = block_sparse_reference(q, kr, vr, table, 8, causal, key_padding_mask=mask)
+        ref_grads = torch.autograd.grad(ref, (q, k, v), up)
+        where = (world, case)
+        assert rel_err(_joined(per_rank, "out", case, n), ref) <= 1e-5, where
+        assert rel_err(_joined(per_rank, "lse", case, n), ref_lse) <= 1e-5, where
+        for j in range(3):
+            assert rel_err(_joined(per_rank, "grads", case, n, j), ref_grads[j]) <= 1e-4, (where, j)
+        for rank, r in enumerate(per_rank):
+            comm = {key: value for key, value in r[case]["comm"].items() if key != "forward_calls"}
+            assert comm == r[case]["expected"], (where, rank)
+
+
+def test_block_sparse_sliding_window_under_zigzag_is_refused_in_one_line():
+    from dattn_cli.kernels import BlockSparseRingDilatedAttention
+
+    with pytest.raises(ValueError, match=r"not supported with layout='zigzag': use layout='contiguous'"):
+        BlockSparseRingDilatedAttention(pattern="sliding_window", block_size=8, layout="zigzag")

@@ -52,3 +52,46 @@ def zigzag_cases(rank: int, world: int, impl: str):
                 "comm": module.comm_stats(),
             }
     return results
+
+
+# block-sparse ring, block size 8: (module options, N); N = 50 is padded (seq_len= keeps the real table)
+BS_CASES = [
+    (dict(pattern="local", window=1), 64),
+    (dict(pattern="dilated", segment_lengths=[16, 64], dilation_rates=[1, 3]), 64),
+    (dict(pattern="longnet", segment_lengths=[16, 64], dilation_rates=[1, 2]), 50),
+]
+BS_VARIANTS = [(causal, masked) for causal in (False, True) for masked in (False, True)]
+
+
+def bs_inputs(case: int, variant: int):
+    _, n = BS_CASES[case]
+    g = torch.Generator().manual_seed(10 * case + variant)
+    q, up = (torch.randn(B, n, 4, D, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, n, 2, D, generator=g, dtype=torch.float64) for _ in range(2))  # GQA
+    mask = torch.rand(B, n, generator=g) < 0.25 if BS_VARIANTS[variant][1] else None
+    return q, k, v, up, mask
+
+
+def block_sparse_zigzag_cases(rank: int, world: int):
+    from dattn_cli.kernels import BlockSparseRingDilatedAttention
+
+    results = {}
+    for c, (options, n) in enumerate(BS_CASES):
+        for i, (causal, _masked) in enumerate(BS_VARIANTS):
+            q, k, v, up, mask = bs_inputs(c, i)
+            sharding = dict(block_size=8, layout="zigzag", key_padding_mask=mask)
+            shards = [shard_sequence(x, **sharding) for x in (q, k, v, up)]
+            xs = [s.float().requires_grad_() for s, _ in shards[:3]]
+            module = BlockSparseRingDilatedAttention(block_size=8, layout="zigzag", **options)
+            out, lse = module.forward_with_lse(*xs, causal, key_padding_mask=shards[0][1], seq_len=n)
+            grads = torch.autograd.grad(out, xs, shards[3][0].float())
+            padded = xs[0].shape[1] * world
+            masked = shards[0][1] is not None
+            results[c, i] = {
+                "out": out.detach(),
+                "lse": lse.detach(),
+                "grads": [g.detach() for g in grads],
+                "comm": module.comm_stats(),
+                "expected": module.comm_volume(n, 4, D, B, 4, causal, masked, padded, num_kv_heads=2),
+            }
+    return results
