@@ -18,6 +18,7 @@ from .render.verify import check_line, verify_summary, verify_table, verify_warn
 AXES = (
     *("impl", "backend", "device", "dtype", "semantics", "causal", "pattern", "window_left", "window_right"),
     "world_size",
+    "layout",
 )
 OUTPUTS = ("json_out", "csv_out", "junit", "markdown", "plot")  # rank 0's alone when attached
 
@@ -118,6 +119,7 @@ def _checks(o: SimpleNamespace, world, world_sizes: list[int], cases: list, own:
         **({"patterns": o.pattern} if o.pattern else {"patterns": OWN_PATTERNS} if own else {}),
         token_window=window if window != (None, None) else None,
         impl_memory=predicted_peak_bytes,
+        layout=o.layout,
     )
 
 

@@ -9,6 +9,7 @@ import torch
 
 from ..kernels.backends import available_backends
 from ..kernels.block_sparse.patterns import PATTERNS
+from ..kernels.distributed.layout import check_layout
 from ..kernels.registry import REGISTRY, names
 from ..runtime.limits import available_memory_bytes, check_spawned_ranks
 from ..workload.check_memory import check_items, group_peak
@@ -52,6 +53,7 @@ def collect_checks(
     token_window: tuple[int, int] | None = None,
     attached: Any = None,
     impl_memory: ImplMemory | None = None,
+    layout: str = "contiguous",
 ) -> Checks:
     """Every check of a run, and what is skipped with the reason. Default implementations that cannot run
     here are skipped; requested ones are refused (ValueError), as is a run left with nothing to check or one
@@ -74,7 +76,7 @@ def collect_checks(
     check_count("--seed", seed, 0, MAX_SEED)
     distributed_run = worlds != [1]
     requested = list(impls or [])
-    grid = _grid(dtype, semantics, causal, backends, device, patterns, token_window)
+    grid = _grid(dtype, semantics, causal, backends, device, patterns, token_window, layout)
     _check_implementations(requested)
     _check_backends(grid.backends, device)
     checked = cases if cases is not None else case_matrix(full)
@@ -166,6 +168,7 @@ def _grid(
     device: str,
     patterns: Iterable[str],
     token_window: tuple[int, int] | None = None,
+    layout: str = "contiguous",
 ) -> Grid:
     patterns = list(patterns)
     if unknown := [pattern for pattern in patterns if pattern not in PATTERNS]:
@@ -178,6 +181,7 @@ def _grid(
         dtype=dtype,
         device=device,
         token_window=token_window,
+        layout=check_layout(layout, "--layout"),
     )
 
 

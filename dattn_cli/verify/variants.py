@@ -39,6 +39,7 @@ class Grid:
     dtype: str
     device: str
     token_window: tuple[int, int] | None = None  # sliding_window checks: (left, right) tokens; None: the default
+    layout: str = "contiguous"  # shard layout of process-group checks, where the implementation takes it
 
     def variants(self, cases: list[Case], impl: str, world_size: int = 1) -> Iterator[Variant]:
         """Every combination that is legal and distinct: head_groups needs at least one head per pair;
@@ -62,6 +63,8 @@ class Grid:
                         world_size=world_size,
                         mode="fwdbwd",
                     )
+                    if world_size > 1 and base.layout_refusal(self.layout) is None:
+                        base = base.with_(layout=self.layout)
                     uncovered = uncovered_share(base)
                     for is_causal in self.causal:
                         for backend in self.backends:
