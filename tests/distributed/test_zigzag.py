@@ -111,3 +111,9 @@ def test_block_sparse_sliding_window_under_zigzag_is_refused_in_one_line():
 
     with pytest.raises(ValueError, match=r"not supported with layout='zigzag': use layout='contiguous'"):
         BlockSparseRingDilatedAttention(pattern="sliding_window", block_size=8, layout="zigzag")
+
+
+@pytest.mark.slow
+def test_rotary_multihead_takes_positions_from_the_layout():
+    errors = run_distributed(zw.rotary_multihead_error, 4, "RingMultiheadDilatedAttention", timeout_s=120)
+    assert max(errors) < 1e-5, errors

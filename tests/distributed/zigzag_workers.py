@@ -95,3 +95,23 @@ def block_sparse_zigzag_cases(rank: int, world: int):
                 "expected": module.comm_volume(n, 4, D, B, 4, causal, masked, padded, num_kv_heads=2),
             }
     return results
+
+
+def rotary_multihead_error(rank: int, world: int, impl: str) -> float:
+    """A multihead wrapper with rotary embeddings over zigzag shards against the single-device module with the
+    same weights on the whole sequence: the largest absolute difference on this rank's real rows."""
+    from dattn_cli.kernels import REGISTRY, ImprovedMultiheadDilatedAttention
+    from dattn_cli.kernels.distributed.layout import rank_positions
+
+    n, segs, rates = 50, [10, 100], [1, 3]
+    torch.manual_seed(0)
+    single = ImprovedMultiheadDilatedAttention(32, 4, segment_lengths=segs, dilation_rates=rates, rotary=True)
+    module = REGISTRY[impl].cls(32, 4, segment_lengths=segs, dilation_rates=rates, rotary=True, layout="zigzag")
+    module.load_state_dict(single.state_dict())
+    x = torch.randn(B, n, 32, generator=torch.Generator().manual_seed(1))
+    shard, mask = shard_sequence(x, segment_lengths=segs, layout="zigzag")
+    out = module(shard, shard, shard, is_causal=True, key_padding_mask=mask)[0]
+    ref = single(x, x, x, is_causal=True)[0]
+    positions = rank_positions(rank, world, shard.shape[1], "zigzag")
+    real = positions < n
+    return (out[:, real] - ref[:, positions[real]]).abs().max().item()
