@@ -14,6 +14,7 @@ from ..kernels.registry import REGISTRY, names
 from ..runtime.limits import available_memory_bytes, check_spawned_ranks
 from ..workload.check_memory import check_items, group_peak
 from ..workload.parse import MAX_SECONDS, MAX_SEED, check_count, check_number, shown
+from ..workload.problem import ZIGZAG_STRATEGIES
 from .cases import Case, case_matrix
 from .checks import Checks, group_checks, impl_checks, semantics_skips, unavailable_here
 from .compare import DTYPES
@@ -82,6 +83,7 @@ def collect_checks(
     checked = cases if cases is not None else case_matrix(full)
     _check_case_memory(checked, device)
     skipped = semantics_skips(checked, grid.semantics)
+    _check_layout_takers(layout, requested)
     chosen = _runnable(_implementations(requested, distributed_run), bool(requested), distributed_run, device, skipped)
     sharded = [n for n in chosen if distributed_run and REGISTRY[n].distributed]
     groups = [(name, world, group_checks(name, world, checked, grid, skipped)) for name in sharded for world in worlds]
@@ -183,6 +185,17 @@ def _grid(
         token_window=token_window,
         layout=check_layout(layout, "--layout"),
     )
+
+
+def _check_layout_takers(layout: str, requested: list[str]) -> None:
+    """Requested implementations none of which takes the layout: refused (the case matrix's other checks,
+    such as packed documents, stay contiguous where the implementation does take it)."""
+    if layout != "contiguous" and requested and not any(REGISTRY[n].strategy in ZIGZAG_STRATEGIES for n in requested):
+        takers = names(lambda s: s.strategy in ZIGZAG_STRATEGIES)
+        raise ValueError(
+            f"--layout {layout}: {', '.join(requested)} take contiguous shards only; use one of {', '.join(takers)}, "
+            "or --layout contiguous"
+        )
 
 
 def _check_implementations(chosen: list[str]) -> None:

@@ -65,6 +65,7 @@ BLOCK_FIELDS = (
     *("levels", "density", "window_left", "window_right"),
 )
 Target = Literal["attention", "layer", "model"]
+ZIGZAG_STRATEGIES = ("ring", "allgather", "block_sparse")  # the registry strategies that take layout="zigzag"
 
 
 class Problem(BaseModel):
@@ -232,7 +233,7 @@ class Problem(BaseModel):
 
         if layout == "contiguous":
             return None
-        zigzag = lambda s: s.strategy in ("ring", "allgather", "block_sparse")  # noqa: E731
+        zigzag = lambda s: s.strategy in ZIGZAG_STRATEGIES  # noqa: E731
         if not zigzag(self.spec):
             return (
                 f"--layout {layout}: {self.impl} holds contiguous shards only; use one of "

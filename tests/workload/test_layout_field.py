@@ -38,3 +38,10 @@ def test_what_cannot_take_zigzag_is_refused_in_one_line(fields, needle):
     with pytest.raises(ValueError, match=f"--layout zigzag.*{needle}|{needle}.*--layout contiguous") as info:
         Problem(world_size=2, layout="zigzag", **fields)
     assert "--layout contiguous" in str(info.value)
+
+
+def test_verify_refuses_zigzag_for_implementations_that_cannot_take_it():
+    from dattn_cli.verify import collect_checks
+
+    with pytest.raises(ValueError, match="^--layout zigzag: HeadParallelDilatedAttention take contiguous shards only"):
+        collect_checks(["HeadParallelDilatedAttention"], world_sizes=[2], layout="zigzag")
