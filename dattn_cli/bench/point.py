@@ -129,7 +129,9 @@ def _shard(problem: Problem, group: Any) -> tuple[int, dict]:
     length = shard_length(problem, world)
     if world * length == problem.seq_len:
         return length, shard_call_options(problem, None) if problem.documents else {}
-    mask = padding_mask(problem.batch, problem.seq_len, rank, length, problem.device)
+    mask = padding_mask(
+        problem.batch, problem.seq_len, rank, length, problem.device, world=world, layout=problem.layout
+    )
     return length, shard_call_options(problem, mask, world * length)
 
 

@@ -17,7 +17,7 @@ from .render.verify import check_line, verify_summary, verify_table, verify_warn
 # verify's Problem options that set what each check varies; every other one given is your configuration
 AXES = (
     *("impl", "backend", "device", "dtype", "semantics", "causal", "pattern", "window_left", "window_right"),
-    *("block_size", "world_size"),
+    *("block_size", "world_size", "layout"),
 )
 OUTPUTS = ("json_out", "csv_out", "junit", "markdown", "plot")  # rank 0's alone when attached
 
@@ -119,6 +119,7 @@ def _checks(o: SimpleNamespace, world, world_sizes: list[int], cases: list, own:
         token_window=window if window != (None, None) else None,
         block_size=o.block_size,
         impl_memory=predicted_peak_bytes,
+        layout=o.layout,
     )
 
 

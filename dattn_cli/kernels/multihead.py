@@ -19,10 +19,18 @@ from torch import nn
 from .block_sparse.attention import BlockSparseRingDilatedAttention
 from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .distributed.allgather import DistributedImprovedDilatedAttention
+from .distributed.comm import group_rank_size
 from .distributed.head_parallel import HeadParallelDilatedAttention
+from .distributed.layout import rank_positions
 from .distributed.ring import RingDilatedAttention
 from .heads import divisors
 from .rotary import apply_rotary, document_positions
+
+
+def shard_positions(attention: nn.Module, length: int, device) -> torch.Tensor:
+    """float64 global positions of this rank's `length` rows under its core's layout (distributed/layout.py)."""
+    rank, world = group_rank_size(attention.process_group)
+    return rank_positions(rank, world, length, attention.layout, device).double()
 
 
 def _check_shape(embed_dim: int, num_heads: int, num_kv_heads: int | None, batch_first: bool, gamma_init: float) -> int:
@@ -122,7 +130,8 @@ class MultiheadDilatedAttention(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, None]:
         """query, key, value: (batch, seq_len, embed_dim) -> (out (batch, seq_len, embed_dim), None).
-        position_offset: the position of the first row (a sequence shard), for rotary embeddings.
+        position_offset: the position of the first row (a sequence shard), for rotary embeddings; under a
+        zigzag core (layout="zigzag") the rows' positions come from the layout, shifted by position_offset.
         seq_len: for a block-sparse core over shards that shard_sequence padded, the length before padding.
         cu_seqlens: packed documents (batch 1; the whole sequence's, on every rank), each attended on its own,
         rotary positions counted from each document's first token (kernels/documents.py)."""
@@ -144,6 +153,8 @@ class MultiheadDilatedAttention(nn.Module):
             positions = (
                 None if cu_seqlens is None else document_positions(cu_seqlens, position_offset, q.shape[1], q.device)
             )
+            if getattr(self.attention, "layout", "contiguous") != "contiguous":  # zigzag: the rows' own positions
+                positions = shard_positions(self.attention, q.shape[1], q.device) + position_offset
             q, k = (apply_rotary(x, position_offset, positions=positions) for x in (q, k))
         # only the given ones: only block-sparse cores take seq_len
         real = {name: x for name, x in (("seq_len", seq_len), ("cu_seqlens", cu_seqlens)) if x is not None}

@@ -58,10 +58,11 @@ def shard_length(w: Any, world: int) -> int:
     shards must align with the segments (ring, all-gather) or with blocks (block-sparse); the sequence is
     padded at the end to world·L and the padding masked (distributed/sharding.py)."""
     spec = REGISTRY[w.impl]
+    layout = getattr(w, "layout", "contiguous")
     if spec.block_sparse:
-        return padded_length(w.seq_len, world, block_size=w.block_size) // world
+        return padded_length(w.seq_len, world, block_size=w.block_size, layout=layout) // world
     if spec.strategy in ("ring", "allgather"):
-        return padded_length(w.seq_len, world, w.segment_lengths) // world
+        return padded_length(w.seq_len, world, w.segment_lengths, layout=layout) // world
     return padded_length(w.seq_len, world) // world
 
 

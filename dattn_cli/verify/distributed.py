@@ -39,8 +39,8 @@ def rank_outputs(rank: int, world: int, jobs: list[tuple[dict, int]]) -> list[di
         p = _on_rank_device(Problem.model_validate(data), rank)
         length = shard_length(p, world)
         inputs, upstream = draw_inputs(p, seed)
-        shards = [rank_shard(x, rank, world, length)[0] for x in inputs]
-        upstream, mask = rank_shard(upstream, rank, world, length)
+        shards = [rank_shard(x, rank, world, length, layout=p.layout)[0] for x in inputs]
+        upstream, mask = rank_shard(upstream, rank, world, length, layout=p.layout)
         options = shard_call_options(p, mask, length * world)
         if p.spec.kind == "multihead":
             module = multihead_module(p, seed)
@@ -50,7 +50,7 @@ def rank_outputs(rank: int, world: int, jobs: list[tuple[dict, int]]) -> list[di
             xs = [x.clone().requires_grad_() for x in shards]
             result = core_outputs(lambda q, k, v: module.forward_with_lse(q, k, v, p.causal, **options), xs, upstream)
         result = {k: v.cpu() for k, v in result.items()}  # CUDA tensors do not travel between processes as values
-        results.append({**result, "comm": module.comm_stats(), "seq_len": p.seq_len})
+        results.append({**result, "comm": module.comm_stats(), "seq_len": p.seq_len, "layout": p.layout})
     return results
 
 
@@ -66,9 +66,9 @@ def _on_rank_device(p: Problem, rank: int) -> Problem:
 def combine(multihead: bool, per_rank: list[list[dict]], job: int, device: str = "cpu") -> dict[str, torch.Tensor]:
     """The whole-sequence result of job `job` from the ranks' shards, the padding cut off, on `device` (the
     reference's)."""
-    seq_len = per_rank[0][job]["seq_len"]
+    seq_len, layout = per_rank[0][job]["seq_len"], per_rank[0][job].get("layout", "contiguous")
     keys = ("out", "dx") if multihead else CORE_KEYS
-    got = {k: join_shards([r[job][k] for r in per_rank], seq_len).to(device) for k in keys}
+    got = {k: join_shards([r[job][k] for r in per_rank], seq_len, layout=layout).to(device) for k in keys}
     if multihead:
         got["dparams"] = torch.stack([r[job]["dparams"] for r in per_rank]).sum(0).to(device)
     return got

@@ -21,6 +21,7 @@ class Error(BaseModel):
 class CaseResult(BaseModel):
     impl: str
     world_size: int = 1
+    layout: str = "contiguous"  # the shards' layout (kernels/distributed/layout.py)
     case: str
     backend: str
     semantics: str

@@ -10,11 +10,12 @@ import torch
 
 from ..kernels.backends import available_backends
 from ..kernels.block_sparse.patterns import PATTERNS
+from ..kernels.distributed.layout import check_layout
 from ..kernels.registry import REGISTRY, names
 from ..runtime.limits import available_memory_bytes, check_spawned_ranks
 from ..workload.check_memory import check_items, group_peak
 from ..workload.parse import MAX_SECONDS, MAX_SEED, check_count, check_number, shown
-from ..workload.problem import SIZE_LIMITS
+from ..workload.problem import SIZE_LIMITS, ZIGZAG_STRATEGIES
 from .cases import Case, case_matrix
 from .checks import Checks, group_checks, impl_checks, semantics_skips, unavailable_here
 from .compare import DTYPES
@@ -55,6 +56,7 @@ def collect_checks(
     block_size: int | None = None,
     attached: Any = None,
     impl_memory: ImplMemory | None = None,
+    layout: str = "contiguous",
 ) -> Checks:
     """Every check of a run, and what is skipped with the reason. Default implementations that cannot run
     here are skipped; requested ones are refused (ValueError), as is a run left with nothing to check or one
@@ -79,12 +81,13 @@ def collect_checks(
         check_count("--block-size", block_size, 1, SIZE_LIMITS["block_size"])
     distributed_run = worlds != [1]
     requested = list(impls or [])
-    grid = _grid(dtype, semantics, causal, backends, device, patterns, token_window, block_size)
+    grid = _grid(dtype, semantics, causal, backends, device, patterns, token_window, block_size, layout)
     _check_implementations(requested)
     _check_backends(grid.backends, device)
     checked = cases if cases is not None else case_matrix(full)
     _check_case_memory(checked, device)
     skipped = semantics_skips(checked, grid.semantics)
+    _check_layout_takers(layout, requested)
     chosen = _runnable(_implementations(requested, distributed_run), bool(requested), distributed_run, device, skipped)
     sharded = [n for n in chosen if distributed_run and REGISTRY[n].distributed]
     groups = [(name, world, group_checks(name, world, checked, grid, skipped)) for name in sharded for world in worlds]
@@ -174,6 +177,7 @@ def _grid(
     patterns: Iterable[str],
     token_window: tuple[int, int] | None = None,
     block_size: int | None = None,
+    layout: str = "contiguous",
 ) -> Grid:
     patterns = list(patterns)
     if unknown := [pattern for pattern in patterns if pattern not in PATTERNS]:
@@ -187,7 +191,19 @@ def _grid(
         device=device,
         token_window=token_window,
         block_size=block_size,
+        layout=check_layout(layout, "--layout"),
     )
+
+
+def _check_layout_takers(layout: str, requested: list[str]) -> None:
+    """Requested implementations none of which takes the layout: refused (the case matrix's other checks,
+    such as packed documents, stay contiguous where the implementation does take it)."""
+    if layout != "contiguous" and requested and not any(REGISTRY[n].strategy in ZIGZAG_STRATEGIES for n in requested):
+        takers = names(lambda s: s.strategy in ZIGZAG_STRATEGIES)
+        raise ValueError(
+            f"--layout {layout}: {', '.join(requested)} take contiguous shards only; use one of {', '.join(takers)}, "
+            "or --layout contiguous"
+        )
 
 
 def _check_implementations(chosen: list[str]) -> None:

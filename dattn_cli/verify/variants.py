@@ -40,6 +40,7 @@ class Grid:
     device: str
     token_window: tuple[int, int] | None = None  # sliding_window checks: (left, right) tokens; None: the default
     block_size: int | None = None  # of the block-sparse checks; None: each case's own
+    layout: str = "contiguous"  # shard layout of process-group checks, where the implementation takes it
 
     def variants(self, cases: list[Case], impl: str, world_size: int = 1) -> Iterator[Variant]:
         """Every combination that is legal and distinct: head_groups needs at least one head per pair;
@@ -64,6 +65,8 @@ class Grid:
                         world_size=world_size,
                         mode="fwdbwd",
                     )
+                    if world_size > 1 and base.layout_refusal(self.layout) is None:
+                        base = base.with_(layout=self.layout)
                     uncovered = uncovered_share(base)
                     for is_causal in self.causal:
                         for backend in self.backends:

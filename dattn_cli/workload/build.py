@@ -37,6 +37,8 @@ def module_options(p: Problem) -> dict:
         options = {"segment_lengths": None, "dilation_rates": None, **p.block_options(), "executor": p.executor}
     if p.backend != "auto" or p.spec.backends:
         options["backend"] = p.backend
+    if p.layout != "contiguous":  # only the classes that take it (Problem._check_layout)
+        options["layout"] = p.layout
     return options
 
 

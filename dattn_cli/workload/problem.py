@@ -28,6 +28,7 @@ from .problem_options import (
     DILATION_RATES_OPTION,
     DOCUMENTS_OPTION,
     IMPL_OPTION,
+    LAYOUT_OPTION,
     MODE_OPTION,
     PATTERN_OPTION,
     SEGMENT_LENGTHS_OPTION,
@@ -65,6 +66,7 @@ BLOCK_FIELDS = (
     *("levels", "density", "window_left", "window_right"),
 )
 Target = Literal["attention", "layer", "model"]
+ZIGZAG_STRATEGIES = ("ring", "allgather", "block_sparse")  # the registry strategies that take layout="zigzag"
 
 
 class Problem(BaseModel):
@@ -90,6 +92,8 @@ class Problem(BaseModel):
     device: Annotated[str, Cli("cpu or cuda.", IMPL, MEASURED, check=check_device)] = "cpu"
     mode: Annotated[Literal["fwd", "fwdbwd"], MODE_OPTION] = "fwd"
     world_size: Annotated[int, WORLD_SIZE_OPTION] = 1  # ranks sharing the sequence
+    # which positions each rank holds (kernels/distributed/layout.py); zigzag: ring, all-gather, block-sparse
+    layout: Annotated[Literal["contiguous", "zigzag"], LAYOUT_OPTION] = "contiguous"
     backend: Annotated[str, BACKEND_OPTION] = "auto"  # attention backend of the dilated implementations' blocks
     # block-sparse implementations only
     pattern: Annotated[str, PATTERN_OPTION] = "dilated"
@@ -215,7 +219,32 @@ class Problem(BaseModel):
             )
         if self.spec.block_sparse:
             self.block_pattern()  # a bad pattern option fails here, naming the option
+        if self.layout != "contiguous":
+            self._check_layout()
         return self
+
+    def _check_layout(self) -> None:
+        if reason := self.layout_refusal(self.layout):
+            raise ValueError(reason)
+
+    def layout_refusal(self, layout: str) -> str | None:
+        """Why this problem's implementation cannot take shard layout `layout` (one sentence naming the
+        option and the fix), or None. verify's case matrix keeps such checks contiguous."""
+        from ..kernels.registry import names
+
+        if layout == "contiguous":
+            return None
+        zigzag = lambda s: s.strategy in ZIGZAG_STRATEGIES  # noqa: E731
+        if not zigzag(self.spec):
+            return (
+                f"--layout {layout}: {self.impl} holds contiguous shards only; use one of "
+                f"{', '.join(names(zigzag))}, or --layout contiguous"
+            )
+        if self.documents is not None:
+            return f"--layout {layout} does not take packed --documents: use --layout contiguous"
+        if self.spec.block_sparse and self.pattern == "sliding_window":
+            return f"--layout {layout} does not take --pattern sliding_window (halo rows): use --layout contiguous"
+        return None
 
     def _check_documents(self) -> None:
         docs = self.documents

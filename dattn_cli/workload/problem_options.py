@@ -122,6 +122,14 @@ MODE_OPTION = Cli(
     forms={"bench": dict(default=None)},
 )
 
+LAYOUT_OPTION = Cli(
+    "Shard layout of the ring, all-gather and block-sparse ring classes: contiguous, or zigzag (2p chunks, "
+    "rank a holding chunks a and 2p-1-a: balanced causal work).",
+    DIST,
+    ("verify", "bench"),
+    choices=True,
+)
+
 WORLD_SIZE_OPTION = Cli(
     "Ranks per point for distributed implementations (gloo on CPU, NCCL on CUDA), spawned here "
     "(at most 4 per CPU core).",

@@ -40,6 +40,7 @@ KEY_FIELDS = (
     "compiled",
     "kv_heads",
     "documents",
+    "layout",
 )
 PROBLEM_NAMES = {"segments": "segment_lengths", "dilations": "dilation_rates"}  # a row's names for Problem fields
 LAYER_FIELDS = ("embed_dim", "layers", "checkpointing", "amp", "vocab_size")  # set in layer and model rows only
@@ -64,6 +65,7 @@ class BenchRow(BaseModel):
     causal: bool
     mode: str
     world_size: int = 1
+    layout: str = "contiguous"  # which positions each rank holds (kernels/distributed/layout.py)
     pattern: str | None = None  # block-sparse implementations: the block pattern, e.g. local(window 13, block 128)
     block_density: float | None = None  # active blocks / all blocks
     element_density: float | None = None  # attended (query, key) pairs / N^2 (what the work scales with)

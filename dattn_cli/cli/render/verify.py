@@ -12,9 +12,10 @@ if TYPE_CHECKING:
     from ...verify import CaseResult, VerifyReport
 
 
-def _label(impl: str, world: int) -> str:
+def _label(impl: str, world: int, layout: str = "contiguous") -> str:
     """The implementation of a row, as a table cell (escaped: plugin names are user text)."""
-    return literal(impl if world == 1 else f"{impl} (p={world})")
+    shards = "" if layout == "contiguous" else f", {layout}"
+    return literal(impl if world == 1 else f"{impl} (p={world}{shards})")
 
 
 def verify_table(report: VerifyReport, details: bool = False) -> Table:
@@ -30,11 +31,14 @@ def verify_table(report: VerifyReport, details: bool = False) -> Table:
     for col in ("pattern", "checks", "out", "lse", "grads", "status"):
         justify = "left" if col in ("status", "pattern") else "right"
         table.add_column(col, justify=justify, no_wrap=True, min_width=len(col))
-    for impl, world, pattern in dict.fromkeys((r.impl, r.world_size, r.pattern) for r in report.results):
-        rows = [r for r in report.results if (r.impl, r.world_size, r.pattern) == (impl, world, pattern)]
+    for impl, world, layout, pattern in dict.fromkeys(
+        (r.impl, r.world_size, r.layout, r.pattern) for r in report.results
+    ):
+        key = (impl, world, layout, pattern)
+        rows = [r for r in report.results if (r.impl, r.world_size, r.layout, r.pattern) == key]
         bad = sum(not r.passed for r in rows)
         table.add_row(
-            _label(impl, world),
+            _label(impl, world, layout),
             literal(pattern or "-"),
             str(len(rows)),
             *(worst(rows, group) for group in ("out", "lse", "grads")),
@@ -61,7 +65,7 @@ def _verify_cases(report: VerifyReport, details: bool) -> Table:
     for r in report.results if details else report.failures:
         status = "[green]ok[/]" if r.passed else f"[red]FAIL[/] {literal(r.message or '')}".strip()
         table.add_row(
-            _label(r.impl, r.world_size),
+            _label(r.impl, r.world_size, r.layout),
             literal(r.pattern or "-"),
             literal(r.case),
             r.semantics,

@@ -29,6 +29,7 @@ from ..dilated import AttentionCore
 from ..distributed.comm import CommStats, check_call, group_rank_size
 from ..distributed.documents import sharded_documents
 from ..distributed.exchange import packed_elements
+from ..distributed.layout import check_layout, chunks_per_rank
 from ..distributed.shards import TRAFFIC_KEYS
 from ..documents import attend_documents, whole_sequence
 from ..engine import BlockAttention, ViewAccess, block_attention
@@ -57,7 +58,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
 
     default_pattern_cache = True
     default_memory_pool = False
-    signature_fields = (*AttentionCore.signature_fields, "pattern", "executor")
+    signature_fields = (*AttentionCore.signature_fields, "pattern", "executor", "layout")
 
     def __init__(
         self,
@@ -75,6 +76,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         window_right: int | None = None,
         executor: str = "auto",
         process_group=None,
+        layout: str = "contiguous",
         **core_options,  # AttentionCore's: scale, dropout, backend, use_pattern_cache, enable_memory_pool
     ):
         super().__init__(**core_options)
@@ -92,6 +94,12 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         if executor not in EXECUTORS:
             raise ValueError(f"executor={executor!r} is unknown: use one of {', '.join(EXECUTORS)}")
         self.executor = executor
+        self.layout = check_layout(layout)
+        if layout != "contiguous" and self.pattern.token_level:
+            raise ValueError(
+                f"pattern={pattern!r} (a token window over halo rows) is not supported with layout={layout!r}: "
+                "use layout='contiguous' for the sliding window"
+            )
         self.process_group = process_group
         self.stats = CommStats()
         self.last_executor: tuple[str, str] | None = None
@@ -192,6 +200,11 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             return attend_documents(call, q, k, v, key_padding_mask, cu_seqlens)
         if whole_sequence(cu_seqlens, q.shape[1] * world):  # one document: the ring form as it is
             return self._forward(q, k, v, is_causal, key_padding_mask, need_lse=True)
+        if self.layout != "contiguous":
+            raise ValueError(
+                f"{type(self).__name__}: packed documents (cu_seqlens) are not supported with "
+                f"layout={self.layout!r}: use layout='contiguous' for packed documents"
+            )
         check_call(self, q, k, is_causal, key_padding_mask, "documents")
         return sharded_documents(
             call, q, k, v, key_padding_mask, cu_seqlens, self.process_group, self.stats, type(self).__name__
@@ -239,11 +252,13 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             return sliding_window_call(self, q, k, v, is_causal, key_padding_mask, rank, world)
         group = kv_group(num_heads, k.shape[2])
         # GQA: the engine (or flex below) computes at H heads, the ring sends at the kv heads (ring.py)
-        if world > 1 and shard % self.block_size:
+        if world > 1 and shard % (self.block_size * chunks_per_rank(world, self.layout)):
+            what = "N/p" if self.layout == "contiguous" else f"N/p (two {self.layout} chunks)"
             raise ValueError(
-                f"{type(self).__name__}: the shard length N/p = {shard} is not a multiple of block_size="
-                f"{self.block_size}: pad with shard_sequence(x, group, block_size={self.block_size}), or use N "
-                f"divisible by p * block_size"
+                f"{type(self).__name__}: the shard length {what} = {shard} is not a multiple of "
+                f"{'2 x ' if self.layout != 'contiguous' else ''}block_size={self.block_size}: pad with "
+                f"shard_sequence(x, group, block_size={self.block_size}, layout={self.layout!r}), or use N "
+                "divisible by p * block_size"
             )
         seq_len = self._real_length(seq_len, padded, key_padding_mask is not None)
         self.last_shape = (seq_len, num_heads)
@@ -268,7 +283,9 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             parts = self.cached(key, lambda: plan_local(table, padded, self.block_size, is_causal, q.device))
             self.last_plan, key_blocks = None, LocalBlocks(parts)
         else:
-            plan = self.cached(key, lambda: plan_rank(table, padded, self.block_size, rank, world, is_causal, q.device))
+            key = (*key, self.layout)
+            args = (table, padded, self.block_size, rank, world, is_causal, q.device, self.layout)
+            plan = self.cached(key, lambda: plan_rank(*args))
             self.last_plan = plan
             key_blocks = BlockSparseExchange(plan, self.block_size, self.process_group, self.stats, group)
         engine = BlockAttention([], ViewAccess(pool), backend, call, pool, key_blocks, rank)
@@ -308,7 +325,7 @@ class BlockSparseRingDilatedAttention(AttentionCore):
             sent, received = (sum(hi - lo for _, lo, hi in rows) for rows in (halo.send, halo.receive))
         else:
             table = self._padded_table(seq_len, padded, num_heads)
-            plan = plan_rank(table, padded, self.block_size, rank, world, is_causal, torch.device("cpu"))
+            plan = plan_rank(table, padded, self.block_size, rank, world, is_causal, torch.device("cpu"), self.layout)
             sent = sum(rows.numel() for rows in plan.send.values())
             received = sum(len(b) * self.block_size for b in plan.receive.values())
         size = lambda rows, mask: packed_elements(batch, kv_heads, head_dim, rows, mask) * element_size  # noqa: E731

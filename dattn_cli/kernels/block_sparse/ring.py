@@ -2,7 +2,8 @@
 sends and receives, and the exchange that moves them.
 
 A process group of p ranks: rank a holds the contiguous query and key blocks [a·L/b, (a+1)·L/b)
-(L = N/p, b = block_size, L % b == 0). Every rank knows the table, so each knows which of its key
+(L = N/p, b = block_size, L % b == 0), or under the zigzag layout (distributed/layout.py) the blocks of
+chunks a and 2p-1-a of 2p (L/2 % b == 0), in that order. Every rank knows the table, so each knows which of its key
 blocks every other rank's queries use: it sends exactly those (K, V and the key mask rows) and
 receives exactly the blocks its own queries use — no transfer for a block no local query attends.
 Transfers are posted before the local blocks are computed. Backward sends each received block's
@@ -17,6 +18,7 @@ import torch
 
 from ..distributed.comm import CommStats
 from ..distributed.exchange import exchange, pack_rows, packed_elements, unpack_rows
+from ..distributed.layout import chunk_count, rank_chunks
 from ..engine import BlockAttention
 from ..heads import KVHeadSet, heads_first
 from .gather import Part, _block_rows, attend_parts, attend_parts_backward, plan_parts
@@ -34,13 +36,26 @@ class RankPlan:
     send: dict[int, torch.Tensor]  # destination rank -> local rows of this rank's blocks it uses
 
 
+def owned_blocks(num_blocks: int, seq_len: int, block_size: int, world: int, layout: str) -> list[list[int]]:
+    """Per rank, the global blocks it holds, in the order of its rows (its chunks' blocks, layout.py)."""
+    chunks = chunk_count(world, layout)
+    per_chunk = -(-(seq_len // chunks) // block_size)
+    blocks = lambda c: range(c * per_chunk, min((c + 1) * per_chunk, num_blocks))  # noqa: E731
+    return [[b for c in rank_chunks(r, world, layout) for b in blocks(c)] for r in range(world)]
+
+
 def plan_rank(
-    table: torch.Tensor, seq_len: int, block_size: int, rank: int, world: int, causal: bool, device: torch.device
+    table: torch.Tensor,
+    seq_len: int,
+    block_size: int,
+    rank: int,
+    world: int,
+    causal: bool,
+    device: torch.device,
+    layout: str = "contiguous",
 ) -> RankPlan:
-    num_blocks = table.shape[0]
     shard = seq_len // world
-    per_rank = -(-shard // block_size)
-    owned = [list(range(r * per_rank, min((r + 1) * per_rank, num_blocks))) for r in range(world)]
+    owned = owned_blocks(table.shape[0], seq_len, block_size, world, layout)
     allowed = table.tril() if causal else table
 
     def used(by: int, of: int) -> tuple[int, ...]:
@@ -60,10 +75,9 @@ def plan_rank(
                 table, mine, shard, blocks, rows, block_size, causal, device, source_id=2 + other
             )
         if blocks := used(other, rank):
-            first = mine[0]
-            send[other] = torch.cat([torch.arange(*_block_rows(g - first, block_size, shard)) for g in blocks]).to(
-                device
-            )
+            where = {g: i for i, g in enumerate(mine)}
+            rows = [torch.arange(*_block_rows(where[g], block_size, shard)) for g in blocks]
+            send[other] = torch.cat(rows).to(device)
     return RankPlan(tuple(local), remote, receive, send)
 
 

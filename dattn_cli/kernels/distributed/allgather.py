@@ -14,7 +14,14 @@ import torch.distributed as dist
 
 from ..engine import BlockAttention
 from .exchange import exchange, tensor_bytes
-from .sequence_parallel import SequenceParallelBase, add_home_shares, attend_member, attend_member_backward
+from .sequence_parallel import (
+    SequenceParallelBase,
+    add_home_shares,
+    attend_member,
+    attend_member_backward,
+    attend_own,
+    attend_own_backward,
+)
 from .shards import SpanningPair
 
 TAG_GATHER, TAG_SCATTER = 31, 32
@@ -30,11 +37,13 @@ class AllGatherExchange:
 
     def __init__(self, module: SequenceParallelBase, spanning: list[SpanningPair], world: int):
         self.module, self.world = module, world
-        self.spanning = [plan for plan in spanning if len(plan.group) > 1]
+        self.spanning = [plan for plan in spanning if len(plan.group) > 1 or plan.self_cross]
         self.gathered: list[torch.Tensor] = []
 
     def _wanted(self, plan: SpanningPair, causal: bool):
-        """Members whose rows this rank's queries attend: all others, or only earlier ones if causal."""
+        """Members whose rows this rank's queries attend: all others, or only earlier ones if causal and the
+        members are in sequence order (contiguous; under zigzag every member holds earlier rows)."""
+        causal = causal and plan.ordered
         return [j for j in range(len(plan.group)) if j != plan.index and (not causal or j < plan.index)]
 
     def _exchange(self, plan: SpanningPair, sends: list, receives: list, tag: int, phase: str) -> None:
@@ -83,6 +92,7 @@ class AllGatherExchange:
         with_mask = key_pad is not None
         self.gathered = []
         for plan in self.spanning:
+            attend_own(attention, plan, q, k, v, key_pad, out, lse)
             sizes = [plan.elements(j, batch, head_dim, with_mask) for j in range(len(plan.group))]
             width = max(sizes)
             mine = torch.zeros(width, dtype=k.dtype, device=k.device)
@@ -98,6 +108,7 @@ class AllGatherExchange:
         batch, head_dim = q.shape[0], q.shape[-1]
         with_mask = key_pad is not None
         for plan, gathered in zip(self.spanning, self.gathered):
+            attend_own_backward(attention, plan, dout, q, k, v, out, lse, key_pad, grads)
             g = len(plan.group)
             sizes = [plan.elements(j, batch, head_dim, with_mask) for j in range(g)]
             grad_sizes = [plan.elements(j, batch, head_dim, False) for j in range(g)]

@@ -9,18 +9,25 @@ communication overlaps compute. Partial results merge with the one merge routine
 Backward rotates the K/V buffers again (nothing of size g·L is kept from the forward) and sends each
 dK/dV share straight back to the rank that owns those rows, overlapped with the next step.
 
-Causal: a rank needs only earlier ranks' rows, so a buffer travels forward and never wraps around;
-member a of the group computes a remote blocks while member 0 computes none. That imbalance is
-inherent to contiguous shards; a zigzag/striped layout would balance it for dense causal attention,
-but here it would break the pattern's shard alignment (each rank would then hold pieces of two
-segments whose kept rows follow different offsets), so it is not offered; see docs/communication.md.
+Causal, contiguous shards: a rank needs only earlier ranks' rows, so a buffer travels forward and never
+wraps around; member a of the group computes a remote blocks while member 0 computes none. Zigzag shards
+(layout.py) balance that: each rank holds an early and a late chunk, every buffer goes all the way round,
+and each step computes only the (query chunk, key chunk) blocks of one segment with the keys earlier
+(SpanningPair.attends); a rank's two chunks of one segment meet locally first (attend_own).
 """
 
 from __future__ import annotations
 
 from ..engine import BlockAttention
 from .exchange import exchange
-from .sequence_parallel import SequenceParallelBase, add_home_shares, attend_member, attend_member_backward
+from .sequence_parallel import (
+    SequenceParallelBase,
+    add_home_shares,
+    attend_member,
+    attend_member_backward,
+    attend_own,
+    attend_own_backward,
+)
 from .shards import SpanningPair, ring_computes, ring_receives, ring_sends
 
 TAG_KV, TAG_HOME = 11, 12
@@ -31,7 +38,7 @@ class RingExchange:
 
     def __init__(self, module: SequenceParallelBase, spanning: list[SpanningPair], world: int):
         self.module = module
-        self.spanning = [plan for plan in spanning if len(plan.group) > 1]
+        self.spanning = [plan for plan in spanning if len(plan.group) > 1 or plan.self_cross]
 
     def _p2p(self, plan, send, send_to, recv, recv_from, tag, phase):
         """Post `send` to member send_to and `recv` from member recv_from (either may be None); the works."""
@@ -66,15 +73,20 @@ class RingExchange:
 
     def forward(self, attention: BlockAttention, q, k, v, key_pad, out, lse) -> None:
         for plan in self.spanning:
-            for _, member, rows in self._rotation(plan, k, v, key_pad, attention.call.causal, "forward"):
+            attend_own(attention, plan, q, k, v, key_pad, out, lse)
+            if len(plan.group) == 1:
+                continue
+            causal = attention.call.causal and plan.ordered  # the schedule's: zigzag buffers go all the way round
+            for _, member, rows in self._rotation(plan, k, v, key_pad, causal, "forward"):
                 attend_member(attention, plan, member, rows, q, out, lse)
 
     def backward(self, attention: BlockAttention, dout, q, k, v, out, lse, key_pad, grads: list) -> None:
         dq, dk, dv = grads
-        causal = attention.call.causal
         batch, head_dim = q.shape[0], q.shape[-1]
         for plan in self.spanning:
+            attend_own_backward(attention, plan, dout, q, k, v, out, lse, key_pad, grads)
             g, a = len(plan.group), plan.index
+            causal = attention.call.causal and plan.ordered
             pending = None
             for step, member, rows in self._rotation(plan, k, v, key_pad, causal, "backward"):
                 shares = attend_member_backward(attention, plan, member, rows, dout, q, out, lse, dq)

@@ -4,7 +4,9 @@ with the key padding mask of its positions, and the whole sequence gathered back
 The distributed modules take equal shards, and the sequence-parallel ones (ring, all-gather) need every
 segment length ŵ = min(w, N') to divide L or be a multiple of it; the block-sparse ring needs L to be a
 multiple of block_size. `padded_length` picks the smallest N' = p·L with L >= ceil(N/p) that satisfies
-those, and padding at the end keeps the result exact (docs/communication.md, "Any N, any p"):
+those, and padding at the end keeps the result exact (docs/communication.md, "Any N, any p"). Under the
+zigzag layout (layout.py) the same holds of the chunks C = L/2, and a segment spanning chunks must also
+divide N' (whole groups of chunks, so each group and its mirror image lie on the same ranks):
 
 * segments start at multiples of w and every real position is < N. If w < N the real positions' segments,
   in-segment indices and kept rows are those of the unpadded sequence; if w >= N the first segment holds
@@ -23,6 +25,7 @@ import torch.distributed as dist
 
 from ..validation import check_key_padding_mask
 from .comm import check_consistent, group_rank_size
+from .layout import check_layout, chunk_count, chunks_per_rank, rank_positions, sequence_order
 
 
 def _positive(name: str, value, fix: str) -> int:
@@ -39,12 +42,14 @@ def _check_lengths(segment_lengths: Sequence[int] | None, block_size: int | None
     return segments, step
 
 
-def _fits(length: int, world: int, segments: tuple[int, ...], step: int) -> bool:
-    """Shards of `length` align with every segment (ŵ divides L or is a multiple of it) and with blocks."""
+def _fits(length: int, chunks: int, segments: tuple[int, ...], step: int, whole_groups: bool) -> bool:
+    """Chunks of `length` align with every segment (ŵ divides the chunk or is a multiple of it) and with blocks;
+    whole_groups (zigzag): a segment spanning chunks also divides the padded sequence, so no group is ragged."""
     if length % step:
         return False
-    spans = (min(w, world * length) for w in segments)
-    return all(length % span == 0 or span % length == 0 for span in spans)
+    total = chunks * length
+    spans = (min(w, total) for w in segments)
+    return all(length % s == 0 or (s % length == 0 and (not whole_groups or total % s == 0)) for s in spans)
 
 
 def _divisors(n: int) -> set[int]:
@@ -53,34 +58,46 @@ def _divisors(n: int) -> set[int]:
 
 
 def padded_length(
-    seq_len: int, world: int, segment_lengths: Sequence[int] | None = None, block_size: int | None = None
+    seq_len: int,
+    world: int,
+    segment_lengths: Sequence[int] | None = None,
+    block_size: int | None = None,
+    layout: str = "contiguous",
 ) -> int:
-    """N' = world·L: the smallest L >= ceil(seq_len/world) whose shards align with every segment length and
-    with block_size (each optional). One rank (world = 1) takes any N unpadded.
+    """N' = world·L: the smallest L >= ceil(seq_len/world) whose chunks (layout.py: L, or L/2 under zigzag)
+    align with every segment length and with block_size (each optional). One rank takes any N unpadded.
 
-    L either divides some mid-length segment (L < ŵ < p·L), or no segment is of mid length and L is the
-    smallest multiple of lcm(block_size, the segments <= L) above the target: those candidates hold the
-    optimum (no search over every integer, which a large lcm would make endless)."""
+    A chunk length C either divides some mid-length segment (C < ŵ < N'), or no segment is of mid length and
+    C is the smallest multiple of lcm(block_size, the segments <= C) above the target: those candidates hold
+    the optimum (no search over every integer, which a large lcm would make endless)."""
     _positive("seq_len", seq_len, "pass the sequence length before padding")
     _positive("world", world, "pass the number of ranks")
     segments, step = _check_lengths(segment_lengths, block_size)
     if world == 1:
         return seq_len
-    target = -(-seq_len // world)
+    chunks = chunk_count(world, layout)
+    target = -(-seq_len // chunks)
     ordered = sorted(set(segments))
     candidates = set()
-    for k in range(len(ordered) + 1):  # segments <= L: the k shortest
+    for k in range(len(ordered) + 1):  # segments <= C: the k shortest
         multiple = math.lcm(step, *ordered[:k])
         low = max(target, ordered[k - 1] if k else 1)
         candidates.add(-(-low // multiple) * multiple)
     for w in ordered:
         candidates.update(d for d in _divisors(w) if d >= target)
-    return world * min(length for length in candidates if _fits(length, world, segments, step))
+    zigzag = layout == "zigzag"
+    return chunks * min(length for length in candidates if _fits(length, chunks, segments, step, zigzag))
 
 
-def padding_mask(batch: int, seq_len: int, rank: int, length: int, device=None) -> torch.Tensor:
-    """(batch, length) bool of rank `rank`'s shard: True at the padded positions (>= seq_len)."""
-    positions = torch.arange(rank * length, (rank + 1) * length, device=device)
+def padding_mask(
+    batch: int, seq_len: int, rank: int, length: int, device=None, *, world: int = 1, layout: str = "contiguous"
+) -> torch.Tensor:
+    """(batch, length) bool of rank `rank`'s shard: True at the padded positions (>= seq_len). world is needed
+    by the zigzag layout only (its chunks depend on it)."""
+    if layout == "contiguous":
+        positions = torch.arange(rank * length, (rank + 1) * length, device=device)
+    else:
+        positions = rank_positions(rank, world, length, layout, device)
     return (positions >= seq_len).expand(batch, length)
 
 
@@ -102,16 +119,36 @@ def _sequence_dim(x, dim: int) -> int:
     return dim
 
 
+def _piece(x: torch.Tensor, start: int, size: int, dim: int, fill) -> torch.Tensor:
+    """Positions start .. start + size - 1 of x along dim, past its end filled with `fill`."""
+    start = min(start, x.shape[dim])
+    real = min(start + size, x.shape[dim]) - start
+    piece = x.narrow(dim, start, real)
+    if real < size:
+        pad = list(x.shape)
+        pad[dim] = size - real
+        piece = torch.cat([piece, torch.full(pad, fill, dtype=x.dtype, device=x.device)], dim=dim)
+    return piece
+
+
 def rank_shard(
-    x: torch.Tensor, rank: int, world: int, length: int, *, dim: int = 1, key_padding_mask: torch.Tensor | None = None
+    x: torch.Tensor,
+    rank: int,
+    world: int,
+    length: int,
+    *,
+    dim: int = 1,
+    key_padding_mask: torch.Tensor | None = None,
+    layout: str = "contiguous",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rank `rank`'s `length` positions of x padded with zeros at the end to world·length, and the key padding
-    mask of those positions (True = ignore): the user's `key_padding_mask` (batch, N), if any, with the
-    padding added; None when nothing is padded and no mask is given (the same on every rank).
+    """Rank `rank`'s `length` positions (layout.py) of x padded with zeros at the end to world·length, and the
+    key padding mask of those positions (True = ignore): the user's `key_padding_mask` (batch, N), if any,
+    with the padding added; None when nothing is padded and no mask is given (the same on every rank).
     Differentiable in x."""
     dim = _sequence_dim(x, dim)
     seq_len = x.shape[dim]
     _positive("length", length, "use padded_length(N, world, ...) // world")
+    check_layout(layout)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
         raise ValueError(f"rank={rank!r} is not a rank of {world}: pass 0 .. {world - 1}")
     if world * length < seq_len:
@@ -120,18 +157,14 @@ def rank_shard(
             f"x; use padded_length(N, world, ...) // world"
         )
     check_key_padding_mask(key_padding_mask, x.shape[0], seq_len, x.device)
-    start = min(rank * length, seq_len)
-    real = min((rank + 1) * length, seq_len) - start
-    shard = x.narrow(dim, start, real)
-    if real < length:
-        pad = list(x.shape)
-        pad[dim] = length - real
-        shard = torch.cat([shard, x.new_zeros(pad)], dim=dim)
+    starts = rank_positions(rank, world, length, layout)
+    size = length // chunks_per_rank(world, layout)
+    starts = starts[::size].tolist()
+    shard = torch.cat([_piece(x, s, size, dim, 0) for s in starts], dim=dim)
     if key_padding_mask is not None:
-        mask = key_padding_mask.narrow(1, start, real)
-        mask = torch.cat([mask, mask.new_ones(x.shape[0], length - real)], dim=1)
+        mask = torch.cat([_piece(key_padding_mask, s, size, 1, True) for s in starts], dim=1)
     elif world * length > seq_len:
-        mask = padding_mask(x.shape[0], seq_len, rank, length, x.device)
+        mask = padding_mask(x.shape[0], seq_len, rank, length, x.device, world=world, layout=layout)
     else:
         mask = None
     return shard.contiguous(), mask if mask is None else mask.contiguous()
@@ -145,6 +178,7 @@ def shard_sequence(
     block_size: int | None = None,
     dim: int = 1,
     key_padding_mask: torch.Tensor | None = None,
+    layout: str = "contiguous",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """This rank's shard of the whole sequence x, for a distributed module over `group` (default: the world),
     and the key padding mask of its positions to pass the module as `key_padding_mask`.
@@ -152,39 +186,50 @@ def shard_sequence(
     segment_lengths: a ring or all-gather module's (shards must align with its segments); block_size: a
     block-sparse module's. The sequence is padded at the end to padded_length(N, p, ...) = p·L; the mask marks
     the padding (and `key_padding_mask`'s own True entries, a bool (batch, N) of the whole sequence). It is
-    None when nothing is padded and no mask is given. Gather the outputs with gather_sequence(out, N, group)."""
+    None when nothing is padded and no mask is given. layout: the module's (layout.py; "zigzag": chunks a and
+    2p-1-a of 2p). Gather the outputs with gather_sequence(out, N, group, layout=layout)."""
     rank, world = group_rank_size(group)
     dim = _sequence_dim(x, dim)
-    length = padded_length(x.shape[dim], world, segment_lengths, block_size) // world
-    return rank_shard(x, rank, world, length, dim=dim, key_padding_mask=key_padding_mask)
+    check_layout(layout)
+    length = padded_length(x.shape[dim], world, segment_lengths, block_size, layout) // world
+    return rank_shard(x, rank, world, length, dim=dim, key_padding_mask=key_padding_mask, layout=layout)
 
 
-def join_shards(shards: Sequence[torch.Tensor], seq_len: int, dim: int = 1) -> torch.Tensor:
+def join_shards(shards: Sequence[torch.Tensor], seq_len: int, dim: int = 1, layout: str = "contiguous") -> torch.Tensor:
     """The ranks' shards, in rank order, as the whole sequence of `seq_len` positions (the padding cut off)."""
     if not shards:
         raise ValueError("shards is empty: pass every rank's shard, in rank order")
     dim = _sequence_dim(shards[0], dim)
+    check_layout(layout)
     total = sum(s.shape[dim] for s in shards)
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= total:
         raise ValueError(
             f"seq_len={seq_len!r} is not within the {total} positions of the {len(shards)} shards: pass "
             "the length before padding (the sequence length given to shard_sequence)"
         )
-    return torch.cat(list(shards), dim=dim).narrow(dim, 0, seq_len)
+    whole = torch.cat(list(shards), dim=dim)
+    if chunks_per_rank(len(shards), layout) > 1:
+        order = sequence_order(len(shards), shards[0].shape[dim], layout)[:seq_len].to(whole.device)
+        return whole.index_select(dim, order)
+    return whole.narrow(dim, 0, seq_len)
 
 
-def gather_sequence(shard: torch.Tensor, seq_len: int, group=None, dim: int = 1) -> torch.Tensor:
+def gather_sequence(
+    shard: torch.Tensor, seq_len: int, group=None, dim: int = 1, *, layout: str = "contiguous"
+) -> torch.Tensor:
     """The whole sequence from every rank's shard (all-gathered over `group`, default the world), without
-    the padding shard_sequence added: `seq_len` is the length before padding. Every rank gets it.
-    Not differentiable: train on the shards (each rank's loss on its own positions)."""
+    the padding shard_sequence added: `seq_len` is the length before padding; `layout` the one shard_sequence
+    used. Every rank gets it. Not differentiable: train on the shards (each rank's loss on its own positions)."""
     _, world = group_rank_size(group)
     dim = _sequence_dim(shard, dim)
+    check_layout(layout)
     _positive("seq_len", seq_len, "pass the length before padding (the sequence length given to shard_sequence)")
     if world == 1:
         return join_shards([shard.detach()], seq_len, dim)
     # shards of different shapes would leave all_gather waiting or mixing data: one small check first
-    check_consistent(group, "gather_sequence", tuple(shard.shape), shard.dtype, f"{dim}|{seq_len}", shard.device)
+    config = f"{dim}|{seq_len}|{layout}"
+    check_consistent(group, "gather_sequence", tuple(shard.shape), shard.dtype, config, shard.device)
     shard = shard.detach().contiguous()
     parts = [torch.empty_like(shard) for _ in range(world)]
     dist.all_gather(parts, shard, group=group)
-    return join_shards(parts, seq_len, dim)
+    return join_shards(parts, seq_len, dim, layout)
