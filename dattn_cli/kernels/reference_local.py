@@ -34,6 +34,8 @@ from .validation import check_key_padding_mask, check_qkv
 # mmapped and page-faulted anew each time: 4M elements took 1.3x the time of 1M at N = 16K on 2 cores)
 DEFAULT_CHUNK_ELEMENTS = 1 << 20
 NEG_INF = float("-inf")
+ALL = slice(None)  # every head of a chunk
+MIN_PART_ROWS = 128  # rows a part keeps before its heads are split (see _Budget)
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ class Chunk:
     """Query rows against the keys they may attend, at some heads, in parts that share the gathered keys."""
 
     keys: slice | torch.Tensor  # key positions (a stride, or 1-D int64 ascending)
-    parts: list[tuple[slice, int]]  # query positions (a stride), and how many of the keys they meet (a prefix)
+    parts: list[tuple[slice, int, slice]]  # query positions (a stride), how many of the keys they meet (a
+    # prefix), and which of the chunk's heads
     heads: torch.Tensor | None = None  # the query heads (None: all)
     rule: object = None  # rule(rows, keys) -> bool (rows, keys) allowed among them (None: all)
 
@@ -62,8 +65,8 @@ class _Dilated:
     segment's kept keys, and the chunks of a row merge by their log-sum-exp. Which pairs a head uses, with which
     offsets: reference.pair_offsets, the dense reference's own."""
 
-    def __init__(self, n, heads, segs, rates, semantics, causal, rows_per_chunk, device):
-        self.n, self.heads, self.causal, self.rows_per_chunk = n, heads, causal, rows_per_chunk
+    def __init__(self, n, heads, segs, rates, semantics, causal, budget, device):
+        self.n, self.heads, self.causal, self.budget = n, heads, causal, budget
         branches: dict[tuple, list[int]] = {}  # (pair index, w, r, offset): the heads using it
         for h in range(heads):
             for i, (w, r, o) in enumerate(pair_offsets(h, heads, segs, rates, semantics)):
@@ -77,10 +80,11 @@ class _Dilated:
         for w, r, o, heads in self.branches:
             for a in range(0, self.n, w):
                 kept = range(a + o, min(self.n, a + w), r)
-                rows = self.rows_per_chunk(len(kept), self.heads if heads is None else heads.numel())
+                rows, hs = self.budget.split(len(kept), len(kept), self.heads if heads is None else heads.numel())
                 parts = [
-                    (_stride(kept[j : j + rows]), min(len(kept), j + rows) if self.causal else len(kept))
+                    (_stride(kept[j : j + rows]), min(len(kept), j + rows) if self.causal else len(kept), h)
                     for j in range(0, len(kept), rows)
+                    for h in hs
                 ]
                 if parts:
                     yield Chunk(_stride(kept), parts, heads, _causal if self.causal else None)
@@ -91,11 +95,11 @@ class _Blocks:
     a run of query blocks against the union of their key blocks (masked where a block attends fewer), in parts
     of rows where one block's keys exceed the budget."""
 
-    def __init__(self, n, table, block_size, causal, rows_per_chunk, device):
+    def __init__(self, n, table, block_size, causal, budget, device):
         self.n, self.b, self.causal, self.device = n, block_size, causal, device
-        self.table, self.rows_per_chunk = table.to(device), rows_per_chunk
+        self.table, self.budget = table.to(device), budget
         widest = int(self.table.sum(dim=1).max().item()) * block_size if self.table.numel() else 1
-        self.blocks = max(1, rows_per_chunk(max(1, min(n, widest))) // block_size)
+        self.blocks = max(1, budget.rows(max(1, min(n, widest))) // block_size)
 
     def chunks(self) -> Iterator[Chunk]:
         nb = self.table.shape[0]
@@ -109,10 +113,10 @@ class _Blocks:
             if not keys.numel():
                 continue
             whole = not self.causal and bool(self.table[i0:i1, blocks].all())  # every row attends every key
-            rows = self.rows_per_chunk(keys.numel())
-            parts = [(slice(r0, min(t1, r0 + rows)), keys.numel()) for r0 in range(t0, t1, rows)]
+            rows, hs = self.budget.split(t1 - t0, keys.numel(), self.budget.heads)
+            parts = [(slice(r0, min(t1, r0 + rows)), keys.numel(), h) for r0 in range(t0, t1, rows) for h in hs]
             if self.causal:  # keys ascending: a part meets those up to its last row
-                parts = [(part, int(torch.searchsorted(keys, part.stop))) for part, _ in parts]
+                parts = [(part, int(torch.searchsorted(keys, part.stop)), h) for part, _, h in parts]
             yield Chunk(_range_or_index(keys), parts, None, None if whole else self.allowed)
 
     def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -123,18 +127,18 @@ class _Blocks:
 class _Window:
     """docs/block-sparse.md, sliding_window: query t attends keys t - left .. t + right (causal: .. t)."""
 
-    def __init__(self, n, left, right, causal, rows_per_chunk):
+    def __init__(self, n, left, right, causal, budget):
         self.n, self.left = n, left
         self.reach = 0 if causal else right
         span = self.left + self.reach
-        budget = rows_per_chunk(1)  # rows x keys the chunk may hold: rows (rows + span) <= budget
+        budget = budget.rows(1)  # rows x keys the chunk may hold: rows (rows + span) <= budget
         self.rows = max(1, min(n, int(((span * span + 4 * budget) ** 0.5 - span) / 2)))
 
     def chunks(self) -> Iterator[Chunk]:
         for t0 in range(0, self.n, self.rows):
             t1 = min(self.n, t0 + self.rows)
             keys = slice(max(0, t0 - self.left), min(self.n, t1 + self.reach))
-            yield Chunk(keys, [(slice(t0, t1), keys.stop - keys.start)], None, self.allowed)
+            yield Chunk(keys, [(slice(t0, t1), keys.stop - keys.start, ALL)], None, self.allowed)
 
     def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         gap = keys.view(1, -1) - rows.view(-1, 1)
@@ -166,9 +170,9 @@ class _Keys:
         self.mask = None if key_mask is None else _at(key_mask, chunk.keys).view(q.shape[0], 1, 1, -1)
         self.positions = torch.arange(self.n, device=q.device)[chunk.keys] if chunk.rule is not None else None
 
-    def scores(self, qs: torch.Tensor, rows: slice, upto: int) -> torch.Tensor:
-        """qs (B, H_chunk, R, D, scaled) against the first `upto` keys, -inf where forbidden."""
-        scores = torch.matmul(qs, self.k[:, :, :upto].transpose(-1, -2))
+    def scores(self, qs: torch.Tensor, rows: slice, upto: int, hs: slice) -> torch.Tensor:
+        """qs (B, heads hs of the chunk's, R, D, scaled) against the first `upto` keys, -inf where forbidden."""
+        scores = torch.matmul(qs, self.k[:, hs, :upto].transpose(-1, -2))
         if self.chunk.rule is not None:
             allowed = self.chunk.rule(torch.arange(self.n, device=qs.device)[rows], self.positions[:upto])
             scores.masked_fill_(~allowed, NEG_INF)
@@ -182,22 +186,32 @@ def _at(x: torch.Tensor, keys: slice | torch.Tensor) -> torch.Tensor:
     return x[:, keys] if isinstance(keys, slice) else x.index_select(1, keys)
 
 
-def _heads(x: torch.Tensor, heads: torch.Tensor | None) -> torch.Tensor:
+def _part_heads(heads: torch.Tensor | None, hs: slice) -> torch.Tensor | slice | None:
+    """The query heads of a part: slice hs of the chunk's heads (None: all of them; a slice: a range)."""
+    if heads is None:
+        return None if hs == ALL else hs
+    return heads[hs]
+
+
+def _heads(x: torch.Tensor, heads: torch.Tensor | slice | None) -> torch.Tensor:
     """x (B, R, H, ...) at `heads` (None: all)."""
-    return x if heads is None else x.index_select(2, heads)
+    if heads is None or isinstance(heads, slice):
+        return x if heads is None else x[:, :, heads]
+    return x.index_select(2, heads)
 
 
-def _put(target: torch.Tensor, rows: slice, heads: torch.Tensor | None, value: torch.Tensor, add=False) -> None:
+def _put(target: torch.Tensor, rows: slice, heads: torch.Tensor | slice | None, value: torch.Tensor, add=False):
     """target[:, rows] (at `heads`) = value, or += value."""
     view = target[:, rows]
-    if heads is None:
+    if heads is None or isinstance(heads, slice):
+        view = view if heads is None else view[:, :, heads]
         view.add_(value) if add else view.copy_(value)
     else:
         view.index_add_(2, heads, value) if add else view.index_copy_(2, heads, value)
 
 
-def _scaled_rows(q: torch.Tensor, rows: slice, heads: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """scale x q at the rows and heads, (B, H_chunk, R, D): the scale on q, not on the R x K scores."""
+def _scaled_rows(q: torch.Tensor, rows: slice, heads, scale: float) -> torch.Tensor:
+    """scale x q at the rows and heads, (B, heads, R, D): the scale on q, not on the R x K scores."""
     return (_heads(q[:, rows], heads) * scale).transpose(1, 2)
 
 
@@ -213,8 +227,8 @@ class _LocalAttention(torch.autograd.Function):
         lse = torch.full((batch, n, heads), NEG_INF, dtype=acc, device=q.device)
         for chunk in layout.chunks():
             keys = _Keys(q, k, v, key_mask, chunk)
-            for rows, upto in chunk.parts:
-                _merge_part(out, lse, keys, rows, upto, _scaled_rows(q, rows, chunk.heads, scale))
+            for rows, upto, hs in chunk.parts:
+                _merge_part(out, lse, keys, rows, upto, hs, _scaled_rows(q, rows, _part_heads(chunk.heads, hs), scale))
         ctx.save_for_backward(q, k, v, out, lse, key_mask)
         ctx.layout, ctx.scale = layout, scale
         ctx.mark_non_differentiable(lse)
@@ -232,10 +246,10 @@ class _LocalAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
-def _merge_part(out, lse, keys: _Keys, rows: slice, upto: int, qs: torch.Tensor) -> None:
+def _merge_part(out, lse, keys: _Keys, rows: slice, upto: int, hs: slice, qs: torch.Tensor) -> None:
     """One part's softmax numerator and denominator, merged into its rows' out and lse by log-sum-exp."""
-    heads, acc = keys.chunk.heads, out.dtype
-    scores = keys.scores(qs, rows, upto)
+    heads, acc = _part_heads(keys.chunk.heads, hs), out.dtype
+    scores = keys.scores(qs, rows, upto, hs)
     top = scores.amax(dim=-1, keepdim=True)
     top = top.masked_fill_(top == NEG_INF, 0.0)  # rows with no key here: weights 0, lse -inf
     weights = scores.sub_(top).exp_()
@@ -244,7 +258,7 @@ def _merge_part(out, lse, keys: _Keys, rows: slice, upto: int, qs: torch.Tensor)
     new_lse = torch.logaddexp(old_lse, part_lse)
     shift = new_lse.masked_fill(new_lse == NEG_INF, 0.0)
     part = (
-        torch.matmul(weights, keys.v[:, :, :upto]).transpose(1, 2).to(acc)
+        torch.matmul(weights, keys.v[:, hs, :upto]).transpose(1, 2).to(acc)
         * (top.squeeze(-1).transpose(1, 2) - shift).exp()[..., None]
     )
     merged = _heads(out[:, rows], heads) * (old_lse - shift).exp()[..., None] + part
@@ -259,18 +273,19 @@ def _accumulate(ctx, q, k, v, key_mask, chunk, saved, grads):
     (dout, lse, delta), (dq, dk, dv) = saved, grads
     keys = _Keys(q, k, v, key_mask, chunk)
     dks, dvs = (torch.zeros(keys.k.shape, dtype=dk.dtype, device=dk.device) for _ in range(2))
-    for rows, upto in chunk.parts:
-        qs = _scaled_rows(q, rows, chunk.heads, ctx.scale)
-        scores = keys.scores(qs, rows, upto)
-        rows_lse = _heads(lse[:, rows], chunk.heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
+    for rows, upto, hs in chunk.parts:
+        heads = _part_heads(chunk.heads, hs)
+        qs = _scaled_rows(q, rows, heads, ctx.scale)
+        scores = keys.scores(qs, rows, upto, hs)
+        rows_lse = _heads(lse[:, rows], heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
         probs = scores.sub_(rows_lse.masked_fill(rows_lse == NEG_INF, float("inf"))).exp_()  # dead rows: 0
-        do = _heads(dout[:, rows], chunk.heads).transpose(1, 2)
-        rows_delta = _heads(delta[:, rows], chunk.heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
-        dvs[:, :, :upto] += torch.matmul(probs.transpose(-1, -2), do)
-        ds = torch.matmul(do, keys.v[:, :, :upto].transpose(-1, -2)).sub_(rows_delta).mul_(probs)
-        dq_part = torch.matmul(ds, keys.k[:, :, :upto]).mul_(ctx.scale).transpose(1, 2)
-        _put(dq, rows, chunk.heads, dq_part.to(dq.dtype), add=True)
-        dks[:, :, :upto] += torch.matmul(ds.transpose(-1, -2), qs)  # qs holds the scale
+        do = _heads(dout[:, rows], heads).transpose(1, 2)
+        rows_delta = _heads(delta[:, rows], heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
+        dvs[:, hs, :upto] += torch.matmul(probs.transpose(-1, -2), do)
+        ds = torch.matmul(do, keys.v[:, hs, :upto].transpose(-1, -2)).sub_(rows_delta).mul_(probs)
+        dq_part = torch.matmul(ds, keys.k[:, hs, :upto]).mul_(ctx.scale).transpose(1, 2)
+        _put(dq, rows, heads, dq_part.to(dq.dtype), add=True)
+        dks[:, hs, :upto] += torch.matmul(ds.transpose(-1, -2), qs)  # qs holds the scale
     kv_of = _kv_heads(chunk, q.shape[2], k.shape[2], q.device)
     for grad, share in ((dk, dks), (dv, dvs)):
         share = share.transpose(1, 2)  # (B, K, H_chunk, D)
@@ -283,10 +298,23 @@ def _accumulate(ctx, q, k, v, key_mask, chunk, saved, grads):
         grad.index_add_(1, chunk.keys, share)
 
 
-def _rows_per_chunk(batch: int, heads: int, max_chunk_elements: int):
-    """rows_per_chunk(keys, heads): how many query rows a chunk of that many keys (and heads, default all)
-    may hold within the budget."""
-    return lambda keys, h=heads: max(1, max_chunk_elements // max(1, batch * h * keys))
+class _Budget:
+    """How a chunk's query rows and heads are cut into parts of at most `elements` scores (B x heads x rows x
+    keys): all heads at once where that leaves MIN_PART_ROWS rows, else fewer heads at a time (few rows against
+    many keys make thin matmuls and many small steps)."""
+
+    def __init__(self, batch: int, heads: int, elements: int):
+        self.batch, self.heads, self.elements = batch, heads, elements
+
+    def rows(self, keys: int, heads: int | None = None) -> int:
+        return max(1, self.elements // max(1, self.batch * (self.heads if heads is None else heads) * keys))
+
+    def split(self, rows: int, keys: int, heads: int) -> tuple[int, list[slice]]:
+        """(rows per part, the head slices) of a chunk of `rows` rows, `keys` keys and `heads` heads."""
+        if self.rows(keys, heads) >= min(rows, MIN_PART_ROWS) or heads == 1:
+            return self.rows(keys, heads), [ALL]
+        per = max(1, min(heads, self.elements // max(1, self.batch * keys * min(rows, MIN_PART_ROWS))))
+        return self.rows(keys, per), [slice(h, min(heads, h + per)) for h in range(0, heads, per)]
 
 
 def _attend(q, k, v, layout_of, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens):
@@ -302,7 +330,7 @@ def _attend(q, k, v, layout_of, scale, key_padding_mask, compute_dtype, max_chun
         )
     batch, n, heads, head_dim = q.shape
     check_key_padding_mask(key_padding_mask, batch, n, q.device)
-    layout = layout_of(n, heads, _rows_per_chunk(batch, heads, max_chunk_elements))
+    layout = layout_of(n, heads, _Budget(batch, heads, max_chunk_elements))
     tau = head_dim**-0.5 if scale is None else scale
     qc, kc, vc = (x.to(compute_dtype) for x in (q, k, v))
     out, lse = _LocalAttention.apply(qc, kc, vc, key_padding_mask, layout, tau)
