@@ -2,7 +2,7 @@
 (attention restricted by a block table; the token sliding window), computed a chunk of query rows at a time
 over only the keys that chunk can attend.
 
-A chunk is a set of query rows (a stride), the keys they may attend, and the heads it computes. The
+A chunk (reference_layouts.py) is a set of query rows, the keys they may attend, and the heads it computes. The
 dilated definition weighs exp by the pair count c_h(t, u), a sum of one indicator per pair, so a row's softmax
 numerator and denominator are sums of one term per pair: each chunk is one pair's kept rows of one segment
 (for the heads with one offset) against that segment's kept keys, and the chunks of a row merge by their
@@ -21,135 +21,19 @@ and the gradients across chunks in float32, as one matmul would, so the chunking
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
 
 from .documents import attend_documents
-from .reference import check_block_table, pair_offsets
+from .reference import check_block_table
+from .reference_layouts import ALL, Blocks, Budget, Chunk, Dilated, Window
 from .validation import check_key_padding_mask, check_qkv
 
 # scores (B x H x rows x keys) per chunk: 8 MiB in float64, within the caches and the heap (larger ones are
 # mmapped and page-faulted anew each time: 4M elements took 1.3x the time of 1M at N = 16K on 2 cores)
 DEFAULT_CHUNK_ELEMENTS = 1 << 20
 NEG_INF = float("-inf")
-ALL = slice(None)  # every head of a chunk
-MIN_PART_ROWS = 128  # rows a part keeps before its heads are split (see _Budget)
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Query rows against the keys they may attend, at some heads, in parts that share the gathered keys."""
-
-    keys: slice | torch.Tensor  # key positions (a stride, or 1-D int64 ascending)
-    parts: list[tuple[slice, int, slice]]  # query positions (a stride), how many of the keys they meet (a
-    # prefix), and which of the chunk's heads
-    heads: torch.Tensor | None = None  # the query heads (None: all)
-    rule: object = None  # rule(rows, keys) -> bool (rows, keys) allowed among them (None: all)
-
-
-def _stride(r: range) -> slice:
-    return slice(r.start, r.stop, r.step)
-
-
-def _causal(rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    return keys.view(1, -1) <= rows.view(-1, 1)
-
-
-class _Dilated:
-    """docs/semantics.md: pair i keeps position t for head h when pi_i(t) mod r_i = o_i(h); a kept query attends
-    the kept keys of its own segment (causal: u <= t); c_h(t, u) counts the pairs that allow (t, u). The softmax
-    weighs exp by c, a sum over pairs, so its numerator and denominator are sums of one term per pair: each
-    chunk is one pair's kept rows of one segment (a stride) for the heads with one offset, against that
-    segment's kept keys, and the chunks of a row merge by their log-sum-exp. Which pairs a head uses, with which
-    offsets: reference.pair_offsets, the dense reference's own."""
-
-    def __init__(self, n, heads, segs, rates, semantics, causal, budget, device):
-        self.n, self.heads, self.causal, self.budget = n, heads, causal, budget
-        branches: dict[tuple, list[int]] = {}  # (pair index, w, r, offset): the heads using it
-        for h in range(heads):
-            for i, (w, r, o) in enumerate(pair_offsets(h, heads, segs, rates, semantics)):
-                branches.setdefault((i, min(w, n), r, o), []).append(h)
-        self.branches = [  # (w, r, offset, heads)
-            (w, r, o, None if len(hs) == heads else torch.tensor(hs, device=device))
-            for (_, w, r, o), hs in branches.items()
-        ]
-
-    def chunks(self) -> Iterator[Chunk]:
-        for w, r, o, heads in self.branches:
-            for a in range(0, self.n, w):
-                kept = range(a + o, min(self.n, a + w), r)
-                rows, hs = self.budget.split(len(kept), len(kept), self.heads if heads is None else heads.numel())
-                parts = [
-                    (_stride(kept[j : j + rows]), min(len(kept), j + rows) if self.causal else len(kept), h)
-                    for j in range(0, len(kept), rows)
-                    for h in hs
-                ]
-                if parts:
-                    yield Chunk(_stride(kept), parts, heads, _causal if self.causal else None)
-
-
-class _Blocks:
-    """docs/block-sparse.md: query t attends key u when table[t // b, u // b] (causal: and u <= t). A chunk is
-    a run of query blocks against the union of their key blocks (masked where a block attends fewer), in parts
-    of rows where one block's keys exceed the budget."""
-
-    def __init__(self, n, table, block_size, causal, budget, device):
-        self.n, self.b, self.causal, self.device = n, block_size, causal, device
-        self.table, self.budget = table.to(device), budget
-        widest = int(self.table.sum(dim=1).max().item()) * block_size if self.table.numel() else 1
-        self.blocks = max(1, budget.rows(max(1, min(n, widest))) // block_size)
-
-    def chunks(self) -> Iterator[Chunk]:
-        nb = self.table.shape[0]
-        offsets = torch.arange(self.b, device=self.device)
-        for i0 in range(0, nb, self.blocks):
-            i1 = min(nb, i0 + self.blocks)
-            t0, t1 = i0 * self.b, min(self.n, i1 * self.b)
-            blocks = self.table[i0:i1].any(dim=0).nonzero().flatten()
-            keys = (blocks.view(-1, 1) * self.b + offsets).flatten()
-            keys = keys[keys < (t1 if self.causal else self.n)]
-            if not keys.numel():
-                continue
-            whole = not self.causal and bool(self.table[i0:i1, blocks].all())  # every row attends every key
-            rows, hs = self.budget.split(t1 - t0, keys.numel(), self.budget.heads)
-            parts = [(slice(r0, min(t1, r0 + rows)), keys.numel(), h) for r0 in range(t0, t1, rows) for h in hs]
-            if self.causal:  # keys ascending: a part meets those up to its last row
-                parts = [(part, int(torch.searchsorted(keys, part.stop)), h) for part, _, h in parts]
-            yield Chunk(_range_or_index(keys), parts, None, None if whole else self.allowed)
-
-    def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        allowed = self.table[rows // self.b][:, keys // self.b]
-        return allowed & _causal(rows, keys) if self.causal else allowed
-
-
-class _Window:
-    """docs/block-sparse.md, sliding_window: query t attends keys t - left .. t + right (causal: .. t)."""
-
-    def __init__(self, n, left, right, causal, budget):
-        self.n, self.left = n, left
-        self.reach = 0 if causal else right
-        span = self.left + self.reach
-        budget = budget.rows(1)  # rows x keys the chunk may hold: rows (rows + span) <= budget
-        self.rows = max(1, min(n, int(((span * span + 4 * budget) ** 0.5 - span) / 2)))
-
-    def chunks(self) -> Iterator[Chunk]:
-        for t0 in range(0, self.n, self.rows):
-            t1 = min(self.n, t0 + self.rows)
-            keys = slice(max(0, t0 - self.left), min(self.n, t1 + self.reach))
-            yield Chunk(keys, [(slice(t0, t1), keys.stop - keys.start, ALL)], None, self.allowed)
-
-    def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        gap = keys.view(1, -1) - rows.view(-1, 1)
-        return (gap >= -self.left) & (gap <= self.reach)
-
-
-def _range_or_index(keys: torch.Tensor) -> slice | torch.Tensor:
-    """Ascending key positions as a slice where they are one range (a view, no gather)."""
-    if keys.numel() and int(keys[-1] - keys[0]) + 1 == keys.numel():
-        return slice(int(keys[0]), int(keys[-1]) + 1)
-    return keys
 
 
 def _kv_heads(chunk: Chunk, heads: int, kv_heads: int, device) -> torch.Tensor | None:
@@ -298,25 +182,6 @@ def _accumulate(ctx, q, k, v, key_mask, chunk, saved, grads):
         grad.index_add_(1, chunk.keys, share)
 
 
-class _Budget:
-    """How a chunk's query rows and heads are cut into parts of at most `elements` scores (B x heads x rows x
-    keys): all heads at once where that leaves MIN_PART_ROWS rows, else fewer heads at a time (few rows against
-    many keys make thin matmuls and many small steps)."""
-
-    def __init__(self, batch: int, heads: int, elements: int):
-        self.batch, self.heads, self.elements = batch, heads, elements
-
-    def rows(self, keys: int, heads: int | None = None) -> int:
-        return max(1, self.elements // max(1, self.batch * (self.heads if heads is None else heads) * keys))
-
-    def split(self, rows: int, keys: int, heads: int) -> tuple[int, list[slice]]:
-        """(rows per part, the head slices) of a chunk of `rows` rows, `keys` keys and `heads` heads."""
-        if self.rows(keys, heads) >= min(rows, MIN_PART_ROWS) or heads == 1:
-            return self.rows(keys, heads), [ALL]
-        per = max(1, min(heads, self.elements // max(1, self.batch * keys * min(rows, MIN_PART_ROWS))))
-        return self.rows(keys, per), [slice(h, min(heads, h + per)) for h in range(0, heads, per)]
-
-
 def _attend(q, k, v, layout_of, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens):
     check_qkv(q, k, v)
     if cu_seqlens is not None:  # one call per packed document, positions counted from its first token
@@ -330,7 +195,7 @@ def _attend(q, k, v, layout_of, scale, key_padding_mask, compute_dtype, max_chun
         )
     batch, n, heads, head_dim = q.shape
     check_key_padding_mask(key_padding_mask, batch, n, q.device)
-    layout = layout_of(n, heads, _Budget(batch, heads, max_chunk_elements))
+    layout = layout_of(n, heads, Budget(batch, heads, max_chunk_elements))
     tau = head_dim**-0.5 if scale is None else scale
     qc, kc, vc = (x.to(compute_dtype) for x in (q, k, v))
     out, lse = _LocalAttention.apply(qc, kc, vc, key_padding_mask, layout, tau)
@@ -368,7 +233,7 @@ def dilated_attention_local(
     """`reference.dilated_attention_reference`, block-local: (out in q's dtype, lse float32), differentiable;
     cu_seqlens: packed documents, each attended on its own."""
     segs, rates = _check_pattern(segment_lengths, dilation_rates, semantics, q.shape[2] if q.dim() == 4 else 0)
-    layout = lambda n, h, rows: _Dilated(n, h, segs, rates, semantics, is_causal, rows, q.device)
+    layout = lambda n, h, rows: Dilated(n, h, segs, rates, semantics, is_causal, rows, q.device)
     return _attend(q, k, v, layout, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens)
 
 
@@ -391,7 +256,7 @@ def block_sparse_local(
 
     def layout(n, heads, rows):
         table = check_block_table(block_table(n) if callable(block_table) else block_table, n, block_size)
-        return _Blocks(n, table, block_size, is_causal, rows, q.device)
+        return Blocks(n, table, block_size, is_causal, rows, q.device)
 
     return _attend(q, k, v, layout, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens)
 
@@ -413,5 +278,5 @@ def sliding_window_local(
     """`reference.sliding_window_reference`, block-local: query t attends keys t - left .. t + right."""
     if left < 0 or right < 0:
         raise ValueError(f"window left={left}, right={right}: both must be >= 0 tokens")
-    layout = lambda n, h, rows: _Window(n, left, right, is_causal, rows)
+    layout = lambda n, h, rows: Window(n, left, right, is_causal, rows)
     return _attend(q, k, v, layout, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens)

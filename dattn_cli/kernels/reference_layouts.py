@@ -1,0 +1,148 @@
+"""The chunks of the block-local references (reference_local.py): which query rows meet which keys, at which
+heads, cut into parts of at most a budget of scores. One layout per definition: Dilated (docs/semantics.md),
+Blocks (a block table) and Window (the token sliding window, docs/block-sparse.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .reference import pair_offsets
+
+ALL = slice(None)  # every head of a chunk
+MIN_PART_ROWS = 128  # rows a part keeps before its heads are split (see Budget)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Query rows against the keys they may attend, at some heads, in parts that share the gathered keys."""
+
+    keys: slice | torch.Tensor  # key positions (a stride, or 1-D int64 ascending)
+    parts: list[tuple[slice, int, slice]]  # query positions (a stride), how many of the keys they meet (a
+    # prefix), and which of the chunk's heads
+    heads: torch.Tensor | None = None  # the query heads (None: all)
+    rule: object = None  # rule(rows, keys) -> bool (rows, keys) allowed among them (None: all)
+
+
+def _stride(r: range) -> slice:
+    return slice(r.start, r.stop, r.step)
+
+
+def _causal(rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    return keys.view(1, -1) <= rows.view(-1, 1)
+
+
+class Dilated:
+    """docs/semantics.md: pair i keeps position t for head h when pi_i(t) mod r_i = o_i(h); a kept query attends
+    the kept keys of its own segment (causal: u <= t); c_h(t, u) counts the pairs that allow (t, u). The softmax
+    weighs exp by c, a sum over pairs, so its numerator and denominator are sums of one term per pair: each
+    chunk is one pair's kept rows of one segment (a stride) for the heads with one offset, against that
+    segment's kept keys, and the chunks of a row merge by their log-sum-exp. Which pairs a head uses, with which
+    offsets: reference.pair_offsets, the dense reference's own."""
+
+    def __init__(self, n, heads, segs, rates, semantics, causal, budget, device):
+        self.n, self.heads, self.causal, self.budget = n, heads, causal, budget
+        branches: dict[tuple, list[int]] = {}  # (pair index, w, r, offset): the heads using it
+        for h in range(heads):
+            for i, (w, r, o) in enumerate(pair_offsets(h, heads, segs, rates, semantics)):
+                branches.setdefault((i, min(w, n), r, o), []).append(h)
+        self.branches = [  # (w, r, offset, heads)
+            (w, r, o, None if len(hs) == heads else torch.tensor(hs, device=device))
+            for (_, w, r, o), hs in branches.items()
+        ]
+
+    def chunks(self) -> Iterator[Chunk]:
+        for w, r, o, heads in self.branches:
+            for a in range(0, self.n, w):
+                kept = range(a + o, min(self.n, a + w), r)
+                rows, hs = self.budget.split(len(kept), len(kept), self.heads if heads is None else heads.numel())
+                parts = [
+                    (_stride(kept[j : j + rows]), min(len(kept), j + rows) if self.causal else len(kept), h)
+                    for j in range(0, len(kept), rows)
+                    for h in hs
+                ]
+                if parts:
+                    yield Chunk(_stride(kept), parts, heads, _causal if self.causal else None)
+
+
+class Blocks:
+    """docs/block-sparse.md: query t attends key u when table[t // b, u // b] (causal: and u <= t). A chunk is
+    a run of query blocks against the union of their key blocks (masked where a block attends fewer), in parts
+    of rows where one block's keys exceed the budget."""
+
+    def __init__(self, n, table, block_size, causal, budget, device):
+        self.n, self.b, self.causal, self.device = n, block_size, causal, device
+        self.table, self.budget = table.to(device), budget
+        widest = int(self.table.sum(dim=1).max().item()) * block_size if self.table.numel() else 1
+        self.blocks = max(1, budget.rows(max(1, min(n, widest))) // block_size)
+
+    def chunks(self) -> Iterator[Chunk]:
+        nb = self.table.shape[0]
+        offsets = torch.arange(self.b, device=self.device)
+        for i0 in range(0, nb, self.blocks):
+            i1 = min(nb, i0 + self.blocks)
+            t0, t1 = i0 * self.b, min(self.n, i1 * self.b)
+            blocks = self.table[i0:i1].any(dim=0).nonzero().flatten()
+            keys = (blocks.view(-1, 1) * self.b + offsets).flatten()
+            keys = keys[keys < (t1 if self.causal else self.n)]
+            if not keys.numel():
+                continue
+            whole = not self.causal and bool(self.table[i0:i1, blocks].all())  # every row attends every key
+            rows, hs = self.budget.split(t1 - t0, keys.numel(), self.budget.heads)
+            parts = [(slice(r0, min(t1, r0 + rows)), keys.numel(), h) for r0 in range(t0, t1, rows) for h in hs]
+            if self.causal:  # keys ascending: a part meets those up to its last row
+                parts = [(part, int(torch.searchsorted(keys, part.stop)), h) for part, _, h in parts]
+            yield Chunk(_range_or_index(keys), parts, None, None if whole else self.allowed)
+
+    def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        allowed = self.table[rows // self.b][:, keys // self.b]
+        return allowed & _causal(rows, keys) if self.causal else allowed
+
+
+class Window:
+    """docs/block-sparse.md, sliding_window: query t attends keys t - left .. t + right (causal: .. t)."""
+
+    def __init__(self, n, left, right, causal, budget):
+        self.n, self.left = n, left
+        self.reach = 0 if causal else right
+        span = self.left + self.reach
+        budget = budget.rows(1)  # rows x keys the chunk may hold: rows (rows + span) <= budget
+        self.rows = max(1, min(n, int(((span * span + 4 * budget) ** 0.5 - span) / 2)))
+
+    def chunks(self) -> Iterator[Chunk]:
+        for t0 in range(0, self.n, self.rows):
+            t1 = min(self.n, t0 + self.rows)
+            keys = slice(max(0, t0 - self.left), min(self.n, t1 + self.reach))
+            yield Chunk(keys, [(slice(t0, t1), keys.stop - keys.start, ALL)], None, self.allowed)
+
+    def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        gap = keys.view(1, -1) - rows.view(-1, 1)
+        return (gap >= -self.left) & (gap <= self.reach)
+
+
+def _range_or_index(keys: torch.Tensor) -> slice | torch.Tensor:
+    """Ascending key positions as a slice where they are one range (a view, no gather)."""
+    if keys.numel() and int(keys[-1] - keys[0]) + 1 == keys.numel():
+        return slice(int(keys[0]), int(keys[-1]) + 1)
+    return keys
+
+
+class Budget:
+    """How a chunk's query rows and heads are cut into parts of at most `elements` scores (B x heads x rows x
+    keys): all heads at once where that leaves MIN_PART_ROWS rows, else fewer heads at a time (few rows against
+    many keys make thin matmuls and many small steps)."""
+
+    def __init__(self, batch: int, heads: int, elements: int):
+        self.batch, self.heads, self.elements = batch, heads, elements
+
+    def rows(self, keys: int, heads: int | None = None) -> int:
+        return max(1, self.elements // max(1, self.batch * (self.heads if heads is None else heads) * keys))
+
+    def split(self, rows: int, keys: int, heads: int) -> tuple[int, list[slice]]:
+        """(rows per part, the head slices) of a chunk of `rows` rows, `keys` keys and `heads` heads."""
+        if self.rows(keys, heads) >= min(rows, MIN_PART_ROWS) or heads == 1:
+            return self.rows(keys, heads), [ALL]
+        per = max(1, min(heads, self.elements // max(1, self.batch * keys * min(rows, MIN_PART_ROWS))))
+        return self.rows(keys, per), [slice(h, min(heads, h + per)) for h in range(0, heads, per)]
