@@ -64,7 +64,7 @@ def shardable(impl: str, world: int, cases: list[Case], skipped: list[str]) -> l
     kept = []
     for case in cases:
         try:
-            problem = for_impl(case, impl)
+            problem = for_impl(case.problem, impl)
         except ValueError as exc:
             skipped.append(f"{impl} p={world}, case '{case.name}': {exc}")
             continue

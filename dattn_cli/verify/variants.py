@@ -54,7 +54,7 @@ class Grid:
                     if pattern is not None and not takes(pattern, "semantics") and sem != self.semantics[0]:
                         continue
                     base = for_impl(
-                        case,
+                        case.problem,
                         impl,
                         pattern or "dilated",
                         self.token_window,
