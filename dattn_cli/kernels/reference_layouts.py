@@ -13,15 +13,16 @@ from .reference import pair_offsets
 
 ALL = slice(None)  # every head of a chunk
 MIN_PART_ROWS = 128  # rows a part keeps before its heads are split (see Budget)
+Rows = slice | torch.Tensor  # positions: a stride, or 1-D int64 ascending
 
 
 @dataclass(frozen=True)
 class Chunk:
     """Query rows against the keys they may attend, at some heads, in parts that share the gathered keys."""
 
-    keys: slice | torch.Tensor  # key positions (a stride, or 1-D int64 ascending)
-    parts: list[tuple[slice, int, slice]]  # query positions (a stride), how many of the keys they meet (a
-    # prefix), and which of the chunk's heads
+    keys: Rows  # key positions
+    parts: list[tuple[Rows, int, slice]]  # query positions, how many of the keys they meet (a prefix), and
+    # which of the chunk's heads
     heads: torch.Tensor | None = None  # the query heads (None: all)
     rule: object = None  # rule(rows, keys) -> bool (rows, keys) allowed among them (None: all)
 
@@ -69,8 +70,10 @@ class Dilated:
 
 class Blocks:
     """docs/block-sparse.md: query t attends key u when table[t // b, u // b] (causal: and u <= t). A chunk is
-    a run of query blocks against the union of their key blocks (masked where a block attends fewer), in parts
-    of rows where one block's keys exceed the budget."""
+    a set of query blocks against the union of their key blocks (masked where a block attends fewer), in parts
+    of rows where its keys exceed the budget. The blocks of a chunk are those with the same table row (the keys
+    are gathered once for all of them: a dilated table repeats each row every r blocks), or, where the keys
+    are few, consecutive blocks up to the budget."""
 
     def __init__(self, n, table, block_size, causal, budget, device):
         self.n, self.b, self.causal, self.device = n, block_size, causal, device
@@ -78,27 +81,46 @@ class Blocks:
         widest = int(self.table.sum(dim=1).max().item()) * block_size if self.table.numel() else 1
         self.blocks = max(1, budget.rows(max(1, min(n, widest))) // block_size)
 
+    def groups(self) -> list[torch.Tensor]:
+        """The query blocks of each chunk, ascending: like rows together, then runs merged up to self.blocks."""
+        if not self.table.numel():
+            return []
+        _, which = torch.unique(self.table, dim=0, return_inverse=True)
+        groups, current = [], []
+        for g in dict.fromkeys(which.tolist()):  # by first block
+            blocks = (which == g).nonzero().flatten()
+            if current and sum(map(len, current)) + len(blocks) > self.blocks:
+                groups.append(torch.cat(current).sort().values)
+                current = []
+            current.append(blocks)
+        return groups + ([torch.cat(current).sort().values] if current else [])
+
     def chunks(self) -> Iterator[Chunk]:
-        nb = self.table.shape[0]
         offsets = torch.arange(self.b, device=self.device)
-        for i0 in range(0, nb, self.blocks):
-            i1 = min(nb, i0 + self.blocks)
-            t0, t1 = i0 * self.b, min(self.n, i1 * self.b)
-            blocks = self.table[i0:i1].any(dim=0).nonzero().flatten()
-            keys = (blocks.view(-1, 1) * self.b + offsets).flatten()
-            keys = keys[keys < (t1 if self.causal else self.n)]
+        for query_blocks in self.groups():
+            rows = _positions(query_blocks, self.b, offsets, self.n)
+            last = int(rows[-1]) + 1
+            blocks = self.table[query_blocks].any(dim=0).nonzero().flatten()
+            keys = _positions(blocks, self.b, offsets, last if self.causal else self.n)
             if not keys.numel():
                 continue
-            whole = not self.causal and bool(self.table[i0:i1, blocks].all())  # every row attends every key
-            rows, hs = self.budget.split(t1 - t0, keys.numel(), self.budget.heads)
-            parts = [(slice(r0, min(t1, r0 + rows)), keys.numel(), h) for r0 in range(t0, t1, rows) for h in hs]
-            if self.causal:  # keys ascending: a part meets those up to its last row
-                parts = [(part, int(torch.searchsorted(keys, part.stop)), h) for part, _, h in parts]
+            whole = not self.causal and bool(self.table[query_blocks][:, blocks].all())  # every row, every key
+            step, hs = self.budget.split(rows.numel(), keys.numel(), self.budget.heads)
+            parts = [(rows[r0 : r0 + step], h) for r0 in range(0, rows.numel(), step) for h in hs]
+            # keys ascending: a causal part meets those up to its last row
+            meets = lambda part: int(torch.searchsorted(keys, int(part[-1]) + 1)) if self.causal else keys.numel()
+            parts = [(_range_or_index(part), meets(part), h) for part, h in parts]
             yield Chunk(_range_or_index(keys), parts, None, None if whole else self.allowed)
 
     def allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         allowed = self.table[rows // self.b][:, keys // self.b]
         return allowed & _causal(rows, keys) if self.causal else allowed
+
+
+def _positions(blocks: torch.Tensor, size: int, offsets: torch.Tensor, end: int) -> torch.Tensor:
+    """The token positions of `blocks` (ascending) below `end`."""
+    positions = (blocks.view(-1, 1) * size + offsets).flatten()
+    return positions[positions < end]
 
 
 class Window:

@@ -27,7 +27,7 @@ import torch
 
 from .documents import attend_documents
 from .reference import check_block_table
-from .reference_layouts import ALL, Blocks, Budget, Chunk, Dilated, Window
+from .reference_layouts import ALL, Blocks, Budget, Chunk, Dilated, Rows, Window
 from .validation import check_key_padding_mask, check_qkv
 
 # scores (B x H x rows x keys) per chunk: 8 MiB in float64, within the caches and the heap (larger ones are
@@ -54,7 +54,7 @@ class _Keys:
         self.mask = None if key_mask is None else _at(key_mask, chunk.keys).view(q.shape[0], 1, 1, -1)
         self.positions = torch.arange(self.n, device=q.device)[chunk.keys] if chunk.rule is not None else None
 
-    def scores(self, qs: torch.Tensor, rows: slice, upto: int, hs: slice) -> torch.Tensor:
+    def scores(self, qs: torch.Tensor, rows: Rows, upto: int, hs: slice) -> torch.Tensor:
         """qs (B, heads hs of the chunk's, R, D, scaled) against the first `upto` keys, -inf where forbidden."""
         scores = torch.matmul(qs, self.k[:, hs, :upto].transpose(-1, -2))
         if self.chunk.rule is not None:
@@ -65,9 +65,9 @@ class _Keys:
         return scores
 
 
-def _at(x: torch.Tensor, keys: slice | torch.Tensor) -> torch.Tensor:
-    """x[:, keys] (a gather by index_select, faster than advanced indexing)."""
-    return x[:, keys] if isinstance(keys, slice) else x.index_select(1, keys)
+def _at(x: torch.Tensor, positions: Rows) -> torch.Tensor:
+    """x[:, positions] (a gather by index_select, faster than advanced indexing)."""
+    return x[:, positions] if isinstance(positions, slice) else x.index_select(1, positions)
 
 
 def _part_heads(heads: torch.Tensor | None, hs: slice) -> torch.Tensor | slice | None:
@@ -84,8 +84,12 @@ def _heads(x: torch.Tensor, heads: torch.Tensor | slice | None) -> torch.Tensor:
     return x.index_select(2, heads)
 
 
-def _put(target: torch.Tensor, rows: slice, heads: torch.Tensor | slice | None, value: torch.Tensor, add=False):
+def _put(target: torch.Tensor, rows: Rows, heads: torch.Tensor | slice | None, value: torch.Tensor, add=False):
     """target[:, rows] (at `heads`) = value, or += value."""
+    if isinstance(rows, torch.Tensor):  # the rows of a Blocks chunk of like blocks: its heads a range
+        view = target if heads is None else target[:, :, heads]
+        view.index_add_(1, rows, value) if add else view.index_copy_(1, rows, value)
+        return
     view = target[:, rows]
     if heads is None or isinstance(heads, slice):
         view = view if heads is None else view[:, :, heads]
@@ -94,9 +98,9 @@ def _put(target: torch.Tensor, rows: slice, heads: torch.Tensor | slice | None, 
         view.index_add_(2, heads, value) if add else view.index_copy_(2, heads, value)
 
 
-def _scaled_rows(q: torch.Tensor, rows: slice, heads, scale: float) -> torch.Tensor:
+def _scaled_rows(q: torch.Tensor, rows: Rows, heads, scale: float) -> torch.Tensor:
     """scale x q at the rows and heads, (B, heads, R, D): the scale on q, not on the R x K scores."""
-    return (_heads(q[:, rows], heads) * scale).transpose(1, 2)
+    return (_heads(_at(q, rows), heads) * scale).transpose(1, 2)
 
 
 class _LocalAttention(torch.autograd.Function):
@@ -130,7 +134,7 @@ class _LocalAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
-def _merge_part(out, lse, keys: _Keys, rows: slice, upto: int, hs: slice, qs: torch.Tensor) -> None:
+def _merge_part(out, lse, keys: _Keys, rows: Rows, upto: int, hs: slice, qs: torch.Tensor) -> None:
     """One part's softmax numerator and denominator, merged into its rows' out and lse by log-sum-exp."""
     heads, acc = _part_heads(keys.chunk.heads, hs), out.dtype
     scores = keys.scores(qs, rows, upto, hs)
@@ -138,14 +142,14 @@ def _merge_part(out, lse, keys: _Keys, rows: slice, upto: int, hs: slice, qs: to
     top = top.masked_fill_(top == NEG_INF, 0.0)  # rows with no key here: weights 0, lse -inf
     weights = scores.sub_(top).exp_()
     part_lse = (top + torch.log(weights.sum(dim=-1, keepdim=True))).squeeze(-1).transpose(1, 2).to(acc)
-    old_lse = _heads(lse[:, rows], heads)
+    old_lse = _heads(_at(lse, rows), heads)
     new_lse = torch.logaddexp(old_lse, part_lse)
     shift = new_lse.masked_fill(new_lse == NEG_INF, 0.0)
     part = (
         torch.matmul(weights, keys.v[:, hs, :upto]).transpose(1, 2).to(acc)
         * (top.squeeze(-1).transpose(1, 2) - shift).exp()[..., None]
     )
-    merged = _heads(out[:, rows], heads) * (old_lse - shift).exp()[..., None] + part
+    merged = _heads(_at(out, rows), heads) * (old_lse - shift).exp()[..., None] + part
     _put(out, rows, heads, merged)
     _put(lse, rows, heads, new_lse)
 
@@ -161,10 +165,10 @@ def _accumulate(ctx, q, k, v, key_mask, chunk, saved, grads):
         heads = _part_heads(chunk.heads, hs)
         qs = _scaled_rows(q, rows, heads, ctx.scale)
         scores = keys.scores(qs, rows, upto, hs)
-        rows_lse = _heads(lse[:, rows], heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
+        rows_lse = _heads(_at(lse, rows), heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
         probs = scores.sub_(rows_lse.masked_fill(rows_lse == NEG_INF, float("inf"))).exp_()  # dead rows: 0
-        do = _heads(dout[:, rows], heads).transpose(1, 2)
-        rows_delta = _heads(delta[:, rows], heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
+        do = _heads(_at(dout, rows), heads).transpose(1, 2)
+        rows_delta = _heads(_at(delta, rows), heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
         dvs[:, hs, :upto] += torch.matmul(probs.transpose(-1, -2), do)
         ds = torch.matmul(do, keys.v[:, hs, :upto].transpose(-1, -2)).sub_(rows_delta).mul_(probs)
         dq_part = torch.matmul(ds, keys.k[:, hs, :upto]).mul_(ctx.scale).transpose(1, 2)

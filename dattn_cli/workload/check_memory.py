@@ -5,7 +5,8 @@ reference baseline (plan/memory.py) is `reference_items`.
 
 X is one (B, N, H, D) tensor (a multihead module's (B, N, E), E = H x D); K/V have H_kv heads.
 
-* inputs           the case's q, k, v and upstream gradient in the checked dtype (multihead: x and upstream)
+* inputs           the case's q, k, v and upstream gradient in the checked dtype (multihead: x and upstream),
+                   twice: the draw kept for the case's next computation and the copy in use
 * reference        one differentiable call in its compute dtype: the float64 leaves (q, k, v), out and lse,
                    dq, dk, dv, and what the call itself keeps: dense, the scores and probabilities of every
                    chunk (autograd saves both: 2 x B x H x N^2 elements); block-local, one chunk's working set
@@ -94,7 +95,7 @@ def check_items(
     p: Problem, local: bool, chunk_elements: int, impl_bytes: int | None = None
 ) -> tuple[dict[str, int], int]:
     """(the parts, the peak) of one single-process check of p on one device, the reference not yet computed."""
-    inputs = input_bytes(p)
+    inputs = 2 * input_bytes(p)  # the kept draw and the copy in use
     reference = sum(reference_items(p, local, chunk_elements).values())
     kept = output_elements(p) * 8 + CACHE_BYTES
     naive = sum(reference_items(p, local, chunk_elements, p.dtype).values()) if p.dtype != "float64" else 0
@@ -116,7 +117,7 @@ def group_peak(p: Problem, world: int, checks: int, local: bool, chunk_elements:
     here), then their comparison in this process: each rank draws the whole inputs and runs its shard; this
     process then holds every check's joined outputs beside the reference."""
     x = x_elements(p) * ELEMENT_BYTES[p.dtype]
-    rank = input_bytes(p) + (IMPL_TENSORS * x // world if rank_bytes is None else rank_bytes)
+    rank = 2 * input_bytes(p) + (IMPL_TENSORS * x // world if rank_bytes is None else rank_bytes)
     ranks = (world if p.device == "cpu" else 1) * rank + CACHE_BYTES
     held = 2 * checks * output_elements(p) * ELEMENT_BYTES[p.dtype]  # the ranks' shards and their join
     _, single = check_items(p, local, chunk_elements, impl_bytes=0)

@@ -7,6 +7,7 @@ import torch
 
 from dattn_cli.kernels.documents import offsets
 from dattn_cli.kernels.reference import block_sparse_reference, dilated_attention_reference, sliding_window_reference
+from dattn_cli.kernels.reference_layouts import Blocks, Budget
 from dattn_cli.kernels.reference_local import block_sparse_local, dilated_attention_local, sliding_window_local
 
 
@@ -139,3 +140,25 @@ def test_a_chunk_whose_rows_attend_all_its_keys_equals_dense(causal):
     dense = outputs(block_sparse_reference, q, k, v, up, table, 8, causal)
     for chunk in (1 << 22, 128, 32):  # one chunk (masked), one block per chunk (whole), part of one block
         assert_same(dense, outputs(block_sparse_local, q, k, v, up, table, 8, causal, max_chunk_elements=chunk))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_blocks_with_like_rows_share_a_chunk_and_equal_dense(causal):
+    """A dilated-like table repeats each row every other block: those blocks are one chunk (their keys gathered
+    once), its rows not one range; ragged N, GQA and key padding on top."""
+    n, block = 60, 8  # 8 blocks, the last one part
+    parity = torch.arange(8) % 2
+    table = parity.view(-1, 1) == parity.view(1, -1)
+    table[:, 0] = True
+    q, k, v, up = draw(2, n, 4, 2)
+    mask = torch.zeros(2, n, dtype=torch.bool)
+    mask[1, -5:] = True
+    dense = outputs(block_sparse_reference, q, k, v, up, table, block, causal, key_padding_mask=mask)
+    for chunk in (1 << 22, 2 * 4 * 40, 2 * 4 * 8):  # whole groups, parts of a group, parts of fewer heads
+        got = outputs(
+            block_sparse_local, *(q, k, v, up, table, block, causal), key_padding_mask=mask, max_chunk_elements=chunk
+        )
+        assert_same(dense, got)
+    one_block = Budget(2, 4, 2 * 4 * 40 * block)  # budget for one block's rows against the widest row's 40 keys
+    layout = Blocks(n, table, block, causal, one_block, q.device)
+    assert [g.tolist() for g in layout.groups()] == [[0, 2, 4, 6], [1, 3, 5, 7]]
