@@ -88,7 +88,17 @@ REGISTRATIONS: tuple[Registration, ...] = (
 )
 
 
-def _check_call(name: str, query, key, attention_mask, dropout: float) -> None:
+# attention options of other architectures (Mistral's window, Gemma 2's softcap, gpt-oss' sinks, T5's bias) that
+# these names do not apply: refused rather than ignored
+UNSUPPORTED_OPTIONS = ("sliding_window", "softcap", "s_aux", "position_bias")
+
+
+def _check_call(name: str, query, key, attention_mask, dropout: float, options: dict) -> None:
+    given = [option for option in UNSUPPORTED_OPTIONS if options.get(option) is not None]
+    if given:
+        raise ValueError(
+            f"{name} does not apply {', '.join(given)}: use it with models whose attention has none (e.g. Llama)"
+        )
     if attention_mask is not None:
         raise ValueError(
             f"{name} takes no attention mask (got one of shape {tuple(attention_mask.shape)}): causality comes "
@@ -118,7 +128,7 @@ def attention_forward(
     """transformers' attention call: query (B, H, N, D), key and value (B, H_kv, N, D) -> ((B, N, H, D), None).
     GQA needs no repeat here (dattn takes H_kv < H). The dattn module is made once per (sequence length,
     group, scale) and kept on the transformers module, outside its parameters and state dict."""
-    _check_call(registration.name, query, key, attention_mask, dropout)
+    _check_call(registration.name, query, key, attention_mask, dropout, kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     group = module.__dict__.get(_GROUP)
     world = group_rank_size(group)[1] if registration.distributed else 1
@@ -203,15 +213,20 @@ def all_reduce_loss(loss: torch.Tensor, group=None) -> torch.Tensor:
 
 
 def all_reduce_gradients(model: nn.Module, group=None) -> None:
-    """Sum every parameter's gradient over the ranks of `group` (one collective): each rank's backward gave the
-    gradient of its own loss, and the global loss is their sum. A parameter without a gradient counts as zero."""
+    """Sum every parameter's gradient over the ranks of `group`: each rank's backward gave the
+    gradient of its own loss, and the global loss is their sum. One collective per gradient dtype and device; a
+    parameter without a gradient counts as zero."""
     if group_rank_size(group)[1] == 1:
         return
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat, group=group)
-    for p, summed in zip(params, flat.split([p.numel() for p in params])):
-        p.grad.copy_(summed.view_as(p))
+    buckets: dict[tuple, list[nn.Parameter]] = {}
+    for p in params:
+        buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+    for bucket in buckets.values():
+        flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+        dist.all_reduce(flat, group=group)
+        for p, summed in zip(bucket, flat.split([p.numel() for p in bucket])):
+            p.grad.copy_(summed.view_as(p))

@@ -64,6 +64,8 @@ def test_refusals_name_the_fix():
         hf.attention_forward(ring, attention, q, k, k, torch.ones(1, 1, 8, 8, dtype=torch.bool))
     with pytest.raises(ValueError, match="attention_dropout = 0"):
         hf.attention_forward(ring, attention, q, k, k, None, dropout=0.1)
+    with pytest.raises(ValueError, match="does not apply sliding_window"):
+        hf.attention_forward(ring, attention, q, k, k, None, sliding_window=4)
     attention.config.dattn_segment_lengths = None
     with pytest.raises(ValueError, match="set the config's dattn_segment_lengths"):
         hf.attention_forward(hf.REGISTRATIONS[1], attention, q, k, k, None)
