@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 
-def torchrun(nproc: int, *args: str) -> tuple[int, str, str]:
+def torchrun(nproc: int, *args: str, script: Path = SCRIPT) -> tuple[int, str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -43,7 +43,7 @@ def torchrun(nproc: int, *args: str) -> tuple[int, str, str]:
         "--standalone",
         "--nproc-per-node",
         str(nproc),
-        str(SCRIPT),
+        str(script),
         *args,
     ]
     try:

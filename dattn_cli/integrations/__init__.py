@@ -1,0 +1,1 @@
+"""dattn inside other libraries' models: `transformers` (Hugging Face; `pip install 'dattn[hf]'`)."""
