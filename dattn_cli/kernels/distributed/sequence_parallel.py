@@ -61,6 +61,7 @@ class SequenceParallelBase(DistributedAttention):
             name,
             group,
             self.layout,
+            self.head_range(num_heads),
         )
         check_call(self, q, k, is_causal, key_padding_mask)
         self.stats.call()
