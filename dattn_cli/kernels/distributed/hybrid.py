@@ -23,7 +23,6 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from ..documents import whole_sequence
 from .comm import DistributedAttention, check_consistent, group_rank_size
 from .head_parallel import _AllToAll, _exchange, spread_kv_heads
 from .layout import check_layout
@@ -49,6 +48,13 @@ def hybrid_groups(group=None, head_parallel_size: int = 2):
         return None, None
     place = ranks.index(me)
     return heads[place // h], rings[place % h]
+
+
+def head_parallel_size(heads: int, world: int, h: int | None = None) -> int:
+    """h of a hybrid over `world` ranks: the given one, else 2 where it splits the ranks and heads, else 1."""
+    if h is not None:
+        return h
+    return 2 if world % 2 == 0 and heads % 2 == 0 else 1
 
 
 def check_sizes(world: int, h: int, heads: int | None = None) -> None:
@@ -106,18 +112,16 @@ class HybridDilatedAttention(DistributedAttention):
         return f"{super().signature()}|{self.layout}"
 
     def _distributed(self, q, k, v, is_causal, key_padding_mask, cu_seqlens, need_lse, rank, world):
-        batch, length, heads, _ = q.shape
-        j, h = group_rank_size(self.process_group)
-        if not whole_sequence(cu_seqlens, length * world):
-            raise ValueError(
-                "HybridDilatedAttention: packed documents (cu_seqlens) are not supported: use "
-                "HeadParallelDilatedAttention or RingDilatedAttention for them"
-            )
+        _, length, heads, _ = q.shape
+        _, h = group_rank_size(self.process_group)
         check_sizes(world, h, heads)
         k, v = spread_kv_heads(k, v, heads, h)
-        config = f"{self.signature()}|{bool(is_causal)}|{k.shape[2]}|{key_padding_mask is not None}"
+        config = (
+            f"{self.signature()}|{bool(is_causal)}|{k.shape[2]}|{key_padding_mask is not None}|{cu_seqlens is not None}"
+        )
         check_consistent(self.process_group, type(self).__name__, tuple(q.shape), q.dtype, config, q.device, owner=self)
-        self.stats.call()
+        if group_rank_size(self.ring_group)[1] == 1:  # else the ring counts the call
+            self.stats.call()
         group, stats = self.process_group, self.stats
         xs = [_AllToAll.apply(x, True, group, stats) for x in (q, k, v)]
         mask = self._block_mask(key_padding_mask, h)
@@ -125,7 +129,10 @@ class HybridDilatedAttention(DistributedAttention):
         if order is not None:
             xs = [x.index_select(1, order) for x in xs]
             mask = None if mask is None else mask.index_select(1, order)
-        out, lse = self.ring.forward_with_lse(*xs, is_causal, key_padding_mask=mask, need_lse=need_lse)
+        # cu_seqlens: the ring's packed documents over the blocks' pieces (contiguous layout only, as the ring)
+        out, lse = self.ring.forward_with_lse(
+            *xs, is_causal, key_padding_mask=mask, cu_seqlens=cu_seqlens, need_lse=need_lse
+        )
         if order is not None:
             back = torch.argsort(order)
             out = out.index_select(1, back)
