@@ -15,6 +15,7 @@ from .cache import (
 from .dilated import DilatedAttention as DilatedAttention, ImprovedDilatedAttention as ImprovedDilatedAttention
 from .distributed.allgather import DistributedImprovedDilatedAttention as DistributedImprovedDilatedAttention
 from .distributed.head_parallel import HeadParallelDilatedAttention as HeadParallelDilatedAttention
+from .distributed.hybrid import HybridDilatedAttention as HybridDilatedAttention, hybrid_groups as hybrid_groups
 from .distributed.ring import RingDilatedAttention as RingDilatedAttention
 from .distributed.sharding import (
     gather_sequence as gather_sequence,
@@ -26,6 +27,7 @@ from .multihead import (
     BlockSparseRingMultiheadDilatedAttention as BlockSparseRingMultiheadDilatedAttention,
     DistributedImprovedMultiheadDilatedAttention as DistributedImprovedMultiheadDilatedAttention,
     HeadParallelMultiheadDilatedAttention as HeadParallelMultiheadDilatedAttention,
+    HybridMultiheadDilatedAttention as HybridMultiheadDilatedAttention,
     ImprovedMultiheadDilatedAttention as ImprovedMultiheadDilatedAttention,
     MultiheadDilatedAttention as MultiheadDilatedAttention,
     RingMultiheadDilatedAttention as RingMultiheadDilatedAttention,

@@ -23,11 +23,13 @@ from .block_sparse.attention import BlockSparseRingDilatedAttention
 from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .distributed.allgather import DistributedImprovedDilatedAttention
 from .distributed.head_parallel import HeadParallelDilatedAttention
+from .distributed.hybrid import HybridDilatedAttention
 from .distributed.ring import RingDilatedAttention
 from .multihead import (
     BlockSparseRingMultiheadDilatedAttention,
     DistributedImprovedMultiheadDilatedAttention,
     HeadParallelMultiheadDilatedAttention,
+    HybridMultiheadDilatedAttention,
     ImprovedMultiheadDilatedAttention,
     MultiheadDilatedAttention,
     RingMultiheadDilatedAttention,
@@ -47,6 +49,7 @@ from .registry import (
     block_sparse_pairs,
     dense_pairs,
     head_shards,
+    hybrid_shards,
     register,
     segment_aligned_shards,
 )
@@ -97,6 +100,12 @@ _OWN = (
         HeadParallelMultiheadDilatedAttention,
         "all-to-all sequence shards -> head shards, dilated attention on H/p heads, all-to-all back",
         dict(strategy="head_parallel", **_HEAD_PARALLEL),
+    ),
+    (
+        HybridDilatedAttention,
+        HybridMultiheadDilatedAttention,
+        "h x ring: all-to-all seq -> heads inside blocks of h ranks, sparsified K/V rotated around the blocks",
+        dict(strategy="hybrid", memory_model=None, distributed=True, single_device=False, shard_rule=hybrid_shards),
     ),
     (
         BlockSparseRingDilatedAttention,

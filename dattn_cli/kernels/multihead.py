@@ -21,6 +21,7 @@ from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .distributed.allgather import DistributedImprovedDilatedAttention
 from .distributed.comm import group_rank_size
 from .distributed.head_parallel import HeadParallelDilatedAttention
+from .distributed.hybrid import HybridDilatedAttention
 from .distributed.layout import rank_positions
 from .distributed.ring import RingDilatedAttention
 from .heads import divisors
@@ -29,7 +30,8 @@ from .rotary import apply_rotary, document_positions
 
 def shard_positions(attention: nn.Module, length: int, device) -> torch.Tensor:
     """float64 global positions of this rank's `length` rows under its core's layout (distributed/layout.py)."""
-    rank, world = group_rank_size(attention.process_group)
+    rank_world = getattr(attention, "rank_world", None)  # a hybrid's rank among its p ranks, not its head group's
+    rank, world = rank_world() if rank_world else group_rank_size(attention.process_group)
     return rank_positions(rank, world, length, attention.layout, device).double()
 
 
@@ -200,6 +202,12 @@ class HeadParallelMultiheadDilatedAttention(ShardedMultiheadDilatedAttention):
     """Projections around HeadParallelDilatedAttention (num_heads divisible by the group's size)."""
 
     attention_class = HeadParallelDilatedAttention
+
+
+class HybridMultiheadDilatedAttention(ShardedMultiheadDilatedAttention):
+    """Projections around HybridDilatedAttention (head_group=, ring_group= from hybrid_groups)."""
+
+    attention_class = HybridDilatedAttention
 
 
 class BlockSparseRingMultiheadDilatedAttention(RingMultiheadDilatedAttention):

@@ -25,11 +25,14 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from .distributed.hybrid import check_sizes, head_parallel_size
 from .distributed.sharding import padded_length
 from .pattern import attended_pairs, build_blocks
 
 # "peer": another project's dilated attention (or FlexAttention with the pattern), measured beside dattn's
-Strategy = Literal["single", "ring", "allgather", "head_parallel", "block_sparse", "dense", "reference", "peer"]
+Strategy = Literal[
+    "single", "ring", "allgather", "head_parallel", "hybrid", "block_sparse", "dense", "reference", "peer"
+]
 # Which of plan/memory.py's models counts its bytes: kept rows as strided views with pooled gathers
 # ("strided"), gathered by index one block at a time ("index_gather"), a fused dense kernel ("dense"),
 # N x N scores ("dense_scores"), the float64 reference ("reference"); None: the planner has no model.
@@ -63,7 +66,16 @@ def shard_length(w: Any, world: int) -> int:
         return padded_length(w.seq_len, world, block_size=w.block_size, layout=layout) // world
     if spec.strategy in ("ring", "allgather"):
         return padded_length(w.seq_len, world, w.segment_lengths, layout=layout) // world
-    return padded_length(w.seq_len, world) // world
+    if spec.strategy == "hybrid":  # the ring over world/h blocks aligned with the segments, its shards with h
+        h = hybrid_size(w, world)
+        if h < world:
+            return padded_length(w.seq_len, world // h, w.segment_lengths, h, layout) // world
+    return padded_length(w.seq_len, world, layout=layout) // world
+
+
+def hybrid_size(w: Any, world: int) -> int:
+    """h of a hybrid problem: its head_parallel_size, else the default (distributed/hybrid.py)."""
+    return head_parallel_size(w.heads, world, getattr(w, "head_parallel_size", None))
 
 
 def shard_call_options(w: Any, key_padding_mask: Any, padded_len: int | None = None) -> dict[str, Any]:
@@ -110,6 +122,14 @@ def head_shards(w: Any, world: int) -> str | None:
     if w.heads % world:
         return f"{w.heads} heads are not divisible by {world} ranks"
     return None
+
+
+def hybrid_shards(w: Any, world: int) -> str | None:
+    try:
+        check_sizes(world, hybrid_size(w, world), w.heads)
+    except ValueError as exc:
+        return str(exc)
+    return _padding(w, world, "the segment lengths")
 
 
 def block_aligned_shards(w: Any, world: int) -> str | None:

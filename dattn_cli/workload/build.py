@@ -39,7 +39,28 @@ def module_options(p: Problem) -> dict:
         options["backend"] = p.backend
     if p.layout != "contiguous":  # only the classes that take it (Problem._check_layout)
         options["layout"] = p.layout
+    if p.spec.strategy == "hybrid":
+        options.update(hybrid_group_options(p))
     return options
+
+
+_HYBRID_GROUPS: dict = {}  # (the job's default group, h) -> this rank's groups: made once per job
+
+
+def hybrid_group_options(p: Problem) -> dict:
+    """head_group and ring_group of a hybrid problem over the job's ranks (kernels hybrid_groups, collective: every
+    rank builds the same problems in the same order); none in a process without torch.distributed."""
+    import torch.distributed as dist
+
+    from ..kernels.distributed.hybrid import hybrid_groups
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return {}
+    key = (id(dist.group.WORLD), p.hybrid_size)
+    if key not in _HYBRID_GROUPS:
+        _HYBRID_GROUPS[key] = (dist.group.WORLD, *hybrid_groups(None, p.hybrid_size))  # the group keeps its id
+    _, head_group, ring_group = _HYBRID_GROUPS[key]
+    return {"head_group": head_group, "ring_group": ring_group}
 
 
 def build_module(

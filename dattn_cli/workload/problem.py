@@ -27,6 +27,7 @@ from .problem_options import (
     DENSITY_OPTION,
     DILATION_RATES_OPTION,
     DOCUMENTS_OPTION,
+    HEAD_PARALLEL_SIZE_OPTION,
     IMPL_OPTION,
     LAYOUT_OPTION,
     MODE_OPTION,
@@ -52,6 +53,7 @@ SIZE_LIMITS = {
     "kv_heads": 2**16,
     "head_dim": 2**16,
     "world_size": 2**20,
+    "head_parallel_size": 2**20,
     "block_size": 2**30,
     "layers": 2**16,
     "vocab_size": 2**31,
@@ -66,7 +68,7 @@ BLOCK_FIELDS = (
     *("levels", "density", "window_left", "window_right"),
 )
 Target = Literal["attention", "layer", "model"]
-ZIGZAG_STRATEGIES = ("ring", "allgather", "block_sparse")  # the registry strategies that take layout="zigzag"
+ZIGZAG_STRATEGIES = ("ring", "allgather", "hybrid", "block_sparse")  # the registry strategies that take layout="zigzag"
 
 
 class Problem(BaseModel):
@@ -94,6 +96,8 @@ class Problem(BaseModel):
     world_size: Annotated[int, WORLD_SIZE_OPTION] = 1  # ranks sharing the sequence
     # which positions each rank holds (kernels/distributed/layout.py); zigzag: ring, all-gather, block-sparse
     layout: Annotated[Literal["contiguous", "zigzag"], LAYOUT_OPTION] = "contiguous"
+    # the hybrid classes' ranks per head group (h of h x ring); None: 2 where it fits (distributed/hybrid.py)
+    head_parallel_size: Annotated[int | None, HEAD_PARALLEL_SIZE_OPTION] = None
     backend: Annotated[str, BACKEND_OPTION] = "auto"  # attention backend of the dilated implementations' blocks
     # block-sparse implementations only
     pattern: Annotated[str, PATTERN_OPTION] = "dilated"
@@ -219,6 +223,11 @@ class Problem(BaseModel):
             )
         if self.spec.block_sparse:
             self.block_pattern()  # a bad pattern option fails here, naming the option
+        if self.spec.strategy == "hybrid" and self.world_size > 1 and self.world_size % self.hybrid_size:
+            raise ValueError(
+                f"--head-parallel-size {self.hybrid_size} does not divide --world-size {self.world_size}: "
+                "use a divisor of the world size (h of h x ring)"
+            )
         if self.layout != "contiguous":
             self._check_layout()
         return self
@@ -300,6 +309,13 @@ class Problem(BaseModel):
         """How this problem's work is split: ring, allgather or head_parallel over its ranks, else single."""
         sharded = self.world_size > 1 and self.spec.strategy in ("ring", "allgather", "head_parallel")
         return self.spec.strategy if sharded else "single"
+
+    @property
+    def hybrid_size(self) -> int:
+        """h of a hybrid problem: head_parallel_size, else its default (kernels/registry.hybrid_size)."""
+        from ..kernels.registry import hybrid_size
+
+        return hybrid_size(self, self.world_size)
 
     @property
     def kv_head_count(self) -> int:

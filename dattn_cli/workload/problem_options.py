@@ -130,6 +130,13 @@ LAYOUT_OPTION = Cli(
     choices=True,
 )
 
+HEAD_PARALLEL_SIZE_OPTION = Cli(
+    "Hybrid classes: h of the h x ring layout, ranks per head group (dividing --world-size and --heads); "
+    "default 2 where it divides both, else 1.",
+    DIST,
+    ("verify", "bench"),
+)
+
 WORLD_SIZE_OPTION = Cli(
     "Ranks per point for distributed implementations (gloo on CPU, NCCL on CUDA), spawned here "
     "(at most 4 per CPU core).",

@@ -41,6 +41,7 @@ KEY_FIELDS = (
     "kv_heads",
     "documents",
     "layout",
+    "head_parallel_size",
 )
 PROBLEM_NAMES = {"segments": "segment_lengths", "dilations": "dilation_rates"}  # a row's names for Problem fields
 LAYER_FIELDS = ("embed_dim", "layers", "checkpointing", "amp", "vocab_size")  # set in layer and model rows only
@@ -66,6 +67,7 @@ class BenchRow(BaseModel):
     mode: str
     world_size: int = 1
     layout: str = "contiguous"  # which positions each rank holds (kernels/distributed/layout.py)
+    head_parallel_size: int | None = None  # the hybrid classes' h (h x ring); None: the default
     pattern: str | None = None  # block-sparse implementations: the block pattern, e.g. local(window 13, block 128)
     block_density: float | None = None  # active blocks / all blocks
     element_density: float | None = None  # attended (query, key) pairs / N^2 (what the work scales with)

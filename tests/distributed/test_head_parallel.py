@@ -77,6 +77,8 @@ def test_verify_world_sizes_from_the_cli(tmp_path, capsys):
     assert {r["impl"] for r in rows} == {
         "HeadParallelDilatedAttention",
         "HeadParallelMultiheadDilatedAttention",
+        "HybridDilatedAttention",
+        "HybridMultiheadDilatedAttention",
         "RingDilatedAttention",
         "RingMultiheadDilatedAttention",
         "DistributedImprovedDilatedAttention",

@@ -75,7 +75,7 @@ def test_auto_with_a_group_but_no_process_group_initialised_says_so():
 
 def test_every_distributed_form_has_a_registered_multihead_wrapper():
     forms = lambda kind: {s.strategy for s in REGISTRY.values() if s.kind == kind and s.distributed}  # noqa: E731
-    assert forms("core") == forms("multihead") == {"ring", "allgather", "head_parallel", "block_sparse"}
+    assert forms("core") == forms("multihead") == {"ring", "allgather", "head_parallel", "hybrid", "block_sparse"}
 
 
 def test_the_registry_is_complete_wherever_it_is_imported_from():

@@ -119,6 +119,18 @@ class DistributedAttention(nn.Module):
         self.process_group = process_group
         self.stats = CommStats()
 
+    # which heads of the whole call this module's are (index, shards): a hybrid's ring holds head shard j of h
+    head_shard: tuple[int, int] = (0, 1)
+
+    def rank_world(self) -> tuple[int, int]:
+        """(rank, ranks) of this module's sequence shards: its process group's (the hybrid overrides it)."""
+        return group_rank_size(self.process_group)
+
+    def head_range(self, heads: int) -> tuple[int, int] | None:
+        """(first global head, total heads) of a call on `heads` local heads; None: they are all the heads."""
+        index, shards = self.head_shard
+        return None if shards == 1 else (index * heads, shards * heads)
+
     segment_lengths = property(lambda self: self.attention.segment_lengths)
     dilation_rates = property(lambda self: self.attention.dilation_rates)
     semantics = property(lambda self: self.attention.semantics)
@@ -126,7 +138,7 @@ class DistributedAttention(nn.Module):
 
     def signature(self) -> str:
         """The module's own state every rank must share (checked with each call's options, `check_call`)."""
-        return f"{type(self).__name__}|{self.attention.signature()}"
+        return f"{type(self).__name__}|{self.attention.signature()}|{self.head_shard}"
 
     def forward_with_lse(
         self,
@@ -142,10 +154,11 @@ class DistributedAttention(nn.Module):
         """(out, lse) of this rank's shard (batch, N/p, heads, head_dim) of the whole sequence; cu_seqlens:
         packed documents of the whole sequence, the same on every rank (distributed/documents.py); lse may be
         None when not need_lse."""
-        rank, world = group_rank_size(self.process_group)
+        rank, world = self.rank_world()
         if world == 1:
+            heads = self.head_range(q.shape[2])
             return self.attention.forward_with_lse(
-                q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens
+                q, k, v, is_causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens, head_range=heads
             )
         check_qkv(q, k, v)
         check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[1], q.device)

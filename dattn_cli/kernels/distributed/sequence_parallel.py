@@ -61,6 +61,7 @@ class SequenceParallelBase(DistributedAttention):
             name,
             group,
             self.layout,
+            self.head_range(num_heads),
         )
         check_call(self, q, k, is_causal, key_padding_mask)
         self.stats.call()
@@ -74,7 +75,9 @@ class SequenceParallelBase(DistributedAttention):
         check_call(self, q, k, is_causal, key_padding_mask, "documents")
         name = type(self).__name__
         return sharded_documents(
-            lambda *x: self.attention.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3]),
+            lambda *x: self.attention.forward_with_lse(
+                *x[:3], is_causal, key_padding_mask=x[3], head_range=self.head_range(x[0].shape[2])
+            ),
             q,
             k,
             v,

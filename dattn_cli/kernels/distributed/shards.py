@@ -195,8 +195,11 @@ def shard_plan(
     name: str,
     kv_group: int = 1,
     layout: str = "contiguous",
+    head_range: tuple[int, int] | None = None,
 ) -> tuple[list[Block], list[SpanningPair]]:
-    """Local blocks (pairs inside the chunks, and each spanning pair's own-rows blocks) and spanning pairs."""
+    """Local blocks (pairs inside the chunks, and each spanning pair's own-rows blocks) and spanning pairs.
+    head_range = (first, total): the heads are global heads first .. of total (a hybrid's head shard)."""
+    heads = head_range or (0, num_heads)
     chunks = chunk_count(world, layout)
     if seq_len % chunks:
         raise ValueError(
@@ -210,10 +213,12 @@ def shard_plan(
     for pair, (w, r) in enumerate(zip(segment_lengths, dilation_rates)):
         size = ranks_per_segment(w, seq_len, world, name, pair, layout)
         if size == 1:
-            local.extend(pair_blocks(pair, shard, num_heads, min(w, seq_len), r, len(segment_lengths), semantics))
+            local.extend(
+                pair_blocks(pair, shard, num_heads, min(w, seq_len), r, len(segment_lengths), semantics, *heads)
+            )
             continue
         group, units = _group(rank, world, size, chunk, layout)
-        sets = tuple(head_sets(pair, r, num_heads, len(segment_lengths), semantics))
+        sets = tuple(head_sets(pair, r, num_heads, len(segment_lengths), semantics, *heads))
         ordered = layout == "contiguous"
         plan = SpanningPair(pair, r, chunk, group, group.index(rank), size, sets, kv_group, first_set, units, ordered)
         first_set += len(sets)
@@ -276,17 +281,20 @@ def comm_volume(
     with_mask: bool = False,
     num_kv_heads: int | None = None,
     layout: str = "contiguous",
+    head_range: tuple[int, int] | None = None,
 ) -> list[dict[str, int]]:
     """Closed-form bytes per rank (docs/communication.md) for strategy 'ring' or 'allgather': `pair_traffic`
     over the shard plan's kept-row counts, without running anything. num_kv_heads (GQA): K/V and their
     shares travel at the kv heads of each head set. layout (layout.py): under zigzag a member's buffer holds
-    its two chunks' rows and a causal ring wraps around (every step moves a buffer)."""
+    its two chunks' rows and a causal ring wraps around (every step moves a buffer). head_range: as shard_plan's."""
     segs, rates = validate_pattern(segment_lengths, dilation_rates, semantics)
     group = kv_group(num_heads, num_heads if num_kv_heads is None else num_kv_heads)
     counts = []
     for rank in range(world):
         totals = [0, 0, 0, 0]
-        _, spanning = shard_plan(seq_len, world, rank, num_heads, segs, rates, semantics, strategy, group, layout)
+        _, spanning = shard_plan(
+            seq_len, world, rank, num_heads, segs, rates, semantics, strategy, group, layout, head_range
+        )
         for plan in spanning:
             members = range(len(plan.group))
             size = [plan.elements(j, batch, head_dim, with_mask) * element_bytes for j in members]
