@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from ..validation import check_key_padding_mask
 from .comm import check_consistent, group_rank_size
+from .document_layout import DocumentLayout
 from .layout import check_layout, chunk_count, chunks_per_rank, rank_positions, sequence_order
 
 
@@ -144,8 +145,10 @@ def rank_shard(
     """Rank `rank`'s `length` positions (layout.py) of x padded with zeros at the end to world·length, and the
     key padding mask of those positions (True = ignore): the user's `key_padding_mask` (batch, N), if any,
     with the padding added; None when nothing is padded and no mask is given (the same on every rank).
-    Differentiable in x."""
+    Differentiable in x. layout: a name, or a DocumentLayout (document_layout.py; length: its shard_len)."""
     dim = _sequence_dim(x, dim)
+    if isinstance(layout, DocumentLayout):
+        return layout.rank_shard(x, rank, dim, key_padding_mask)
     seq_len = x.shape[dim]
     _positive("length", length, "use padded_length(N, world, ...) // world")
     check_layout(layout)
@@ -187,9 +190,15 @@ def shard_sequence(
     block-sparse module's. The sequence is padded at the end to padded_length(N, p, ...) = p·L; the mask marks
     the padding (and `key_padding_mask`'s own True entries, a bool (batch, N) of the whole sequence). It is
     None when nothing is padded and no mask is given. layout: the module's (layout.py; "zigzag": chunks a and
-    2p-1-a of 2p). Gather the outputs with gather_sequence(out, N, group, layout=layout)."""
+    2p-1-a of 2p), or packed documents balanced: a DocumentLayout, document_layout(cu_seqlens, p, segment_lengths)
+    for a module of layout="documents", whose `positions` is the permutation applied. Gather the outputs with
+    gather_sequence(out, N, group, layout=layout)."""
     rank, world = group_rank_size(group)
     dim = _sequence_dim(x, dim)
+    if isinstance(layout, DocumentLayout):
+        if layout.world != world:
+            raise ValueError(f"the documents' layout is for {layout.world} ranks, the group has {world}: rebuild it")
+        return layout.rank_shard(x, rank, dim, key_padding_mask)
     check_layout(layout)
     length = padded_length(x.shape[dim], world, segment_lengths, block_size, layout) // world
     return rank_shard(x, rank, world, length, dim=dim, key_padding_mask=key_padding_mask, layout=layout)
@@ -200,6 +209,8 @@ def join_shards(shards: Sequence[torch.Tensor], seq_len: int, dim: int = 1, layo
     if not shards:
         raise ValueError("shards is empty: pass every rank's shard, in rank order")
     dim = _sequence_dim(shards[0], dim)
+    if isinstance(layout, DocumentLayout):
+        return layout.join(torch.cat(list(shards), dim=dim), seq_len, dim)
     check_layout(layout)
     total = sum(s.shape[dim] for s in shards)
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= total:
@@ -222,10 +233,11 @@ def gather_sequence(
     used. Every rank gets it. Not differentiable: train on the shards (each rank's loss on its own positions)."""
     _, world = group_rank_size(group)
     dim = _sequence_dim(shard, dim)
-    check_layout(layout)
+    if not isinstance(layout, DocumentLayout):
+        check_layout(layout)
     _positive("seq_len", seq_len, "pass the length before padding (the sequence length given to shard_sequence)")
     if world == 1:
-        return join_shards([shard.detach()], seq_len, dim)
+        return join_shards([shard.detach()], seq_len, dim, layout)
     # shards of different shapes would leave all_gather waiting or mixing data: one small check first
     config = f"{dim}|{seq_len}|{layout}"
     check_consistent(group, "gather_sequence", tuple(shard.shape), shard.dtype, config, shard.device)
