@@ -24,6 +24,7 @@ import torch
 
 from ..documents import Call, document_spans
 from .layout import rank_positions
+from .padding import padded_length
 
 
 def causal_pairs(n: int) -> int:
@@ -98,8 +99,6 @@ def document_layout(
 ) -> DocumentLayout:
     """The documents' balanced layout over `world` ranks (module docstring); segment_lengths: the module's, which
     the spread documents' zigzag chunks must align with (as shard_sequence's). The same on every rank."""
-    from .sharding import padded_length
-
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.numel() < 2:
         document_spans(cu_seqlens, 0)  # its error names the fix
     spans = document_spans(cu_seqlens, int(cu_seqlens[-1]))
