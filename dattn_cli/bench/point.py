@@ -17,6 +17,7 @@ GPU: torch.cuda.max_memory_allocated after a reset, plus NVML's device-used figu
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -115,8 +116,10 @@ def _stepper(
         flush()
         if group is not None:
             torch.distributed.barrier(group)
+        busy = time.process_time()
         seconds = call_seconds(lambda: run(inputs), problem.device if sweep.cuda else "cpu")
-        own.append(seconds)
+        # CPU: this rank's busy time (process CPU seconds, all its threads), which leaves out waits for its peers
+        own.append(seconds if sweep.cuda else time.process_time() - busy)
         return seconds if group is None else _slowest(seconds, group)
 
     own: list[float] = []

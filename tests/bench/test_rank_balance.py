@@ -1,5 +1,5 @@
-"""Per-rank time of distributed bench rows: each rank's own median call time (rank_time_ms) and their max/mean
-(rank_time_max_over_mean), in the table, the --out/--json/--csv records."""
+"""Per-rank time of distributed bench rows: each rank's own median call time (rank_time_ms; CPU: its process CPU
+time) and their max/mean (rank_time_max_over_mean), in the table, the --out/--json/--csv records."""
 
 import csv
 import json
@@ -34,7 +34,6 @@ def test_bench_world_size_2_reports_rank_time_max_over_mean(tmp_path, capsys):
     mean = sum(row.rank_time_ms) / 2
     assert row.rank_time_max_over_mean == pytest.approx(max(row.rank_time_ms) / mean)
     assert 1.0 <= row.rank_time_max_over_mean < 2.0
-    assert max(row.rank_time_ms) <= row.time_ms_p90 * 1.001  # each call's time is the slowest rank's
     text = as_json.read_text()
     assert "rank_time_max_over_mean" in text and json.loads(text)
     (record,) = list(csv.DictReader(as_csv.open()))
