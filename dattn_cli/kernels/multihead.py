@@ -21,7 +21,7 @@ from .dilated import DilatedAttention, ImprovedDilatedAttention
 from .distributed.allgather import DistributedImprovedDilatedAttention
 from .distributed.comm import group_rank_size
 from .distributed.head_parallel import HeadParallelDilatedAttention
-from .distributed.layout import rank_positions
+from .distributed.layout import DOCUMENTS, rank_positions
 from .distributed.ring import RingDilatedAttention
 from .heads import divisors
 from .rotary import apply_rotary, document_positions
@@ -30,6 +30,11 @@ from .rotary import apply_rotary, document_positions
 def shard_positions(attention: nn.Module, length: int, device) -> torch.Tensor:
     """float64 global positions of this rank's `length` rows under its core's layout (distributed/layout.py)."""
     rank, world = group_rank_size(attention.process_group)
+    if attention.layout == DOCUMENTS:
+        raise ValueError(
+            "rotary embeddings are not supported with layout='documents' (the rows' positions depend on the "
+            "documents): use rotary=False, or layout='contiguous' for packed documents with rotary"
+        )
     return rank_positions(rank, world, length, attention.layout, device).double()
 
 

@@ -61,3 +61,12 @@ def test_documents_layout_needs_cu_seqlens_and_its_own_shards():
         module._distributed(x, x, x, False, None, None, False, 0, 2)
     with pytest.raises(ValueError, match=r"shard shape \(1, 8\) is not \(1, 21\)"):
         module._distributed(x, x, x, False, None, offsets([3, 4, 17]), False, 0, 2)
+
+
+def test_rotary_under_the_documents_layout_is_refused_in_one_line():
+    from types import SimpleNamespace
+
+    from dattn_cli.kernels.multihead import shard_positions
+
+    with pytest.raises(ValueError, match=r"rotary embeddings are not supported with layout='documents'"):
+        shard_positions(SimpleNamespace(process_group=None, layout="documents"), 8, "cpu")
