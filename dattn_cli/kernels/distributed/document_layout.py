@@ -7,7 +7,8 @@ segments, layout="zigzag"), cut into 2p chunks, rank a holding chunks a and 2p-1
 all-gather runs on each of them with the zigzag shard rule (shards.py). The other documents stay whole, on one
 rank each, longest first to the rank with the least work so far (LPT). The rank LPT last gave a document had the
 least work then, so the busiest rank exceeds the mean by at most one whole document's work: max/mean <= 1 +
-spread, plus the zigzag pieces' own imbalance (within a chunk).
+spread, plus the zigzag pieces' own imbalance: a chunk's worth, unless segment_lengths make the spread documents'
+alignment padding (in their last chunks, held by ranks 0, 1, ...) large (benchmarks/RESULTS.md).
 
 A rank's shard: its pieces of the spread documents in document order, then its whole documents in order, then
 padding up to the longest shard, L rows. `positions` (p, L) is the permutation applied: the global position of
