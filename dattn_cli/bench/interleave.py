@@ -56,7 +56,7 @@ def _prepare(sweep: Sweep, line: _Line, returns_memory: bool, cold: ColdCache) -
 
     before = rss_bytes()
     torch.manual_seed(sweep.seed)
-    line.step, line.module = _stepper(sweep, line.problem, None, cold)
+    line.step, line.module, _ = _stepper(sweep, line.problem, None, cold)
     if skipped := _too_slow(sweep, line.step(), Clock(sweep.max_seconds)):  # this line's projection, as if alone
         return skipped
     if sweep.cuda:

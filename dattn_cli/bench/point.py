@@ -17,6 +17,7 @@ GPU: torch.cuda.max_memory_allocated after a reset, plus NVML's device-used figu
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -89,9 +90,12 @@ class ColdCache:
             self.flusher.flush()
 
 
-def _stepper(sweep: Sweep, problem: Problem, group: Any, flush: ColdCache) -> tuple[Callable[[], float], Any]:
+def _stepper(
+    sweep: Sweep, problem: Problem, group: Any, flush: ColdCache
+) -> tuple[Callable[[], float], Any, list[float]]:
     """One call of the point on fresh inputs, returning its seconds (distributed: the slowest rank's, the same
-    on every rank); and the module. `flush` runs before each call (ColdCache)."""
+    on every rank); the module; and the list each call appends this rank's own seconds to. `flush` runs before
+    each call (ColdCache)."""
     import torch
 
     if sweep.cuda:  # the block-kernel probe (kernels/kernel_choice.py) runs here, before any call of the point
@@ -112,10 +116,14 @@ def _stepper(sweep: Sweep, problem: Problem, group: Any, flush: ColdCache) -> tu
         flush()
         if group is not None:
             torch.distributed.barrier(group)
+        busy = time.process_time()
         seconds = call_seconds(lambda: run(inputs), problem.device if sweep.cuda else "cpu")
+        # CPU: this rank's busy time (process CPU seconds, all its threads), which leaves out waits for its peers
+        own.append(seconds if sweep.cuda else time.process_time() - busy)
         return seconds if group is None else _slowest(seconds, group)
 
-    return step, call.module
+    own: list[float] = []
+    return step, call.module, own
 
 
 def _shard(problem: Problem, group: Any) -> tuple[int, dict]:
@@ -193,7 +201,7 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
     torch.manual_seed(sweep.seed)
     cold = ColdCache(sweep)
     reset_kernels_used()
-    step, module = _stepper(sweep, problem, group, cold)
+    step, module, own = _stepper(sweep, problem, group, cold)
     if sweep.cuda:
         torch.cuda.reset_peak_memory_stats()
     probes = Probes(sweep, group)
@@ -206,6 +214,7 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
     probes.start()
     warmup_calls, warm = warm_up([step], sweep.warmup, clock, agree)
     calls_before = module.comm_stats() if hasattr(module, "comm_stats") else None
+    own.clear()
     (times,), stopped_by = take_samples([step], sweep.repeat, sweep.precision, clock, agree)
     result = {
         **timing_fields(problem, times, sweep, stopped_by, probes.fields()),
@@ -217,6 +226,8 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
         result["params"] = sum(p.numel() for p in module.parameters())
     if calls_before is not None:
         result.update(_bytes_moved(calls_before, module.comm_stats(), len(times)))
+    if group is not None:  # the worker joins the ranks' lists (bench/worker.py)
+        result["rank_time_ms"] = [statistics.median(own) * 1e3]
     if sweep.cuda:
         memory = dict(
             peak_mem_bytes=torch.cuda.max_memory_allocated() - cold.nbytes,

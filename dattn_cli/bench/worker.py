@@ -152,8 +152,13 @@ def run_distributed_point(sweep: Sweep, problem: Problem) -> dict:
 
 
 def _combine_ranks(per_rank: list[dict]) -> dict:
-    """The slowest rank's times; the largest peak and bytes moved over ranks (every rank's peak kept)."""
+    """The slowest rank's times; the largest peak and bytes moved over ranks (every rank's peak kept); each
+    rank's own median time and their max/mean."""
     result = dict(max(per_rank, key=lambda r: r["time_ms"]))
+    own = [t for r in per_rank for t in r.get("rank_time_ms") or []]
+    if len(own) == len(per_rank):
+        result["rank_time_ms"] = own
+        result["rank_time_max_over_mean"] = max(own) / (sum(own) / len(own))
     result["peak_mem_bytes_per_rank"] = [r["peak_mem_bytes"] for r in per_rank]
     result["peak_mem_bytes"] = max(result["peak_mem_bytes_per_rank"])
     for way in ("sent", "received"):

@@ -14,6 +14,7 @@ from .cache import (
 )
 from .dilated import DilatedAttention as DilatedAttention, ImprovedDilatedAttention as ImprovedDilatedAttention
 from .distributed.allgather import DistributedImprovedDilatedAttention as DistributedImprovedDilatedAttention
+from .distributed.document_layout import DocumentLayout as DocumentLayout, document_layout as document_layout
 from .distributed.head_parallel import HeadParallelDilatedAttention as HeadParallelDilatedAttention
 from .distributed.hybrid import HybridDilatedAttention as HybridDilatedAttention, hybrid_groups as hybrid_groups
 from .distributed.ring import RingDilatedAttention as RingDilatedAttention

@@ -22,7 +22,7 @@ from .distributed.allgather import DistributedImprovedDilatedAttention
 from .distributed.comm import group_rank_size
 from .distributed.head_parallel import HeadParallelDilatedAttention
 from .distributed.hybrid import HybridDilatedAttention
-from .distributed.layout import rank_positions
+from .distributed.layout import DOCUMENTS, rank_positions
 from .distributed.ring import RingDilatedAttention
 from .heads import divisors
 from .rotary import apply_rotary, document_positions
@@ -32,6 +32,11 @@ def shard_positions(attention: nn.Module, length: int, device) -> torch.Tensor:
     """float64 global positions of this rank's `length` rows under its core's layout (distributed/layout.py)."""
     rank_world = getattr(attention, "rank_world", None)  # a hybrid's rank among its p ranks, not its head group's
     rank, world = rank_world() if rank_world else group_rank_size(attention.process_group)
+    if attention.layout == DOCUMENTS:
+        raise ValueError(
+            "rotary embeddings are not supported with layout='documents' (the rows' positions depend on the "
+            "documents): use rotary=False, or layout='contiguous' for packed documents with rotary"
+        )
     return rank_positions(rank, world, length, attention.layout, device).double()
 
 

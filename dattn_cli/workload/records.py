@@ -96,6 +96,11 @@ class BenchRow(BaseModel):
     peak_mem_bytes_per_rank: list[int] | None = None  # world_size > 1: peak_mem_bytes is their maximum
     comm_bytes_sent: int | None = None  # per rank per call (fwd, or fwd+bwd), the largest over ranks
     comm_bytes_received: int | None = None
+    # world_size > 1: each rank's own median call time (ms, rank order; time_ms is the slowest rank's per call):
+    # CPU, its process CPU time (every thread; waits for a peer's data left out); CUDA, the wall time from the
+    # barrier before the call to its own end (waits counted)
+    rank_time_ms: list[float] | None = None
+    rank_time_max_over_mean: float | None = None  # max/mean of rank_time_ms: 1.0 when the ranks' work is balanced
     error: str | None = None
     samples_ms: list[float] | None = (
         None  # every timed call after the warm-up, in order (distributed: the slowest rank's)
@@ -147,6 +152,7 @@ NON_NEGATIVE = (
     "predicted_mem_bytes",
     "comm_bytes_sent",
     "comm_bytes_received",
+    "rank_time_max_over_mean",
     "params",
 )
 POSITIVE_SIZES = ("batch", "heads", "head_dim", "seq_len", "world_size")

@@ -76,7 +76,7 @@ def test_packed_documents_under_zigzag_are_refused_in_one_line():
 def test_bad_layout_is_refused_in_one_line():
     from dattn_cli.kernels import REGISTRY
 
-    with pytest.raises(ValueError, match=r"^layout='stripes' is unknown: use one of contiguous, zigzag$"):
+    with pytest.raises(ValueError, match=r"^layout='stripes' is unknown: use one of contiguous, zigzag, documents$"):
         REGISTRY["DistributedImprovedDilatedAttention"].cls([8], [1], layout="stripes")
 
 

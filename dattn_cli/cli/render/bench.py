@@ -73,6 +73,7 @@ def _cells(r, ratio: float | None, columns: list[str], notes: Notes) -> list[str
         "peak mem": size(r.peak_mem_bytes),
         "sent/call": size(r.comm_bytes_sent),
         "recv/call": size(r.comm_bytes_received),
+        "rank max/mean": f"{r.rank_time_max_over_mean:.2f}" if r.rank_time_max_over_mean is not None else "-",
     }
     return [_status(r, notes) if col == "status" else values[col] for col in columns]
 
@@ -102,7 +103,7 @@ class BenchTable:
             + ["N", "time ms", "+-"]
             + (["ratio"] if self.base else [])
             + ["tokens/s", "TFLOP/s", "peak mem"]
-            + (["sent/call", "recv/call"] if any(r.world_size > 1 for r in rows) else [])
+            + (["sent/call", "recv/call", "rank max/mean"] if any(r.world_size > 1 for r in rows) else [])
             + ["status"]
         )
         return [c for c in columns if c not in left_out]

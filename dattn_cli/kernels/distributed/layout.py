@@ -8,6 +8,9 @@
 N not divisible by 2p (or not aligned with the pattern): shard_sequence pads at the end to N' = 2p·C, as for
 contiguous shards (sharding.py); the padding therefore lies in the last chunks, 2p-1, 2p-2, ..., held by
 ranks 0, 1, ... It is masked, so the result is exact; those ranks hold a little less real work.
+
+* documents: packed documents (cu_seqlens) balanced across ranks, a layout that depends on the documents
+  (document_layout.py); the sequence-parallel modules take it, and the sharding functions with cu_seqlens.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from __future__ import annotations
 import torch
 
 LAYOUTS = ("contiguous", "zigzag")
+DOCUMENTS = "documents"
 
 
-def check_layout(layout, name: str = "layout") -> str:
-    if layout not in LAYOUTS:
-        raise ValueError(f"{name}={layout!r} is unknown: use one of {', '.join(LAYOUTS)}")
+def check_layout(layout, name: str = "layout", documents: bool = False) -> str:
+    """The layout name, or a ValueError; documents: the caller also takes layout="documents"."""
+    known = (*LAYOUTS, DOCUMENTS) if documents else LAYOUTS
+    if layout not in known:
+        raise ValueError(f"{name}={layout!r} is unknown: use one of {', '.join(known)}")
     return layout
 
 

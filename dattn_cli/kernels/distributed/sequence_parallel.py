@@ -11,16 +11,18 @@ from ..documents import whole_sequence
 from ..engine import BlockAttention, ViewAccess, block_attention
 from ..heads import kv_group
 from .comm import DistributedAttention, check_call, group_rank_size
-from .documents import sharded_documents
-from .layout import check_layout
+from .document_layout import balanced_documents, document_layout
+from .documents import check_documents, sharded_documents
+from .layout import DOCUMENTS, check_layout
 from .shards import SpanningPair, comm_volume, shard_plan
 
 __all__ = ["SequenceParallelBase", "comm_volume", "shard_plan"]
 
 
 class SequenceParallelBase(DistributedAttention):
-    """Sequence shards in, shards out: contiguous, or zigzag (layout.py: chunks a and 2p-1-a of 2p, which
-    balances causal work; shard with shard_sequence(..., layout=...)). Subclasses supply `exchange_class`, the
+    """Sequence shards in, shards out: contiguous, zigzag (layout.py: chunks a and 2p-1-a of 2p, which
+    balances causal work; shard with shard_sequence(..., layout=...)), or packed documents balanced
+    (layout="documents", document_layout.py). Subclasses supply `exchange_class`, the
     KeyBlockExecutor strategy (ring rotation or all-gather) for the pairs whose segments span several ranks.
 
     Every transfer happens inside `process_group` (point-to-point between a segment's ranks, or a
@@ -33,21 +35,29 @@ class SequenceParallelBase(DistributedAttention):
 
     def __init__(self, segment_lengths, dilation_rates, *, layout: str = "contiguous", **kwargs):
         super().__init__(segment_lengths, dilation_rates, **kwargs)
-        self.layout = check_layout(layout)
+        self.layout = check_layout(layout, documents=True)
 
     def signature(self) -> str:
         return f"{super().signature()}|{self.layout}"
 
     def _distributed(self, q, k, v, is_causal, key_padding_mask, cu_seqlens, need_lse, rank, world):
-        shard, num_heads = q.shape[1], q.shape[2]
         name = type(self).__name__
-        if not whole_sequence(cu_seqlens, shard * world):
+        if self.layout == DOCUMENTS:
+            return self._balanced(q, k, v, is_causal, key_padding_mask, cu_seqlens, rank, world)
+        if not whole_sequence(cu_seqlens, q.shape[1] * world):
             if self.layout != "contiguous":
                 raise ValueError(
                     f"{name}: packed documents (cu_seqlens) are not supported with layout={self.layout!r}: "
-                    "use layout='contiguous' for packed documents"
+                    "use layout='documents' (balanced) or 'contiguous' for packed documents"
                 )
             return self._documents(q, k, v, is_causal, key_padding_mask, cu_seqlens)
+        check_call(self, q, k, is_causal, key_padding_mask)
+        self.stats.call()
+        return self._sequence(q, k, v, is_causal, key_padding_mask, rank, world, self.layout)
+
+    def _sequence(self, q, k, v, is_causal, key_padding_mask, rank, world, layout):
+        """(out, lse) of one sequence sharded over the group under `layout` (contiguous or zigzag)."""
+        shard, num_heads = q.shape[1], q.shape[2]
         group = kv_group(num_heads, k.shape[2])
         # GQA: the engine repeats k, v to H heads inside its autograd boundary; packed at the kv heads (heads.py)
         local, spanning = shard_plan(
@@ -58,17 +68,43 @@ class SequenceParallelBase(DistributedAttention):
             self.segment_lengths,
             self.dilation_rates,
             self.semantics,
-            name,
+            type(self).__name__,
             group,
-            self.layout,
+            layout,
             self.head_range(num_heads),
         )
-        check_call(self, q, k, is_causal, key_padding_mask)
-        self.stats.call()
         backend, call, pool = self.attention.prepare_call(q, is_causal, key_padding_mask is not None)
         remote = self.exchange_class(self, spanning, world) if spanning else None
         engine = BlockAttention(local, ViewAccess(pool), backend, call, pool, remote, rank)
         return block_attention(q, k, v, key_padding_mask, engine)
+
+    def _balanced(self, q, k, v, is_causal, key_padding_mask, cu_seqlens, rank, world):
+        """layout="documents": whole documents locally, the spread ones through the zigzag ring (document_layout.py)."""
+        name = type(self).__name__
+        if cu_seqlens is None:
+            raise ValueError(
+                f"{name}: layout='documents' needs the packed documents: pass cu_seqlens (the whole unpadded "
+                "sequence's, the same on every rank) and shards from shard_sequence(x, layout=document_layout(...))"
+            )
+        layout = document_layout(cu_seqlens, world, self.segment_lengths)
+        if q.shape[1] != layout.shard_len or q.shape[0] != 1:
+            raise ValueError(
+                f"{name}: shard shape {tuple(q.shape[:2])} is not (1, {layout.shard_len}), this rank's under "
+                f"document_layout(cu_seqlens, {world}, segment_lengths={list(self.segment_lengths)}): shard with it"
+            )
+        check_call(self, q, k, is_causal, key_padding_mask, "documents")
+        check_documents(self.process_group, name, [str(layout)], q.device)
+        self.stats.call()
+        return balanced_documents(
+            lambda *x: self.attention.forward_with_lse(*x[:3], is_causal, key_padding_mask=x[3]),
+            lambda *x: self._sequence(*x[:3], is_causal, x[3], rank, world, "zigzag"),
+            q,
+            k,
+            v,
+            key_padding_mask,
+            layout,
+            rank,
+        )
 
     def _documents(self, q, k, v, is_causal, key_padding_mask, cu_seqlens):
         """Packed documents: local calls, the rows of documents crossing shards all-gathered."""
@@ -90,7 +126,7 @@ class SequenceParallelBase(DistributedAttention):
 
     def describe(self) -> str:
         _, world = group_rank_size(self.process_group)
-        zigzag = ", zigzag shards" if self.layout == "zigzag" else ""
+        zigzag = {"zigzag": ", zigzag shards", DOCUMENTS: ", documents balanced"}.get(self.layout, "")
         return (
             f"{type(self).__name__} over {world} rank(s){zigzag} ({self.strategy_summary}); "
             f"single-shard engine: " + self.attention.describe()

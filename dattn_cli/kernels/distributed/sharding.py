@@ -17,7 +17,6 @@ divide N' (whole groups of chunks, so each group and its mirror image lie on the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -25,68 +24,11 @@ import torch.distributed as dist
 
 from ..validation import check_key_padding_mask
 from .comm import check_consistent, group_rank_size
-from .layout import check_layout, chunk_count, chunks_per_rank, rank_positions, sequence_order
+from .document_layout import DocumentLayout
+from .layout import check_layout, chunks_per_rank, rank_positions, sequence_order
+from .padding import _positive, padded_length
 
-
-def _positive(name: str, value, fix: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}: {fix}")
-    return value
-
-
-def _check_lengths(segment_lengths: Sequence[int] | None, block_size: int | None) -> tuple[tuple[int, ...], int]:
-    segments = tuple(segment_lengths or ())
-    for w in segments:
-        _positive("segment_lengths", w, "pass the module's segment lengths, e.g. [2048, 4096]")
-    step = 1 if block_size is None else _positive("block_size", block_size, "pass the module's block_size, e.g. 128")
-    return segments, step
-
-
-def _fits(length: int, chunks: int, segments: tuple[int, ...], step: int, whole_groups: bool) -> bool:
-    """Chunks of `length` align with every segment (ŵ divides the chunk or is a multiple of it) and with blocks;
-    whole_groups (zigzag): a segment spanning chunks also divides the padded sequence, so no group is ragged."""
-    if length % step:
-        return False
-    total = chunks * length
-    spans = (min(w, total) for w in segments)
-    return all(length % s == 0 or (s % length == 0 and (not whole_groups or total % s == 0)) for s in spans)
-
-
-def _divisors(n: int) -> set[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return set(small) | {n // d for d in small}
-
-
-def padded_length(
-    seq_len: int,
-    world: int,
-    segment_lengths: Sequence[int] | None = None,
-    block_size: int | None = None,
-    layout: str = "contiguous",
-) -> int:
-    """N' = world·L: the smallest L >= ceil(seq_len/world) whose chunks (layout.py: L, or L/2 under zigzag)
-    align with every segment length and with block_size (each optional). One rank takes any N unpadded.
-
-    A chunk length C either divides some mid-length segment (C < ŵ < N'), or no segment is of mid length and
-    C is the smallest multiple of lcm(block_size, the segments <= C) above the target: those candidates hold
-    the optimum (no search over every integer, which a large lcm would make endless)."""
-    _positive("seq_len", seq_len, "pass the sequence length before padding")
-    _positive("world", world, "pass the number of ranks")
-    segments, step = _check_lengths(segment_lengths, block_size)
-    if world == 1:
-        return seq_len
-    chunks = chunk_count(world, layout)
-    target = -(-seq_len // chunks)
-    ordered = sorted(set(segments))
-    candidates = set()
-    for k in range(len(ordered) + 1):  # segments <= C: the k shortest
-        multiple = math.lcm(step, *ordered[:k])
-        low = max(target, ordered[k - 1] if k else 1)
-        candidates.add(-(-low // multiple) * multiple)
-    for w in ordered:
-        candidates.update(d for d in _divisors(w) if d >= target)
-    zigzag = layout == "zigzag"
-    return chunks * min(length for length in candidates if _fits(length, chunks, segments, step, zigzag))
+__all__ = ["gather_sequence", "join_shards", "padded_length", "padding_mask", "rank_shard", "shard_sequence"]
 
 
 def padding_mask(
@@ -144,8 +86,10 @@ def rank_shard(
     """Rank `rank`'s `length` positions (layout.py) of x padded with zeros at the end to world·length, and the
     key padding mask of those positions (True = ignore): the user's `key_padding_mask` (batch, N), if any,
     with the padding added; None when nothing is padded and no mask is given (the same on every rank).
-    Differentiable in x."""
+    Differentiable in x. layout: a name, or a DocumentLayout (document_layout.py; length: its shard_len)."""
     dim = _sequence_dim(x, dim)
+    if isinstance(layout, DocumentLayout):
+        return layout.rank_shard(x, rank, dim, key_padding_mask)
     seq_len = x.shape[dim]
     _positive("length", length, "use padded_length(N, world, ...) // world")
     check_layout(layout)
@@ -187,9 +131,15 @@ def shard_sequence(
     block-sparse module's. The sequence is padded at the end to padded_length(N, p, ...) = p·L; the mask marks
     the padding (and `key_padding_mask`'s own True entries, a bool (batch, N) of the whole sequence). It is
     None when nothing is padded and no mask is given. layout: the module's (layout.py; "zigzag": chunks a and
-    2p-1-a of 2p). Gather the outputs with gather_sequence(out, N, group, layout=layout)."""
+    2p-1-a of 2p), or packed documents balanced: a DocumentLayout, document_layout(cu_seqlens, p, segment_lengths)
+    for a module of layout="documents", whose `positions` is the permutation applied. Gather the outputs with
+    gather_sequence(out, N, group, layout=layout)."""
     rank, world = group_rank_size(group)
     dim = _sequence_dim(x, dim)
+    if isinstance(layout, DocumentLayout):
+        if layout.world != world:
+            raise ValueError(f"the documents' layout is for {layout.world} ranks, the group has {world}: rebuild it")
+        return layout.rank_shard(x, rank, dim, key_padding_mask)
     check_layout(layout)
     length = padded_length(x.shape[dim], world, segment_lengths, block_size, layout) // world
     return rank_shard(x, rank, world, length, dim=dim, key_padding_mask=key_padding_mask, layout=layout)
@@ -200,6 +150,8 @@ def join_shards(shards: Sequence[torch.Tensor], seq_len: int, dim: int = 1, layo
     if not shards:
         raise ValueError("shards is empty: pass every rank's shard, in rank order")
     dim = _sequence_dim(shards[0], dim)
+    if isinstance(layout, DocumentLayout):
+        return layout.join(torch.cat(list(shards), dim=dim), seq_len, dim)
     check_layout(layout)
     total = sum(s.shape[dim] for s in shards)
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= total:
@@ -222,10 +174,11 @@ def gather_sequence(
     used. Every rank gets it. Not differentiable: train on the shards (each rank's loss on its own positions)."""
     _, world = group_rank_size(group)
     dim = _sequence_dim(shard, dim)
-    check_layout(layout)
+    if not isinstance(layout, DocumentLayout):
+        check_layout(layout)
     _positive("seq_len", seq_len, "pass the length before padding (the sequence length given to shard_sequence)")
     if world == 1:
-        return join_shards([shard.detach()], seq_len, dim)
+        return join_shards([shard.detach()], seq_len, dim, layout)
     # shards of different shapes would leave all_gather waiting or mixing data: one small check first
     config = f"{dim}|{seq_len}|{layout}"
     check_consistent(group, "gather_sequence", tuple(shard.shape), shard.dtype, config, shard.device)
