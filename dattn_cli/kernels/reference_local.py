@@ -201,7 +201,7 @@ def _attend(q, k, v, layout_of, scale, key_padding_mask, compute_dtype, max_chun
     check_key_padding_mask(key_padding_mask, batch, n, q.device)
     layout = layout_of(n, heads, Budget(batch, heads, max_chunk_elements))
     tau = head_dim**-0.5 if scale is None else scale
-    qc, kc, vc = (x.to(compute_dtype) for x in (q, k, v))
+    qc, kc, vc = (x.to(compute_dtype).contiguous() for x in (q, k, v))  # a fused projection's views: gathers 3x slower
     out, lse = _LocalAttention.apply(qc, kc, vc, key_padding_mask, layout, tau)
     return out.to(q.dtype), lse.float()
 

@@ -70,7 +70,7 @@ def test_the_same_errors_whatever_else_is_checked():
 
 def test_the_local_reference_is_picked_above_the_stated_length():
     short, long = (
-        impl_checks("DilatedAttention", own_cases([n], **SHAPE), grid(), [])[0].problem for n in (2048, 2049)
+        impl_checks("DilatedAttention", own_cases([n], **SHAPE), grid(), [])[0].problem for n in (1024, 1025)
     )
     assert not uses_local_reference(short) and uses_local_reference(long)
 
