@@ -41,7 +41,15 @@ from .signals import check_pending, deferred
 DEFAULT_TIMEOUT_S = 120.0
 MAX_GRACE_S = 30.0  # past the group's own timeout, for the ranks to report theirs
 BLAME_WAIT_S = 2.0  # after a first error, for the errors of the other ranks (to tell cause from consequence)
-PRELOAD = ["dattn_cli.runtime.forkserver_init", "torch", "dattn_cli.kernels", "dattn_cli.workload.build"]
+# torch.autograd.grad imports symbolic_shapes (and sympy) on its first call: 5 s in each of 4 ranks sharing 2 cores,
+# once per process group, unless the forkserver has it already
+PRELOAD = [
+    "dattn_cli.runtime.forkserver_init",
+    "torch",
+    "torch.fx.experimental.symbolic_shapes",
+    "dattn_cli.kernels",
+    "dattn_cli.workload.build",
+]
 _CONTEXT: Any = None
 
 
