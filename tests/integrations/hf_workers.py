@@ -54,9 +54,10 @@ def context_parallel_step(rank: int, world: int, attn_implementation: str, group
     out.loss.backward()
     hf.all_reduce_gradients(model, group)
     grads = {name: p.grad for name, p in model.named_parameters()}
-    attention = model.model.layers[0].self_attn.__dict__[hf._CACHE]
-    kinds = sorted({type(m).__name__ for m in attention.values()})
-    return {"logits": out.logits.detach(), "loss": hf.all_reduce_loss(out.loss, group), "grads": grads, "kinds": kinds}
+    made = model.model.layers[0].self_attn.__dict__[hf._CACHE].values()
+    modules = [m.describe().split(" (")[0] if hasattr(m, "describe") else type(m).__name__ for m in made]
+    loss = hf.all_reduce_loss(out.loss, group)
+    return {"logits": out.logits.detach(), "loss": loss, "grads": grads, "modules": modules}
 
 
 def context_parallel_steps(rank: int, world: int, attn_implementations: list[str]) -> dict:

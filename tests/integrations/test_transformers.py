@@ -39,6 +39,17 @@ def test_one_process_equals_its_reference(name, reference):
     assert_same_step(hf_workers.context_parallel_step(0, 1, name), hf_workers.single_process_step(reference), name)
 
 
+def test_the_hybrid_size_comes_from_the_config():
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**hf_workers.CONFIG)
+    assert hf._hybrid_size(config, 4) == 2  # the default where 2 divides the ranks and heads
+    assert hf._hybrid_size(config, 3) == 1
+    config.dattn_head_parallel_size = 4
+    assert hf._hybrid_size(config, 4) == 4
+    assert hf._hybrid_size(config, 4, head_parallel_size=1) == 1
+
+
 def test_dilated_attention_changes_the_model():
     dense, dilated = (hf_workers.single_process_step(name)["logits"] for name in ("eager", "dattn_dilated"))
     assert rel_err(dilated, dense) > 1e-3
@@ -105,8 +116,8 @@ def assert_sharded_step(per_rank: list[dict], reference: str, where) -> None:
 def test_context_parallel_equals_the_single_process_model(sharded, name):
     world, per_rank = sharded
     assert_sharded_step([r[name] for r in per_rank], CONTEXT_PARALLEL[name], (name, world))
-    if name == "dattn_hybrid":
-        assert per_rank[0][name]["kinds"] == ["HybridDilatedAttention"]
+    if name == "dattn_hybrid":  # h = 2 by default: 2x1, 2x2
+        assert per_rank[0][name]["modules"] == [f"HybridDilatedAttention 2x{world // 2} over {world} rank(s)"]
 
 
 @pytest.mark.slow
@@ -116,3 +127,4 @@ def test_hybrid_inside_sequence_parallel_groups(sharded):
         pytest.skip("dp x sp on 4 ranks only")
     for replica in (per_rank[:2], per_rank[2:]):
         assert_sharded_step([r["dattn_hybrid sp"] for r in replica], "dattn_dilated", ("dattn_hybrid sp", replica))
+    assert per_rank[0]["dattn_hybrid sp"]["modules"] == ["HybridDilatedAttention 2x1 over 2 rank(s)"]
