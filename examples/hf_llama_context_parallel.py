@@ -3,13 +3,14 @@ selected by name through transformers' AttentionInterface. gloo on CPU, NCCL on 
 
     torchrun --nproc-per-node 2 examples/hf_llama_context_parallel.py
     torchrun --nproc-per-node 2 examples/hf_llama_context_parallel.py --attn dattn_ring_dilated
+    torchrun --nproc-per-node 4 examples/hf_llama_context_parallel.py --attn dattn_hybrid  # 2x2: h x ring
 
 A tiny Llama (random weights from one seed, nothing downloaded) on every rank; each rank runs it on its shard of
 the tokens with the global position ids and the labels shifted before sharding, its loss is its sum of token
 losses over the global token count, and the gradients are summed over the ranks before the optimizer step.
 Rank 0 also runs the first step's batch through one process, on the whole sequence: `dattn_ring` (exact dense
-attention) must give the eager model's loss, `dattn_ring_dilated` dattn's single-process dilated attention's
-(dilated attention is another attention than the dense one the model would otherwise use).
+attention) must give the eager model's loss, `dattn_ring_dilated` and `dattn_hybrid` dattn's single-process
+dilated attention's (dilated attention is another attention than the dense one the model would otherwise use).
 """
 
 import argparse
@@ -21,7 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from dattn_cli.integrations import transformers as hf
 
-REFERENCE = {"dattn_ring": "eager", "dattn_ring_dilated": "dattn_dilated"}
+REFERENCE = {"dattn_ring": "eager", "dattn_ring_dilated": "dattn_dilated", "dattn_hybrid": "dattn_dilated"}
 
 
 def setup() -> torch.device:
@@ -68,6 +69,8 @@ def main() -> None:
     device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build_model(args.attn, args.seq_len, device)
+    if args.attn == "dattn_hybrid":  # its head and ring groups, made on every rank together
+        hf.setup_hybrid(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 128, (2, args.seq_len), generator=torch.Generator().manual_seed(1)).to(device)
     if rank == 0:

@@ -1,6 +1,6 @@
 """dattn's attention inside Hugging Face transformers models (transformers 5.x: `pip install 'dattn[hf]'`).
 
-Importing this module registers three names with transformers' `AttentionInterface`; a model selects one with
+Importing this module registers four names with transformers' `AttentionInterface`; a model selects one with
 `attn_implementation=NAME` (a config, `from_pretrained`) or `model.set_attn_implementation(NAME)`:
 
 * `dattn_ring`: exact dense attention, context parallel. Each rank holds one contiguous shard of the sequence
@@ -8,8 +8,13 @@ Importing this module registers three names with transformers' `AttentionInterfa
   A model keeps its attention: logits and gradients are the single-process model's, up to rounding.
 * `dattn_dilated`: dattn's single-process dilated attention (ImprovedDilatedAttention) on the whole sequence.
 * `dattn_ring_dilated`: the same dilated attention, context parallel (RingDilatedAttention).
+* `dattn_hybrid`: the same dilated attention, hybrid h x ring (HybridDilatedAttention: heads split by all-to-all
+  inside blocks of h ranks, a ring over the blocks); h is the config's `dattn_head_parallel_size` (default 2
+  where it divides the ranks and heads, else 1). Its process groups are made collectively over the whole job:
+  call `setup_hybrid(model, group)` on every rank before the first step, or every rank must reach the first
+  attention call together (they are then made there, once a process).
 
-The two dilated names change the model's attention on purpose: a model trained with dense attention computes
+The three dilated names change the model's attention on purpose: a model trained with dense attention computes
 something else with them. Their pattern comes from the config: `dattn_segment_lengths`, `dattn_dilation_rates`
 and optionally `dattn_semantics` (extra config fields, saved with it). The context-parallel names talk in the
 world, or in the group given to `set_process_group(model, group)` (dp x sp: the sequence-parallel group).
@@ -33,23 +38,33 @@ import torch.distributed as dist
 import transformers
 from torch import nn
 
-from ..kernels import ImprovedDilatedAttention, RingDilatedAttention
+from ..kernels import HybridDilatedAttention, ImprovedDilatedAttention, RingDilatedAttention, hybrid_groups
 from ..kernels.distributed.comm import group_rank_size
+from ..kernels.distributed.hybrid import head_parallel_size as default_head_parallel_size
 from ..kernels.distributed.sharding import padded_length, shard_sequence
 
 IGNORE_INDEX = -100  # transformers' label of a token that is not predicted
 _GROUP = "_dattn_process_group"
 _CACHE = "_dattn_attention"
+_HYBRID = "_dattn_hybrid_groups"
+_MADE: dict[tuple[int, int], tuple] = {}  # (id(group), h) -> (group, hybrid groups) made at a first call
+
+
+def _process_group(module: nn.Module) -> tuple[object, int]:
+    group = module.__dict__.get(_GROUP)
+    return group, group_rank_size(group)[1]
 
 
 @dataclass(frozen=True)
 class Registration:
     """One attention name: `build(config, seq_len, group, scale)` makes the dattn module for one call shape;
-    `distributed`: the module takes this rank's shard of a sequence of seq_len = shard x group size."""
+    `distributed`: the module takes this rank's shard of a sequence of seq_len = shard x world, where
+    `groups(module)` is (the group handed to build, world)."""
 
     name: str
     build: Callable[..., nn.Module]
     distributed: bool
+    groups: Callable[[nn.Module], tuple[object, int]] = _process_group
 
 
 def _pattern(config) -> dict:
@@ -79,12 +94,50 @@ def _ring_dilated(config, seq_len: int, group, scale: float | None) -> nn.Module
     return RingDilatedAttention(**_pattern(config), process_group=group, scale=scale)
 
 
-# HybridDilatedAttention (being added on another branch) joins with one more entry, e.g.
-# Registration("dattn_hybrid", _hybrid, distributed=True), or with register_attention at run time.
+def _hybrid(config, seq_len: int, groups: tuple, scale: float | None) -> nn.Module:
+    head_group, ring_group = groups
+    return HybridDilatedAttention(**_pattern(config), head_group=head_group, ring_group=ring_group, scale=scale)
+
+
+def make_hybrid_groups(group=None, head_parallel_size: int = 2) -> tuple:
+    """This rank's (head_group, ring_group) of a hybrid over `group` (None: the world). Collective over the whole
+    job: every rank calls it, in the same order. Where ranks sit in different groups (dp x sp: one sequence-parallel
+    group a replica), every rank learns every group (an all-gather) and makes every hybrid's groups, in one order."""
+    if group is None or dist.get_world_size(group) == dist.get_world_size():
+        return hybrid_groups(group, head_parallel_size)
+    mine = tuple(dist.get_process_group_ranks(group))
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    made = {ranks: hybrid_groups(list(ranks), head_parallel_size) for ranks in sorted(set(map(tuple, everyone)))}
+    return made[mine]
+
+
+def _hybrid_size(config, world: int, head_parallel_size: int | None = None) -> int:
+    given = getattr(config, "dattn_head_parallel_size", None) if head_parallel_size is None else head_parallel_size
+    return default_head_parallel_size(config.num_attention_heads, world, given)
+
+
+def _hybrid_groups(module: nn.Module) -> tuple[tuple, int]:
+    """The module's hybrid groups (setup_hybrid's, else made at this first call, once a process and group), and
+    the hybrid's size."""
+    groups = module.__dict__.get(_HYBRID)
+    if groups is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return (None, None), 1
+        group, world = _process_group(module)
+        owner = group if group is not None else dist.group.WORLD
+        key = (id(owner), _hybrid_size(module.config, world))
+        if key not in _MADE or _MADE[key][0] is not owner:
+            _MADE[key] = (owner, make_hybrid_groups(group, key[1]))
+        groups = module.__dict__[_HYBRID] = _MADE[key][1]
+    return groups, group_rank_size(groups[0])[1] * group_rank_size(groups[1])[1]
+
+
 REGISTRATIONS: tuple[Registration, ...] = (
     Registration("dattn_ring", _dense_ring, distributed=True),
     Registration("dattn_dilated", _dilated, distributed=False),
     Registration("dattn_ring_dilated", _ring_dilated, distributed=True),
+    Registration("dattn_hybrid", _hybrid, distributed=True, groups=_hybrid_groups),
 )
 
 
@@ -130,8 +183,7 @@ def attention_forward(
     group, scale) and kept on the transformers module, outside its parameters and state dict."""
     _check_call(registration.name, query, key, attention_mask, dropout, kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    group = module.__dict__.get(_GROUP)
-    world = group_rank_size(group)[1] if registration.distributed else 1
+    group, world = registration.groups(module) if registration.distributed else (None, 1)
     seq_len = query.shape[2] * world
     cache = module.__dict__.setdefault(_CACHE, {})
     shape = (registration.name, seq_len, world, id(group), scaling)
@@ -166,6 +218,19 @@ def set_process_group(model: nn.Module, group) -> nn.Module:
     for module in model.modules():
         module.__dict__[_GROUP] = group
         module.__dict__.pop(_CACHE, None)
+        module.__dict__.pop(_HYBRID, None)
+    return model
+
+
+def setup_hybrid(model: nn.Module, group=None, head_parallel_size: int | None = None) -> nn.Module:
+    """`dattn_hybrid` of `model` over `group` (None: the world), its process groups made now. Collective over the
+    whole job: every rank calls it, in the same order. head_parallel_size: else the config's
+    dattn_head_parallel_size, else 2 where it divides the group's ranks and the heads; the model."""
+    set_process_group(model, group)
+    h = _hybrid_size(model.config, group_rank_size(group)[1], head_parallel_size)
+    groups = make_hybrid_groups(group, h) if dist.is_available() and dist.is_initialized() else (None, None)
+    for module in model.modules():
+        module.__dict__[_HYBRID] = groups
     return model
 
 

@@ -40,18 +40,34 @@ def single_process_step(attn_implementation: str) -> dict:
     return {"logits": out.logits.detach(), "loss": out.loss.detach(), "grads": grads}
 
 
-def context_parallel_step(rank: int, world: int, attn_implementation: str) -> dict:
-    """This rank's logits shard, the global loss and the gradients summed over the ranks."""
+def context_parallel_step(rank: int, world: int, attn_implementation: str, group=None) -> dict:
+    """This rank's logits shard, the global loss and the gradients summed over the ranks of `group`."""
     from dattn_cli.integrations import transformers as hf
 
     model = build_model(attn_implementation)
-    batch = hf.shard_causal_lm_batch(token_ids(), segment_lengths=CONFIG["dattn_segment_lengths"])
+    if group is not None:  # its hybrid groups are made at the first call (an all-gather of every rank's group)
+        hf.set_process_group(model, group)
+    elif attn_implementation == "dattn_hybrid" and world == 4:  # 2x2; on 2 ranks its groups come at the first call
+        hf.setup_hybrid(model)
+    batch = hf.shard_causal_lm_batch(token_ids(), group=group, segment_lengths=CONFIG["dattn_segment_lengths"])
     out = model(**batch)
     out.loss.backward()
-    hf.all_reduce_gradients(model)
+    hf.all_reduce_gradients(model, group)
     grads = {name: p.grad for name, p in model.named_parameters()}
-    return {"logits": out.logits.detach(), "loss": hf.all_reduce_loss(out.loss), "grads": grads}
+    made = model.model.layers[0].self_attn.__dict__[hf._CACHE].values()
+    modules = [m.describe().split(" (")[0] if hasattr(m, "describe") else type(m).__name__ for m in made]
+    loss = hf.all_reduce_loss(out.loss, group)
+    return {"logits": out.logits.detach(), "loss": loss, "grads": grads, "modules": modules}
 
 
 def context_parallel_steps(rank: int, world: int, attn_implementations: list[str]) -> dict:
-    return {name: context_parallel_step(rank, world, name) for name in attn_implementations}
+    """Each name's step over every rank; on 4 ranks also dattn_hybrid 2x1 inside two sequence-parallel groups of 2
+    (dp x sp: ranks 0-1 and 2-3, each running the whole batch), under the key "dattn_hybrid sp".
+    """
+    import torch.distributed as dist
+
+    steps = {name: context_parallel_step(rank, world, name) for name in attn_implementations}
+    if world == 4:
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        steps["dattn_hybrid sp"] = context_parallel_step(rank, world, "dattn_hybrid", groups[rank // 2])
+    return steps

@@ -1,7 +1,7 @@
 """dattn's attention in a Hugging Face Llama (transformers' AttentionInterface): on one process and, with the
 sequence sharded over 2 and 4 gloo ranks, logits, loss and summed parameter gradients equal the single-process
-model's: the eager model for the dense ring, dattn's single-process dilated attention for the dilated ring
-(which changes the model's attention on purpose)."""
+model's: the eager model for the dense ring, dattn's single-process dilated attention for the dilated ring and
+the hybrid h x ring (2x1 and 2x2; both change the model's attention on purpose)."""
 
 import pytest
 import torch
@@ -16,7 +16,8 @@ from tests.conftest import rel_err  # noqa: E402
 from tests.integrations import hf_workers  # noqa: E402
 
 TOLERANCE = 1e-5  # fp32: the ring's merge sums in another order than one softmax
-CONTEXT_PARALLEL = {"dattn_ring": "eager", "dattn_ring_dilated": "dattn_dilated"}  # name -> its reference
+# name -> its reference
+CONTEXT_PARALLEL = {"dattn_ring": "eager", "dattn_ring_dilated": "dattn_dilated", "dattn_hybrid": "dattn_dilated"}
 
 
 def assert_same_step(got: dict, want: dict, where) -> None:
@@ -28,7 +29,7 @@ def assert_same_step(got: dict, want: dict, where) -> None:
 
 
 def test_every_name_is_registered():
-    assert hf.NAMES == ("dattn_ring", "dattn_dilated", "dattn_ring_dilated")
+    assert hf.NAMES == ("dattn_ring", "dattn_dilated", "dattn_ring_dilated", "dattn_hybrid")
     assert all(name in AttentionInterface() for name in hf.NAMES)
     assert hf.register() == hf.NAMES  # again: harmless
 
@@ -36,6 +37,17 @@ def test_every_name_is_registered():
 @pytest.mark.parametrize("name, reference", [*CONTEXT_PARALLEL.items(), ("dattn_dilated", "dattn_ring_dilated")])
 def test_one_process_equals_its_reference(name, reference):
     assert_same_step(hf_workers.context_parallel_step(0, 1, name), hf_workers.single_process_step(reference), name)
+
+
+def test_the_hybrid_size_comes_from_the_config():
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**hf_workers.CONFIG)
+    assert hf._hybrid_size(config, 4) == 2  # the default where 2 divides the ranks and heads
+    assert hf._hybrid_size(config, 3) == 1
+    config.dattn_head_parallel_size = 4
+    assert hf._hybrid_size(config, 4) == 4
+    assert hf._hybrid_size(config, 4, head_parallel_size=1) == 1
 
 
 def test_dilated_attention_changes_the_model():
@@ -85,16 +97,34 @@ def sharded(request):
     return world, run_distributed(hf_workers.context_parallel_steps, world, list(CONTEXT_PARALLEL), timeout_s=180)
 
 
+def assert_sharded_step(per_rank: list[dict], reference: str, where) -> None:
+    """The ranks' logits shards, in order, and rank 0's loss and gradients are the reference's; every rank holds
+    the same loss and gradients."""
+    got = {
+        "logits": torch.cat([r["logits"] for r in per_rank], dim=1),
+        "loss": per_rank[0]["loss"],
+        "grads": per_rank[0]["grads"],
+    }
+    assert_same_step(got, hf_workers.single_process_step(reference), where)
+    for rank, r in enumerate(per_rank[1:], 1):
+        assert torch.equal(r["loss"], got["loss"]), (where, rank)
+        assert all(torch.equal(r["grads"][n], g) for n, g in got["grads"].items()), (where, rank)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONTEXT_PARALLEL))
 def test_context_parallel_equals_the_single_process_model(sharded, name):
     world, per_rank = sharded
-    got = {
-        "logits": torch.cat([r[name]["logits"] for r in per_rank], dim=1),
-        "loss": per_rank[0][name]["loss"],
-        "grads": per_rank[0][name]["grads"],
-    }
-    assert_same_step(got, hf_workers.single_process_step(CONTEXT_PARALLEL[name]), (name, world))
-    for rank, r in enumerate(per_rank[1:], 1):  # every rank holds the same loss and gradients
-        assert torch.equal(r[name]["loss"], got["loss"]), (name, world, rank)
-        assert all(torch.equal(r[name]["grads"][n], g) for n, g in got["grads"].items()), (name, world, rank)
+    assert_sharded_step([r[name] for r in per_rank], CONTEXT_PARALLEL[name], (name, world))
+    if name == "dattn_hybrid":  # h = 2 by default: 2x1, 2x2
+        assert per_rank[0][name]["modules"] == [f"HybridDilatedAttention 2x{world // 2} over {world} rank(s)"]
+
+
+@pytest.mark.slow
+def test_hybrid_inside_sequence_parallel_groups(sharded):
+    world, per_rank = sharded
+    if world != 4:
+        pytest.skip("dp x sp on 4 ranks only")
+    for replica in (per_rank[:2], per_rank[2:]):
+        assert_sharded_step([r["dattn_hybrid sp"] for r in replica], "dattn_dilated", ("dattn_hybrid sp", replica))
+    assert per_rank[0]["dattn_hybrid sp"]["modules"] == ["HybridDilatedAttention 2x1 over 2 rank(s)"]
