@@ -20,7 +20,6 @@ import torch
 from ..kernels.distributed.sharding import join_shards, rank_shard
 from ..kernels.registry import REGISTRY, shard_call_options, shard_length
 from ..runtime.attach import backend as attach_backend
-from ..runtime.contention import measurement_threads
 from ..runtime.launch import run_distributed
 from ..workload.build import build_module
 from ..workload.problem import Problem
@@ -31,13 +30,10 @@ from .report import CaseResult, case_result
 from .variants import Variant
 
 
-def rank_outputs(rank: int, world: int, jobs: list[tuple[dict, int]], threads: int | None = None) -> list[dict]:
+def rank_outputs(rank: int, world: int, jobs: list[tuple[dict, int]]) -> list[dict]:
     """Runs on every rank: for each (problem, seed), this rank's shards and its comm_stats(). The sequence is
     padded at the end to the shard length the implementation needs (registry.shard_length), the padding
-    masked; `seq_len` in each result tells `combine` where the real sequence ends. `threads`: torch threads of
-    this rank (ranks spawned here share the CPUs)."""
-    if threads is not None:
-        torch.set_num_threads(threads)
+    masked; `seq_len` in each result tells `combine` where the real sequence ends."""
     results = []
     for data, seed in jobs:
         p = _on_rank_device(Problem.model_validate(data), rank)
@@ -90,11 +86,8 @@ def verify_group(
     jobs = [(v.problem.model_dump(), case_seed(v.case, cache.seed)) for v in checks]
     try:
         if attached is None:
-            cuda = checks[0].problem.device.startswith("cuda")
-            # 4 ranks of 2 threads each on 2 cores made a group 3.7x slower (threads spinning on a taken core)
-            threads = None if cuda else measurement_threads(None, world)
-            backend = attach_backend() if cuda else "gloo"
-            per_rank = run_distributed(rank_outputs, world, jobs, threads, backend=backend, timeout_s=timeout_s)
+            backend = attach_backend() if checks[0].problem.device.startswith("cuda") else "gloo"
+            per_rank = run_distributed(rank_outputs, world, jobs, backend=backend, timeout_s=timeout_s)
         else:
             per_rank = _attached_outputs(attached, impl, jobs, timeout_s)
     except Exception as exc:  # the whole group failed: every check of it is a failure, reported
