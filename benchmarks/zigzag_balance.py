@@ -1,10 +1,10 @@
 """Work balance of zigzag shards against contiguous ones (issue 30, item 1): max/mean over ranks.
 
-1. Attention pairs, counted exactly from the pattern (no run): each rank's (query, key) pairs are those of the
-   queries it holds (queries stay on their rank in the ring, all-gather and block-sparse ring). p = 4 and 8,
-   causal, longnet semantics, H = 8, N = 8192: dense causal (one segment of N, dilation 1) and LongNet's
-   default causal pattern (dattn's default segments [2048, 4096, 8192] / dilations [1, 2, 4], i.e.
-   [N/4, N/2, N] / [1, 2, 4], its largest segment = N).
+1. Attention pairs, counted exactly from the pattern (no run; kernels/distributed/work.py, as `dattn plan`):
+   each rank's (query, key) pairs are those of the queries it holds (queries stay on their rank in the ring,
+   all-gather and block-sparse ring). p = 4 and 8, causal, longnet semantics, H = 8, N = 8192: dense causal
+   (one segment of N, dilation 1) and LongNet's default causal pattern (dattn's default segments
+   [2048, 4096, 8192] / dilations [1, 2, 4], i.e. [N/4, N/2, N] / [1, 2, 4], its largest segment = N).
 2. Process CPU time per rank (time.process_time: every thread of the rank's process), RingDilatedAttention,
    fwd+bwd, causal, 4 gloo ranks of 1 thread each, B=1, N=8192, H=8, D=64, fp32, the same two patterns;
    the sum over --repeat calls after one warm-up call.
@@ -27,7 +27,7 @@ import torch
 
 from dattn_cli.kernels.distributed.layout import rank_positions
 from dattn_cli.kernels.distributed.shards import comm_volume
-from dattn_cli.kernels.pattern import head_sets
+from dattn_cli.kernels.distributed.work import pairs_per_position, rank_work
 
 LAYOUTS = ("contiguous", "zigzag")
 HEADS, DIM = 8, 64
@@ -37,24 +37,12 @@ def patterns(n: int) -> dict[str, tuple[list[int], list[int]]]:
     return {"dense causal": ([n], [1]), "LongNet default": ([n // 4, n // 2, n], [1, 2, 4])}
 
 
-def pairs_per_position(n: int, segments: list[int], rates: list[int], heads: int) -> torch.Tensor:
-    """(N,) int64: the causal (query, key) pairs each query position attends, summed over heads and pairs."""
-    pos = torch.arange(n)
-    total = torch.zeros(n, dtype=torch.int64)
-    for pair, (w, r) in enumerate(zip(segments, rates)):
-        span = min(w, n)
-        u = pos % span  # in-segment index
-        for offset, _, _, count in head_sets(pair, r, heads, len(segments), "longnet"):
-            kept = (u % r == offset % r) & (u >= offset)
-            total += torch.where(kept, (u - offset) // r + 1, 0) * count  # the j-th kept row sees j + 1 keys
-    return total
-
-
 def pair_balance(n: int, world: int, segments: list[int], rates: list[int]) -> dict[str, float]:
-    per_position = pairs_per_position(n, segments, rates, HEADS)
+    per_position = pairs_per_position(n, segments, rates, HEADS, causal=True)
     result = {}
     for layout in LAYOUTS:
-        work = torch.stack([per_position[rank_positions(r, world, n // world, layout)].sum() for r in range(world)])
+        positions = torch.stack([rank_positions(r, world, n // world, layout) for r in range(world)])
+        work = rank_work(per_position, positions)
         result[layout] = (work.max() / work.double().mean()).item()
     return result
 

@@ -12,7 +12,7 @@ import typer
 from .build import generated, model_values
 from .options import check_ranks
 from .render.common import emit_files, machine_output, note, stdout
-from .render.plan import check_table, plan_table
+from .render.plan import check_table, layout_table, plan_table
 
 DEFAULT_IMPL = {
     "attention": "ImprovedDilatedAttention",
@@ -110,6 +110,27 @@ def _solve(problem, hw, max_seq: bool, min_devices: bool, training=None):
 def _emit(result, solved: str | None, advice: str, room, json_out, csv_out) -> None:
     stdout.print(plan_table(result, solved, advice, room))
     record = {**result.model_dump(), "solved": solved, "chunk_advice": advice, "headroom": room.model_dump()}
+    if layouts := _layouts(result.problem):
+        stdout.print(layout_table(layouts))
+        record["layouts"] = layouts.model_dump()
+    emit_files(json_out, csv_out, record, [record])
+
+
+def _layouts(problem):
+    """Work and bytes per rank of every kind and layout, for an attention call over several ranks."""
+    from ..plan.layouts import layout_plan
+
+    if problem.target != "attention" or problem.world_size < 2:
+        return None
+    return layout_plan(problem)
+
+
+def _documents_only(problem, json_out, csv_out) -> None:
+    """Packed documents over several ranks: the memory and time models are one device's (docs/plan.md), so only
+    the work and bytes per rank of each layout."""
+    layouts = _layouts(problem)
+    stdout.print(layout_table(layouts))
+    record = {"problem": problem.model_dump(), "layouts": layouts.model_dump()}
     emit_files(json_out, csv_out, record, [record])
 
 
@@ -149,11 +170,9 @@ def _model_advice(solve, problem, hw, training) -> str:
 
 
 def _lengths(values: dict, devices: int, max_seq: bool, min_devices: bool) -> dict:
-    """With --documents, N is their sum (one device: each document one engine call)."""
+    """With --documents, N is their sum (over several ranks plan gives their work and bytes per rank only)."""
     if values.get("documents") is None:
         return values
-    if devices > 1:
-        raise ValueError("--documents: the planner models packed documents on one device; drop --world-size")
     if max_seq or min_devices:
         raise ValueError("--documents fix N (their sum): drop --max-seq/--min-devices")
     return {**values, "seq_len": sum(values["documents"])}
@@ -199,6 +218,8 @@ def plan(**given: Any) -> None:
     if o.check is not None:
         return _check(hw, o.check, o.json_out, o.csv_out)
     problem, training = _problem(o)
+    if problem.documents is not None and problem.world_size > 1:
+        return _documents_only(problem, o.json_out, o.csv_out)
     result, solved = _solve(problem, hw, o.max_seq, o.min_devices, training)
     advice = (
         solve.chunk_advice(result.problem, hw, result.devices)

@@ -94,8 +94,9 @@ class Problem(BaseModel):
     device: Annotated[str, Cli("cpu or cuda.", IMPL, MEASURED, check=check_device)] = "cpu"
     mode: Annotated[Literal["fwd", "fwdbwd"], MODE_OPTION] = "fwd"
     world_size: Annotated[int, WORLD_SIZE_OPTION] = 1  # ranks sharing the sequence
-    # which positions each rank holds (kernels/distributed/layout.py); zigzag: ring, all-gather, block-sparse
-    layout: Annotated[Literal["contiguous", "zigzag"], LAYOUT_OPTION] = "contiguous"
+    # which positions each rank holds (kernels/distributed/layout.py); zigzag: ring, all-gather, block-sparse,
+    # hybrid; documents (plan only): packed documents balanced over the ring and all-gather's ranks
+    layout: Annotated[Literal["contiguous", "zigzag", "documents"], LAYOUT_OPTION] = "contiguous"
     # the hybrid classes' ranks per head group (h of h x ring); None: 2 where it fits (distributed/hybrid.py)
     head_parallel_size: Annotated[int | None, HEAD_PARALLEL_SIZE_OPTION] = None
     backend: Annotated[str, BACKEND_OPTION] = "auto"  # attention backend of the dilated implementations' blocks
@@ -243,6 +244,8 @@ class Problem(BaseModel):
 
         if layout == "contiguous":
             return None
+        if layout == "documents":
+            return self._documents_refusal()
         zigzag = lambda s: s.strategy in ZIGZAG_STRATEGIES  # noqa: E731
         if not zigzag(self.spec):
             return (
@@ -253,6 +256,18 @@ class Problem(BaseModel):
             return f"--layout {layout} does not take packed --documents: use --layout contiguous"
         if self.spec.block_sparse and self.pattern == "sliding_window":
             return f"--layout {layout} does not take --pattern sliding_window (halo rows): use --layout contiguous"
+        return None
+
+    def _documents_refusal(self) -> str | None:
+        from ..kernels.registry import names
+
+        if self.documents is None:
+            return "--layout documents balances packed --documents: give --documents, or use --layout zigzag"
+        if self.spec.strategy not in ("ring", "allgather"):
+            return (
+                f"--layout documents: {self.impl} does not balance packed documents; use one of "
+                f"{', '.join(names(lambda s: s.strategy in ('ring', 'allgather')))}, or --layout contiguous"
+            )
         return None
 
     def _check_documents(self) -> None:

@@ -126,8 +126,15 @@ LAYOUT_OPTION = Cli(
     "Shard layout of the ring, all-gather and block-sparse ring classes: contiguous, or zigzag (2p chunks, "
     "rank a holding chunks a and 2p-1-a: balanced causal work).",
     DIST,
-    ("verify", "bench"),
-    choices=True,
+    ("verify", "bench", "plan"),
+    choices=("contiguous", "zigzag"),
+    forms={
+        "plan": dict(
+            help="Shard layout of the planned problem: contiguous, zigzag (2p chunks, rank a holding chunks a and "
+            "2p-1-a), or documents (packed --documents balanced over ranks; ring and all-gather).",
+            choices=True,
+        )
+    },
 )
 
 HEAD_PARALLEL_SIZE_OPTION = Cli(

@@ -12,6 +12,7 @@ from .common import heads_label, literal, size
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ...plan.layouts import LayoutPlan
     from ...plan.solve import Headroom, Plan
 
 TIME_LABELS = {"attention": "time per call", "layer": "time per block call", "model": "time per training step"}
@@ -160,4 +161,27 @@ def check_table(frame: pd.DataFrame, profile: str, stats: dict) -> Table:
             f"{r['predicted_ms']:,.1f}" if r["predicted_ms"] else "-",
             _pct(r["time_error_pct"]),
         )
+    return table
+
+
+def layout_table(plan: LayoutPlan) -> Table:
+    """Each distributed kind under each layout: pairs per rank (max, mean, max/mean) and bytes per rank per call."""
+    per = "fwd+bwd" if plan.mode == "fwdbwd" else "fwd"
+    table = Table(title=f"work and communication per rank, {plan.world_size} ranks, per {per} call", show_header=True)
+    for column in ("kind", "layout", "pairs max", "pairs mean", "max/mean", "sent max", "received max", "note"):
+        table.add_column(column, justify="left" if column in ("kind", "layout", "note") else "right")
+    for r in plan.rows:
+        mark = "*" if r.planned else ""
+        table.add_row(
+            f"{mark}{r.kind}",
+            r.layout,
+            f"{r.pairs_max:,}" if r.pairs_max is not None else "-",
+            f"{r.pairs_mean:,.0f}" if r.pairs_mean is not None else "-",
+            f"{r.balance:.3f}" if r.balance is not None else "-",
+            size(r.sent_max) if r.sent_max is not None else "-",
+            size(r.received_max) if r.received_max is not None else "-",
+            literal(r.note),
+        )
+    refused = ", ".join(literal(why.split(":")[0]) for why in plan.refused)
+    table.caption = "* the planned kind and layout" + (f"; not applicable (why: --json): {refused}" if refused else "")
     return table

@@ -310,11 +310,13 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         masked: bool = False,
         padded_len: int | None = None,
         num_kv_heads: int | None = None,
+        rank_world: tuple[int, int] | None = None,
     ) -> dict[str, int]:
         """Bytes each rank sends and receives per forward and backward call: exactly the K/V rows (and
         key-mask values) of the blocks other ranks' queries use, and their dK/dV shares back, at the kv heads.
-        padded_len: the padded length of the shards (shard_sequence), padding rows included; default seq_len."""
-        rank, world = group_rank_size(self.process_group)
+        padded_len: the padded length of the shards (shard_sequence), padding rows included; default seq_len.
+        rank_world: (rank, world) to evaluate instead of this process's place in its group (the planner's)."""
+        rank, world = rank_world or group_rank_size(self.process_group)
         if world == 1:
             return dict.fromkeys(TRAFFIC_KEYS, 0)
         padded = seq_len if padded_len is None else padded_len

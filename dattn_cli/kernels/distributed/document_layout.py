@@ -26,6 +26,7 @@ import torch
 from ..documents import Call, document_spans
 from .layout import rank_positions
 from .padding import padded_length
+from .work import document_pairs_per_position, rank_work
 
 
 def causal_pairs(n: int) -> int:
@@ -134,13 +135,9 @@ def _work(held: torch.Tensor, start: int) -> torch.Tensor:
 
 def rank_pairs(positions: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """(world,) int64: the causal pairs of each rank's rows (positions (world, L), -1 padding), each row attending
-    its document's keys up to itself; any layout (contiguous shards: arange(p·L).view(p, L))."""
-    bounds = cu_seqlens.long()
-    flat = positions.reshape(-1)
-    real = (flat >= 0) & (flat < int(bounds[-1]))
-    start = bounds[torch.searchsorted(bounds, flat.clamp(min=0), right=True) - 1]
-    work = torch.where(real, flat - start + 1, 0)
-    return work.view(positions.shape).sum(1)
+    its document's keys up to itself; any layout (contiguous shards: arange(p·L).view(p, L)). work.py counts them."""
+    lengths = cu_seqlens.long().diff().tolist()
+    return rank_work(document_pairs_per_position(lengths, None, None, 1, causal=True), positions)
 
 
 def balanced_documents(local: Call, spread: Call, q, k, v, key_padding_mask, layout: DocumentLayout, rank: int):
