@@ -22,7 +22,8 @@ KIND_IMPL = {
     "hybrid": "HybridDilatedAttention",
     "block_sparse": "BlockSparseRingDilatedAttention",
 }
-MAX_COUNTED = 2**24  # positions counted one by one (work.py) beyond which the work column is left out
+MAX_COUNTED = 2**20  # positions counted one by one (work.py; 0.25 s a head share at 1M) beyond: work left out
+MAX_TABLE_BLOCKS = 4096  # query blocks of the block-sparse row's table (blocks^2 entries): over it, the row is left out
 
 
 class LayoutRow(BaseModel):
@@ -31,14 +32,14 @@ class LayoutRow(BaseModel):
     kind: str
     layout: str
     planned: bool  # the planned problem's own kind and layout
-    pairs: list[int] | None
-    pairs_max: int | None
-    pairs_mean: float | None
-    balance: float | None  # pairs max/mean: 1.0 is perfect balance
-    bytes_sent: list[int] | None
-    bytes_received: list[int] | None
-    sent_max: int | None
-    received_max: int | None
+    pairs: list[int] | None = None
+    pairs_max: int | None = None
+    pairs_mean: float | None = None
+    balance: float | None = None  # pairs max/mean: 1.0 is perfect balance
+    bytes_sent: list[int] | None = None
+    bytes_received: list[int] | None = None
+    sent_max: int | None = None
+    received_max: int | None = None
     note: str = ""
 
 
@@ -117,11 +118,11 @@ def _work(v: Problem, kind: str) -> list[int]:
         ring = world // h
         shares = v.heads // h
         positions = _positions(v, ring, n)  # ring shard b: the positions block b's ranks attend
-        work = [
-            int(rank_work(pairs_per_position(v.seq_len, *pattern, (j * shares, (j + 1) * shares)), positions)[b])
-            for b in range(ring)
+        by_share = [
+            rank_work(pairs_per_position(v.seq_len, *pattern, (j * shares, (j + 1) * shares)), positions)
             for j in range(h)
-        ]  # rank b·h + j
+        ]
+        work = [int(by_share[j][b]) for b in range(ring) for j in range(h)]  # rank b·h + j
     else:
         work = rank_work(pairs_per_position(v.seq_len, *pattern), _positions(v, world, n))
     return [int(w) * v.batch for w in work]
@@ -156,6 +157,11 @@ def _document_row(v: Problem, kind: str) -> tuple[list[int], list[dict[str, int]
 
 def _row(p: Problem, v: Problem, kind: str) -> LayoutRow:
     note = ""
+    planned = p.spec.strategy == kind and p.layout == v.layout
+    if kind == "block_sparse" and (blocks := -(-_padded(v) // v.block_size)) > MAX_TABLE_BLOCKS:
+        # its pairs and bytes come from the block table, blocks^2 entries: 1G at 4M tokens took 19 GB and minutes
+        note = f"{blocks:,} blocks: the block table is built up to {MAX_TABLE_BLOCKS:,}"
+        return LayoutRow(kind=kind, layout=v.layout, planned=planned, note=note)
     if v.documents is not None:
         pairs, counts, note = _document_row(v, kind)
     else:
@@ -168,7 +174,7 @@ def _row(p: Problem, v: Problem, kind: str) -> LayoutRow:
     return LayoutRow(
         kind=kind,
         layout=v.layout,
-        planned=p.spec.strategy == kind and p.layout == v.layout,
+        planned=planned,
         pairs=pairs,
         pairs_max=max(pairs) if pairs else None,
         pairs_mean=mean,
