@@ -1,4 +1,4 @@
-"""Imported by the forkserver as it starts (runtime.launch names it in the forkserver's preload list), and
+"""Imported by the forkserver as it starts (runtime.forkserver names it in its preload list), and
 meant to be imported nowhere else: it arms the forkserver's death signal (orphans.die_with_parent), so the
 forkserver, and through it every worker and rank, dies with the dattn process that started it.
 
