@@ -21,6 +21,7 @@ from ..kernels.distributed.sharding import join_shards, rank_shard
 from ..kernels.registry import REGISTRY, shard_call_options, shard_length
 from ..runtime.attach import backend as attach_backend
 from ..runtime.launch import run_distributed
+from ..runtime.measure import reuse_freed_memory
 from ..workload.build import build_module
 from ..workload.problem import Problem
 from .compare import DTYPES, errors_against
@@ -34,6 +35,7 @@ def rank_outputs(rank: int, world: int, jobs: list[tuple[dict, int]]) -> list[di
     """Runs on every rank: for each (problem, seed), this rank's shards and its comm_stats(). The sequence is
     padded at the end to the shard length the implementation needs (registry.shard_length), the padding
     masked; `seq_len` in each result tells `combine` where the real sequence ends."""
+    reuse_freed_memory()  # as the verify command does: freed chunks stay in the heap for the next ones
     results = []
     for data, seed in jobs:
         p = _on_rank_device(Problem.model_validate(data), rank)

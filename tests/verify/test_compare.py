@@ -39,3 +39,15 @@ def test_compares_a_slice_at_a_time(monkeypatch):
     got[93] += 0.5
     diff, scale = max_errors(got, ref)
     assert abs(diff - 0.5) < 1e-12 and scale == ref.abs().max().item()
+
+
+def test_finite_and_non_finite_slices_agree_with_the_entrywise_definition(monkeypatch):
+    import dattn_cli.verify.compare as compare
+
+    monkeypatch.setattr(compare, "STEP", 4)  # slices all finite, with -inf in both, and with a nan in got only
+    ref = torch.tensor([1.0, -3.0, 0.5, 2.0, float("-inf"), 1.0, -1.0, 0.0], dtype=torch.float64)
+    got = torch.tensor([1.25, -3.0, 0.5, 2.0, float("-inf"), 1.0, -1.5, 0.0], dtype=torch.float32)
+    assert max_errors(got, ref) == (0.5, 3.0)
+    got[2] = float("nan")
+    assert max_errors(got, ref)[0] == float("inf")
+    assert max_errors(got.to(torch.bfloat16), ref)[0] == float("inf")
