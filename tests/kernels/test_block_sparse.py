@@ -171,3 +171,27 @@ def test_compiled_flex_forward_on_cpu_equals_the_reference():
     assert module.last_executor[0] == "flex"
     ref, _ = module.reference(q, k, v, True)
     assert rel_err(out, ref) <= 1e-5
+
+
+def test_query_blocks_with_one_key_set_run_as_one_call_except_under_dropout():
+    from dattn_cli.kernels.block_sparse.gather import coalesce
+    from dattn_cli.kernels.block_sparse.local import LocalBlocks
+
+    table = torch.zeros(8, 8, dtype=torch.bool)
+    table[:4, :4] = table[4:, 4:] = True  # two segments of four blocks, dense inside
+    parts = plan_local(table, 8 * 16, 16, False, torch.device("cpu"))
+    assert len(parts) == 8
+    merged = coalesce(parts)
+    assert [(p.queries, p.keys) for p in merged] == [(slice(0, 64), slice(0, 64)), (slice(64, 128), slice(64, 128))]
+    assert len(coalesce(parts, max_rows=32)) == 4
+    assert len(coalesce(plan_local(table, 8 * 16, 16, True, torch.device("cpu")))) > 2  # causal diagonals stay apart
+    table[::2, 1::2] = False  # a dilated-like table: the key sets alternate; index keys of one set are shared
+    index_parts = plan_local(table, 8 * 16, 16, False, torch.device("cpu"))
+    assert index_parts[0].keys is index_parts[2].keys and len(coalesce(index_parts)) == 8
+    executor = LocalBlocks(parts)
+
+    class Call:
+        def __init__(self, p):
+            self.call = type("C", (), {"dropout_p": p})()
+
+    assert executor.calls(Call(0.0)) == merged and executor.calls(Call(0.1)) == parts
