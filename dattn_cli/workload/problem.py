@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, field_validator, model_validator
 
+from .architecture import Architecture, check_layer_target, longnet_architecture
 from .option import ALL, BLOCK, BLOCK_SPARSE, IMPL, LAYER, LAYERS, MEASURED, SHAPE, Cli
 from .parse import MAX_SEQ_LEN, shown
 from .problem_options import (
@@ -136,6 +137,8 @@ class Problem(BaseModel):
     compiled: Annotated[bool, COMPILED_OPTION] = False  # the module measured under torch.compile (bench --compile)
     # packed documents' lengths (cu_seqlens), summing to seq_len; batch 1
     documents: Annotated[list[int] | None, DOCUMENTS_OPTION] = None
+    # a model's block and ends (workload/architecture.py; plan --model, --model-config); None: dattn's LongNetLM
+    architecture: Architecture | None = None
 
     @field_validator("impl")
     @classmethod
@@ -206,8 +209,10 @@ class Problem(BaseModel):
         if self.target == "attention":
             if self.checkpointing or self.amp:
                 raise ValueError("--checkpointing and --amp apply to --target layer or model")
+            if self.architecture is not None:
+                raise ValueError(f"{self.architecture.name} is a model: plan it with --target model (or layer)")
         else:
-            self._check_layer_target()
+            check_layer_target(self)
             if self.compiled:
                 raise ValueError("--compile applies to --target attention: drop it for layers and models")
         if self.documents is not None:
@@ -288,31 +293,6 @@ class Problem(BaseModel):
                 "--documents applies to the attention implementations (not baselines, layers, models or --compile)"
             )
 
-    def _check_layer_target(self) -> None:
-        from ..kernels.registry import names
-
-        spec = self.spec
-        if spec.kind != "multihead" or spec.baseline:
-            raise ValueError(
-                f"--target {self.target} builds layers around a multihead attention; {self.impl} is not "
-                f"one: use {', '.join(names(lambda s: s.kind == 'multihead'))}"
-            )
-        if self.world_size > 1:
-            raise ValueError(f"--target {self.target} runs on one device: drop --world-size")
-        if self.embed_dim is not None:
-            if self.embed_dim % self.heads:
-                raise ValueError(f"--embed-dim {self.embed_dim} is not divisible by --heads {self.heads}")
-            self.head_dim = self.embed_dim // self.heads
-        if self.head_dim % 2:
-            raise ValueError(
-                f"head dim {self.head_dim} must be even (rotary embeddings): change --embed-dim or --heads"
-            )
-        self.embed_dim = self.heads * self.head_dim
-        if self.target == "model":
-            self.causal = True  # a LongNetLM is a causal language model
-        else:
-            self.layers = 1
-
     @property
     def spec(self) -> ImplSpec:
         from ..kernels.registry import REGISTRY
@@ -339,7 +319,20 @@ class Problem(BaseModel):
 
     @property
     def width(self) -> int:
+        """E, the model's width: H x D, or a named architecture's own (its head dim need not be E / H)."""
+        if self.architecture is not None and self.embed_dim is not None:
+            return self.embed_dim
         return self.heads * self.head_dim
+
+    @property
+    def attention_width(self) -> int:
+        """H x D, the width of the q projection and of the attention's output."""
+        return self.heads * self.head_dim
+
+    @property
+    def arch(self) -> Architecture:
+        """The architecture planned: the given one, or LongNetLM's in the same terms."""
+        return self.architecture or longnet_architecture(self)
 
     @property
     def compute_dtype(self) -> str:
@@ -347,6 +340,9 @@ class Problem(BaseModel):
 
     @property
     def hidden(self) -> int:
+        """F, the MLP's intermediate size."""
+        if self.architecture is not None:
+            return self.architecture.intermediate_size
         return int(self.width * self.mlp_ratio)
 
     @property
