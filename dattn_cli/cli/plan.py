@@ -179,18 +179,10 @@ def _lengths(values: dict, devices: int, max_seq: bool, min_devices: bool) -> di
     return {**values, "seq_len": sum(values["documents"])}
 
 
-def _given(name: str) -> bool:
-    """Whether option `name` was given (on the command line, or by --config), not left at its default."""
-    import click
-
-    ctx = click.get_current_context(silent=True)
-    source = ctx.get_parameter_source(name) if ctx is not None else None
-    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "DEFAULT_MAP")
-
-
 def _named_model(o: SimpleNamespace) -> dict | None:
     """The Problem fields of --model or --model-config (workload/model_presets.py), or None; sets the target."""
     if o.model is None and o.model_config is None:
+        o.target = o.target or "attention"
         return None
     if o.model is not None and o.model_config is not None:
         raise ValueError("--model and --model-config both name the model: give one")
@@ -198,11 +190,11 @@ def _named_model(o: SimpleNamespace) -> dict | None:
 
     which = "--model" if o.model is not None else "--model-config"
     fields = load_preset(o.model) if o.model is not None else read_config(o.model_config)
-    if given := [f"--{k.replace('_', '-')}" for k in MODEL_SHAPE if _given(k)]:
+    if given := [f"--{k.replace('_', '-')}" for k in MODEL_SHAPE if getattr(o, k) is not None]:
         raise ValueError(f"{which} gives the model's shape: drop {', '.join(given)}")
-    if _given("target") and o.target == "attention":
+    if o.target == "attention":
         raise ValueError(f"{which} plans a model: drop --target attention (--target layer plans one block)")
-    o.target = o.target if _given("target") else "model"
+    o.target = o.target or "model"
     if o.impl is None and o.sequence_parallel > 1:
         raise ValueError(
             f"{which} with --sequence-parallel: dense context parallelism is not planned yet; give a distributed "

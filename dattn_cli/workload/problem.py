@@ -40,11 +40,13 @@ from .problem_options import (
     UNSET_IN_VERIFY,
     WORLD_SIZE_OPTION,
     check_device,
+    unset_in_plan,
 )
 
 if TYPE_CHECKING:
     from ..kernels.registry import ImplSpec
 
+LAYERS_HELP, VOCAB_HELP = "Model depth (--target model).", "Model vocabulary (--target model)."
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 # The largest value of each size field (the smallest is 1).
 SIZE_LIMITS = {
@@ -79,12 +81,16 @@ class Problem(BaseModel):
     impl: Annotated[str, IMPL_OPTION] = "ImprovedDilatedAttention"
     batch: Annotated[int, Cli("Batch size.", SHAPE, ALL, forms=UNSET_IN_VERIFY)] = 1
     seq_len: Annotated[int, SEQ_LEN_OPTION] = 8192
-    heads: Annotated[int, Cli("Attention heads.", SHAPE, ALL, forms=UNSET_IN_VERIFY)] = 8
+    heads: Annotated[
+        int, Cli("Attention heads.", SHAPE, ALL, forms=unset_in_plan("Attention heads.", 8, UNSET_IN_VERIFY))
+    ] = 8
     # GQA/MQA: key/value heads, dividing heads; None = heads (normalised to it)
     kv_heads: Annotated[
         int | None, Cli("Key/value heads (GQA; 1 = MQA); must divide --heads. Default: --heads.", SHAPE, ALL)
     ] = None
-    head_dim: Annotated[int, Cli("Dimension per head.", SHAPE, ALL, forms=UNSET_IN_VERIFY)] = 64
+    head_dim: Annotated[
+        int, Cli("Dimension per head.", SHAPE, ALL, forms=unset_in_plan("Dimension per head.", 64, UNSET_IN_VERIFY))
+    ] = 64
     segment_lengths: Annotated[list[int], SEGMENT_LENGTHS_OPTION] = [2048, 4096, 8192]
     dilation_rates: Annotated[list[int], DILATION_RATES_OPTION] = [1, 2, 4]
     semantics: Annotated[Literal["longnet", "head_groups"], SEMANTICS_OPTION] = "longnet"
@@ -126,8 +132,8 @@ class Problem(BaseModel):
     target: Annotated[Target, TARGET_OPTION] = "attention"
     # layer/model width; default heads x head_dim
     embed_dim: Annotated[int | None, Cli("Layer/model width (default: heads x head dim).", LAYER, LAYERS)] = None
-    layers: Annotated[int, Cli("Model depth (--target model).", LAYER, LAYERS)] = 12
-    vocab_size: Annotated[int, Cli("Model vocabulary (--target model).", LAYER, LAYERS)] = 50304
+    layers: Annotated[int, Cli(LAYERS_HELP, LAYER, LAYERS, forms=unset_in_plan(LAYERS_HELP, 12))] = 12
+    vocab_size: Annotated[int, Cli(VOCAB_HELP, LAYER, LAYERS, forms=unset_in_plan(VOCAB_HELP, 50304))] = 50304
     mlp_ratio: float = 4.0
     checkpointing: Annotated[bool, CHECKPOINTING_OPTION] = False
     amp: Annotated[
