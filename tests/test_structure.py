@@ -39,7 +39,7 @@ MAX_FUNCTION_LINES = 60
 SIZE_ALLOWLIST: frozenset[str] = frozenset()
 
 SIBLING_PACKAGES = ("verify", "bench", "profile", "plan", "compare")
-REPOSITORY_FOLDERS = ("dattn_cli", "tests", "docs", "benchmarks", "profiles")
+REPOSITORY_FOLDERS = ("dattn_cli", "tests", "docs", "benchmarks", "profiles", "model_presets")
 
 # Inside dattn_cli.plan: a module may import only modules to its left in this chain.
 PLAN_CHAIN = ("memory", "time", "layers", "solve")
@@ -371,6 +371,7 @@ def test_pyproject_lists_every_package() -> None:
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     folders = {module_name(f, ROOT) for f in (ROOT / PACKAGE).rglob("__init__.py") if "__pycache__" not in f.parts}
     folders.add(f"{PACKAGE}.profiles")  # profiles/ at the repository root, mapped by package-dir
+    folders.add(f"{PACKAGE}.model_presets")  # model_presets/ likewise
     assert listed == folders, (
         f"pyproject.toml [tool.setuptools] packages: missing {folders - listed}, stale {listed - folders}"
     )

@@ -115,6 +115,21 @@ OPTIONS: dict[str, Cli] = {
         choices=("adamw", "adam8bit", "sgd", "torch-adamw"),
         default="adamw",
     ),
+    "model": Cli(
+        "Plan a shipped model (implies --target model): its shape and block replace --layers, --embed-dim, --heads, "
+        "--kv-heads, --head-dim and --vocab-size; an unknown NAME lists them (docs/plan.md).",
+        LAYER,
+        ("plan",),
+        type=str,
+        metavar="NAME",
+        default=None,
+    ),
+    "model_config": Cli(
+        "Plan the model of a Hugging Face transformers config.json (llama, mistral, qwen2), as --model does.",
+        LAYER,
+        ("plan",),
+        **PATH,
+    ),
     # --- measurement --------------------------------------------------------------------------------------
     "full": Cli("Full case matrix, or the quick one.", MEASURE, ("verify",), names=("--full/--quick",), **FLAG),
     "quick": Cli("Small CPU sweep: Dilated, Improved and sdpa at 2k-8k (< 60 s).", MEASURE, ("bench",), **FLAG),

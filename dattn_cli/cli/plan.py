@@ -14,6 +14,7 @@ from .options import check_ranks
 from .render.common import emit_files, machine_output, note, stdout
 from .render.plan import check_table, layout_table, plan_table
 
+MODEL_SHAPE = ("layers", "embed_dim", "heads", "kv_heads", "head_dim", "vocab_size")  # what --model gives
 DEFAULT_IMPL = {
     "attention": "ImprovedDilatedAttention",
     "layer": "ImprovedMultiheadDilatedAttention",
@@ -178,10 +179,36 @@ def _lengths(values: dict, devices: int, max_seq: bool, min_devices: bool) -> di
     return {**values, "seq_len": sum(values["documents"])}
 
 
+def _named_model(o: SimpleNamespace) -> dict | None:
+    """The Problem fields of --model or --model-config (workload/model_presets.py), or None; sets the target."""
+    if o.model is None and o.model_config is None:
+        o.target = o.target or "attention"
+        return None
+    if o.model is not None and o.model_config is not None:
+        raise ValueError("--model and --model-config both name the model: give one")
+    from ..workload.model_presets import load_preset, read_config
+
+    which = "--model" if o.model is not None else "--model-config"
+    fields = load_preset(o.model) if o.model is not None else read_config(o.model_config)
+    if given := [f"--{k.replace('_', '-')}" for k in MODEL_SHAPE if getattr(o, k) is not None]:
+        raise ValueError(f"{which} gives the model's shape: drop {', '.join(given)}")
+    if o.target == "attention":
+        raise ValueError(f"{which} plans a model: drop --target attention (--target layer plans one block)")
+    o.target = o.target or "model"
+    if o.impl is None and o.sequence_parallel > 1:
+        raise ValueError(
+            f"{which} with --sequence-parallel: dense context parallelism is not planned yet; give a distributed "
+            "core --impl (e.g. RingDilatedAttention) with its --segments and --dilations"
+        )
+    o.impl = o.impl or "sdpa"  # the dense baseline (kernels/registry.py); --kernel picks its efficiency curve
+    return fields
+
+
 def _problem(o: SimpleNamespace):
     """(the Problem, a model's training layout or None); for a model the Problem is one replica's sequence."""
     from ..workload import Problem
 
+    named = _named_model(o)
     if o.target == "attention":
         check_ranks([o.impl or DEFAULT_IMPL[o.target]], o.world_size, "--world-size")
     training = _training(o.target, o.world_size, o.sequence_parallel, o.zero, o.optimizer)
@@ -189,7 +216,8 @@ def _problem(o: SimpleNamespace):
         o.world_size = 1  # training.devices carries the layout
         o.impl = o.impl or ("RingMultiheadDilatedAttention" if o.sequence_parallel > 1 else None)
     o.impl = o.impl or DEFAULT_IMPL[o.target]
-    problem = Problem(**_lengths(model_values("plan", vars(o), Problem), o.world_size, o.max_seq, o.min_devices))
+    values = _lengths(model_values("plan", vars(o), Problem), o.world_size, o.max_seq, o.min_devices)
+    problem = Problem(**{**values, **(named or {})})
     if training is not None:
         from ..plan.parallel import check_impl
 
@@ -201,7 +229,8 @@ def _problem(o: SimpleNamespace):
 def plan(**given: Any) -> None:
     """Predict memory per device and time per call from a stated model (docs/plan.md), or check it against bench rows.
 
-    Default --impl: ImprovedDilatedAttention, or ImprovedMultiheadDilatedAttention for --target layer|model.
+    Default --impl: ImprovedDilatedAttention, or ImprovedMultiheadDilatedAttention for --target layer|model, or sdpa
+    (dense) for --model and --model-config.
     """
     o = SimpleNamespace(**given)
     machine_output(o.json_out, o.csv_out)

@@ -40,8 +40,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..workload.architecture import block_parameters_of, end_parameters
 from ..workload.counts import linear_flops, shard_of
 from ..workload.problem import ELEMENT_BYTES, Problem
+from . import decoder
 from .memory import MemoryBreakdown, estimate_memory
 from .profiles import HardwareProfile
 from .time import TimeBreakdown, estimate_time
@@ -138,13 +140,18 @@ def block_parameters(width: int, mlp_ratio: float, subln: bool = False, kv_width
 
 
 def model_parameters(s: Problem) -> int:
-    blocks = s.layers * block_parameters(s.width, s.mlp_ratio, kv_width=s.kv_head_count * s.head_dim)
-    return blocks + (s.vocab_size * s.width + 2 * s.width if s.target == "model" else 0)
+    """Every block's parameters, and a model's embedding, untied head and final norm (workload/architecture.py)."""
+    return s.layers * block_parameters_of(s) + (end_parameters(s) if s.target == "model" else 0)
 
 
 def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
     """What one block keeps for its backward, itemised (module docstring); `attention`: the items of
-    plan/memory.py's model of the block's attention call."""
+    plan/memory.py's model of the block's attention call; a named architecture's: plan/decoder.py."""
+    if s.architecture is not None:
+        items = decoder.block_saved_bytes(s, attention)
+        if attention.get(KEPT_COMM):
+            items[KEPT_COMM] = attention[KEPT_COMM]
+        return items
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
     items = {
@@ -192,6 +199,8 @@ def layer_memory(
         common["input and output"] = 2 * tokens * width * p
     if pool:
         common["attention kept-row buffers (memory pool)"] = pool
+    if s.architecture is not None:
+        common["rotary cos/sin (shared by the blocks)"] = decoder.rotary_tables(s)
 
     phases = _training_phases(s, common, attention, states) if train else _forward_phases(s, common, attention, states)
     peak = max(phases, key=lambda ph: ph.total)
@@ -230,7 +239,7 @@ def _forward_phases(s: Problem, common: dict[str, int], attention: dict[str, int
     # one block at a time: the residual, then the larger of the attention half (LN output, packed q/k/v,
     # rotated q/k, the core's scratch and output) and the MLP half (fc1 and GELU outputs)
     attention_half = 6 * tokens * width * c + core + tokens * width * c
-    mlp_half = tokens * width * c + 2 * tokens * hidden * c
+    mlp_half = tokens * width * c + (3 if s.arch.gated else 2) * tokens * hidden * c
     phases = [
         _Phase("forward (no grad): a block", common).add(
             "one block's transients", tokens * width * p + max(attention_half, mlp_half)
@@ -278,9 +287,13 @@ def _loss_phases(s: Problem, common: dict[str, int], states: ModelStates, residu
     c = ELEMENT_BYTES[s.compute_dtype]
     tokens, width = s.batch * s.seq_len, s.width
     loss = _kept(s, _Phase("loss backward (logits)", common), None, residual, saved).update(states.forward)
-    loss.add("final LayerNorm input and output", residual + tokens * width * c)
+    if s.architecture is None:
+        loss.add("final LayerNorm input and output", residual + tokens * width * c)
+    else:
+        loss.add("final norm: " + decoder.NORM_ITEM, decoder.norm_saved(s))
     if c != ELEMENT_BYTES[s.dtype]:
-        loss.add("autocast copy of the tied head weight", s.vocab_size * width * c)
+        tied = "tied" if s.arch.tie_word_embeddings else "untied"
+        loss.add(f"autocast copy of the {tied} head weight", s.vocab_size * width * c)
     loss.add("log-softmax, its gradient, the logits' gradient (fp32)", 12 * tokens * s.vocab_size)
     return [loss, _Phase(states.step_name, common).update(states.step)]
 
@@ -294,7 +307,7 @@ def _training_phases(
     saved = sum(block_saved_bytes(s, attention).values())
     model = s.target == "model"
     upstream = residual + (tokens * width * c if c != p else 0)
-    mlp_backward = tokens * hidden * c + width * hidden * c
+    mlp_backward = tokens * hidden * c + width * hidden * c if s.architecture is None else decoder.mlp_backward(s)
     phases = _loss_phases(s, common, states, residual, saved) if model else []
     name = "last block's backward (MLP)" if model else "block backward (MLP)"
     block = _kept(s, _Phase(name, common), saved, residual, saved)
@@ -303,12 +316,13 @@ def _training_phases(
     phases.append(block)
     # the attention's backward: the MLP half of the block's saved set is gone; the core's gradients and
     # scratch (and a sequence-parallel form's buffers) and the packed q/k/v gradient appear
-    attention_half = saved - 2 * tokens * hidden * c - tokens * width * (c + p)
+    mlp_half = 2 * tokens * hidden * c + tokens * width * (c + p) if s.architecture is None else decoder.mlp_half(s)
+    attention_half = saved - mlp_half
     core_backward = sum(v for k, v in attention.items() if k in CORE_BACKWARD_ITEMS)
     name = "last block's backward (attention)" if model else "block backward (attention)"
     att = _kept(s, _Phase(name, common), attention_half, residual, saved)
     att.update(states.forward).update(states.backward)
-    packed_qkv = (width + 2 * s.kv_head_count * s.head_dim) * tokens * c  # the in-projection's output gradient
+    packed_qkv = (s.attention_width + 2 * s.kv_head_count * s.head_dim) * tokens * c  # q/k/v projections' gradients
     transients = 2 * residual + packed_qkv + core_backward
     att.add("residual gradients, packed dq/dk/dv, attention gradients and scratch", transients)
     phases.append(att)

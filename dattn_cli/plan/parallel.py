@@ -31,13 +31,13 @@ from typing import Literal
 from pydantic import BaseModel, field_validator, model_validator
 
 from ..kernels.registry import names
+from ..workload.architecture import block_parameters_of
 from ..workload.counts import linear_flops
 from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
 from .layers import (
     LayerMemory,
     ModelStates,
     attention_call,
-    block_parameters,
     layer_memory,
     linear_seconds,
     local_part,
@@ -136,7 +136,7 @@ def optimizer_bytes(optimizer: str, weight_bytes: int) -> tuple[float, float]:
 
 def _units(s: Problem) -> tuple[int, int]:
     """(parameters of the largest block, of the tied embedding/head): FSDP's wrapping units."""
-    return block_parameters(s.width, s.mlp_ratio, kv_width=s.kv_head_count * s.head_dim), s.vocab_size * s.width
+    return block_parameters_of(s), s.vocab_size * s.width
 
 
 def step_temporary(optimizer: str, state_bytes: float, params: float, largest: float, device_type: str) -> float:

@@ -22,6 +22,7 @@ import math
 from ..kernels.distributed.exchange import packed_elements
 from ..kernels.distributed.shards import pair_traffic, shard_plan
 from ..kernels.registry import shard_length
+from .architecture import block_matmul_parameters
 from .problem import ELEMENT_BYTES, Problem
 
 FWD_BWD_FACTOR = 3.5
@@ -44,13 +45,14 @@ def flops_per_device(p: Problem) -> float:
 
 
 def linear_flops(p: Problem) -> float:
-    """FLOPs of the linear layers of a layer/model problem: 2·T·(2E² + 2E·E_kv + 2EF) per block (E_kv = E without
-    GQA), 2·T·E·V for a model's
-    head, x3 with backward (the recomputed forward of checkpointing not counted: useful work only)."""
+    """FLOPs of the linear layers of a layer/model problem: 2·T per weight of the block's matrix multiplications
+    (architecture.block_matmul_parameters: q E·H·D, k and v E·K, o H·D·E, the MLP 2EF or gated 3EF; LongNetLM's
+    2E² + 2E·K + 2EF), 2·T·E·V for a model's head, x3 with backward (the recomputed forward of checkpointing not
+    counted: useful work only)."""
     if p.target == "attention":
         return 0.0
-    tokens, width, kv = p.batch * p.seq_len, p.width, p.kv_head_count * p.head_dim  # GQA: k, v project to E_kv
-    linear = 2.0 * tokens * (2 * width * width + 2 * width * kv + 2 * width * p.hidden) * p.layers
+    tokens, width = p.batch * p.seq_len, p.width
+    linear = 2.0 * tokens * block_matmul_parameters(p) * p.layers
     if p.target == "model":
         linear += 2.0 * tokens * width * p.vocab_size
     return linear * (LINEAR_FWD_BWD_FACTOR if p.mode == "fwdbwd" else 1.0)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, field_validator, model_validator
 
+from .architecture import Architecture, check_layer_target, longnet_architecture
 from .option import ALL, BLOCK, BLOCK_SPARSE, IMPL, LAYER, LAYERS, MEASURED, SHAPE, Cli
 from .parse import MAX_SEQ_LEN, shown
 from .problem_options import (
@@ -39,11 +40,13 @@ from .problem_options import (
     UNSET_IN_VERIFY,
     WORLD_SIZE_OPTION,
     check_device,
+    unset_in_plan,
 )
 
 if TYPE_CHECKING:
     from ..kernels.registry import ImplSpec
 
+LAYERS_HELP, VOCAB_HELP = "Model depth (--target model).", "Model vocabulary (--target model)."
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 # The largest value of each size field (the smallest is 1).
 SIZE_LIMITS = {
@@ -78,12 +81,16 @@ class Problem(BaseModel):
     impl: Annotated[str, IMPL_OPTION] = "ImprovedDilatedAttention"
     batch: Annotated[int, Cli("Batch size.", SHAPE, ALL, forms=UNSET_IN_VERIFY)] = 1
     seq_len: Annotated[int, SEQ_LEN_OPTION] = 8192
-    heads: Annotated[int, Cli("Attention heads.", SHAPE, ALL, forms=UNSET_IN_VERIFY)] = 8
+    heads: Annotated[
+        int, Cli("Attention heads.", SHAPE, ALL, forms=unset_in_plan("Attention heads.", 8, UNSET_IN_VERIFY))
+    ] = 8
     # GQA/MQA: key/value heads, dividing heads; None = heads (normalised to it)
     kv_heads: Annotated[
         int | None, Cli("Key/value heads (GQA; 1 = MQA); must divide --heads. Default: --heads.", SHAPE, ALL)
     ] = None
-    head_dim: Annotated[int, Cli("Dimension per head.", SHAPE, ALL, forms=UNSET_IN_VERIFY)] = 64
+    head_dim: Annotated[
+        int, Cli("Dimension per head.", SHAPE, ALL, forms=unset_in_plan("Dimension per head.", 64, UNSET_IN_VERIFY))
+    ] = 64
     segment_lengths: Annotated[list[int], SEGMENT_LENGTHS_OPTION] = [2048, 4096, 8192]
     dilation_rates: Annotated[list[int], DILATION_RATES_OPTION] = [1, 2, 4]
     semantics: Annotated[Literal["longnet", "head_groups"], SEMANTICS_OPTION] = "longnet"
@@ -125,8 +132,8 @@ class Problem(BaseModel):
     target: Annotated[Target, TARGET_OPTION] = "attention"
     # layer/model width; default heads x head_dim
     embed_dim: Annotated[int | None, Cli("Layer/model width (default: heads x head dim).", LAYER, LAYERS)] = None
-    layers: Annotated[int, Cli("Model depth (--target model).", LAYER, LAYERS)] = 12
-    vocab_size: Annotated[int, Cli("Model vocabulary (--target model).", LAYER, LAYERS)] = 50304
+    layers: Annotated[int, Cli(LAYERS_HELP, LAYER, LAYERS, forms=unset_in_plan(LAYERS_HELP, 12))] = 12
+    vocab_size: Annotated[int, Cli(VOCAB_HELP, LAYER, LAYERS, forms=unset_in_plan(VOCAB_HELP, 50304))] = 50304
     mlp_ratio: float = 4.0
     checkpointing: Annotated[bool, CHECKPOINTING_OPTION] = False
     amp: Annotated[
@@ -136,6 +143,8 @@ class Problem(BaseModel):
     compiled: Annotated[bool, COMPILED_OPTION] = False  # the module measured under torch.compile (bench --compile)
     # packed documents' lengths (cu_seqlens), summing to seq_len; batch 1
     documents: Annotated[list[int] | None, DOCUMENTS_OPTION] = None
+    # a model's block and ends (workload/architecture.py; plan --model, --model-config); None: dattn's LongNetLM
+    architecture: Architecture | None = None
 
     @field_validator("impl")
     @classmethod
@@ -206,8 +215,10 @@ class Problem(BaseModel):
         if self.target == "attention":
             if self.checkpointing or self.amp:
                 raise ValueError("--checkpointing and --amp apply to --target layer or model")
+            if self.architecture is not None:
+                raise ValueError(f"{self.architecture.name} is a model: plan it with --target model (or layer)")
         else:
-            self._check_layer_target()
+            check_layer_target(self)
             if self.compiled:
                 raise ValueError("--compile applies to --target attention: drop it for layers and models")
         if self.documents is not None:
@@ -288,31 +299,6 @@ class Problem(BaseModel):
                 "--documents applies to the attention implementations (not baselines, layers, models or --compile)"
             )
 
-    def _check_layer_target(self) -> None:
-        from ..kernels.registry import names
-
-        spec = self.spec
-        if spec.kind != "multihead" or spec.baseline:
-            raise ValueError(
-                f"--target {self.target} builds layers around a multihead attention; {self.impl} is not "
-                f"one: use {', '.join(names(lambda s: s.kind == 'multihead'))}"
-            )
-        if self.world_size > 1:
-            raise ValueError(f"--target {self.target} runs on one device: drop --world-size")
-        if self.embed_dim is not None:
-            if self.embed_dim % self.heads:
-                raise ValueError(f"--embed-dim {self.embed_dim} is not divisible by --heads {self.heads}")
-            self.head_dim = self.embed_dim // self.heads
-        if self.head_dim % 2:
-            raise ValueError(
-                f"head dim {self.head_dim} must be even (rotary embeddings): change --embed-dim or --heads"
-            )
-        self.embed_dim = self.heads * self.head_dim
-        if self.target == "model":
-            self.causal = True  # a LongNetLM is a causal language model
-        else:
-            self.layers = 1
-
     @property
     def spec(self) -> ImplSpec:
         from ..kernels.registry import REGISTRY
@@ -339,7 +325,20 @@ class Problem(BaseModel):
 
     @property
     def width(self) -> int:
+        """E, the model's width: H x D, or a named architecture's own (its head dim need not be E / H)."""
+        if self.architecture is not None and self.embed_dim is not None:
+            return self.embed_dim
         return self.heads * self.head_dim
+
+    @property
+    def attention_width(self) -> int:
+        """H x D, the width of the q projection and of the attention's output."""
+        return self.heads * self.head_dim
+
+    @property
+    def arch(self) -> Architecture:
+        """The architecture planned: the given one, or LongNetLM's in the same terms."""
+        return self.architecture or longnet_architecture(self)
 
     @property
     def compute_dtype(self) -> str:
@@ -347,6 +346,9 @@ class Problem(BaseModel):
 
     @property
     def hidden(self) -> int:
+        """F, the MLP's intermediate size."""
+        if self.architecture is not None:
+            return self.architecture.intermediate_size
         return int(self.width * self.mlp_ratio)
 
     @property

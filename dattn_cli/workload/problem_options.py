@@ -28,6 +28,12 @@ IMPL_HELP = "Registered implementation or baseline (sdpa, math, flash, reference
 PATTERN_NAMES = "local, dilated, global_local, hierarchical or longnet"
 UNSET_IN_VERIFY = {"verify": {"default": None}}  # verify: a shape option given checks your configuration
 
+# plan: a model's shape option left unset (None) keeps the Problem's default; given, it conflicts with --model
+
+
+def unset_in_plan(text: str, default: object, forms: dict | None = None) -> dict:
+    return {**(forms or {}), "plan": dict(default=None, show_default=False, help=f"{text} Default: {default}.")}
+
 
 def check_device(value: str) -> str:
     """--device as it is read: cpu, or cuda where a CUDA device is available."""
@@ -209,12 +215,16 @@ DENSITY_OPTION = Cli(
     },
 )
 
-TARGET_OPTION = Cli(
+TARGET_HELP = (
     "What is computed: the attention call, one DilatedTransformerBlock, or a LongNetLM (fwdbwd: a "
-    "training step with AdamW); docs/layer-claims.md.",
+    "training step with AdamW); docs/layer-claims.md."
+)
+TARGET_OPTION = Cli(
+    TARGET_HELP,
     LAYER,
     LAYERS,
     choices=True,
+    forms=unset_in_plan(TARGET_HELP[:-1] + "; --model: the model (or a block, with layer)", "attention"),
 )
 
 CHECKPOINTING_OPTION = Cli(

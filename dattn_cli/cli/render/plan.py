@@ -24,12 +24,36 @@ def _what(s) -> str:
     options = ", ".join(
         o for o in ("checkpointing" if s.checkpointing else "", f"autocast {s.amp}" if s.amp else "") if o
     )
+    if s.architecture is not None:
+        return _named(s, options)
     depth = f"LongNetLM {s.layers} x " if s.target == "model" else ""
     return (
         f"{depth}DilatedTransformerBlock E={s.embed_dim} around {literal(s.impl)}"
         + (f" ({options})" if options else "")
         + (f", vocabulary {s.vocab_size:,}" if s.target == "model" else "")
     )
+
+
+def _named(s, options: str) -> str:
+    """A named model (plan --model, --model-config): its name, depth and block."""
+    a = s.architecture
+    depth = f"{s.layers} x " if s.target == "model" else "one "
+    head = "tied" if a.tie_word_embeddings else "untied"
+    return (
+        f"{literal(a.name)}: {depth}{a.family} decoder layer E={s.embed_dim} F={a.intermediate_size} ({a.mlp}, "
+        f"{a.norm}) around {literal(s.impl)}"
+        + (f" ({options})" if options else "")
+        + (f", vocabulary {s.vocab_size:,} ({head})" if s.target == "model" else "")
+    )
+
+
+def _model_rows(table: Table, result: Plan) -> None:
+    """Where a named model comes from, and its parameter count (workload/architecture.py)."""
+    from ...plan.layers import model_parameters
+
+    s = result.problem
+    table.add_row("model", literal(f"{s.architecture.name}, {model_parameters(s):,} parameters"))
+    table.caption = literal(f"{s.architecture.name}: {s.architecture.source}")
 
 
 def _ms(seconds: float, digits: int = 1) -> str:
@@ -79,6 +103,8 @@ def plan_table(result: Plan, solved: str | None, advice: str, room: Headroom | N
     table = Table(title=title, show_header=True)
     table.add_column("item")
     table.add_column("per device", justify="right")
+    if s.architecture is not None:
+        _model_rows(table, result)
     if result.training is not None:
         table.add_row("layout", literal(result.training.describe()))
     if result.shard_len is not None:

@@ -1,0 +1,83 @@
+"""What a Hugging Face transformers decoder layer (Llama, Mistral, Qwen2: workload/architecture.py) keeps for its
+backward, and the transients of its backward, for plan/layers.py's phases.
+
+Sizes as in plan/layers.py: T tokens, E the width, H·D the attention width, K = H_kv·D, F the intermediate size,
+p the bytes of the weight (residual stream) dtype, c of the compute dtype (autocast's, else p). Counted from what
+autograd saves in transformers/models/llama/modeling_llama.py and its Mistral and Qwen2 copies (transformers 5.x,
+sdpa attention), and checked to the byte against LlamaDecoderLayer, MistralDecoderLayer and Qwen2DecoderLayer
+(tests/plan/test_decoder.py):
+* each RMSNorm (`hidden.to(float32)`, `pow`, `rsqrt`, `weight * normalized.to(input dtype)`): its input in fp32,
+  T·E·4 (a copy unless the stream is fp32, then the input itself), the normalized tensor in the stream's dtype
+  T·E·p, its output T·E·c (the next linears' input) and the rsqrt, T·4. Under autocast the fp32 output is not
+  kept but each linear it feeds keeps its own half copy (autocast caches the casts of weights, not of
+  activations): q, k and v three, a gated MLP's gate and up two. A LayerNorm keeps its input T·E·p, its
+  output and mean and rstd, 8·T.
+* the attention: the rotated q (T·H·D·c), the rotated k and the v projection (T·K·c each) and the core's output
+  (T·H·D·c, also o_proj's input) and lse: the core's inputs and output in plan/memory.py's model. Rotary's
+  `q * cos` keeps cos and sin, not q: the un-rotated q and k are not kept. Biases keep nothing.
+* the MLP: gated, the gate and up outputs, the activation's output and the product that feeds down, 4·T·F·c;
+  plain GELU, fc1's output and GELU's, 2·T·F·c.
+* under autocast, the half copies of the linear weights (block_matmul_parameters x c).
+* rotary cos and sin, 2·N·D·p, once per model (every block reads the same tables).
+"""
+
+from __future__ import annotations
+
+from ..workload.architecture import block_matmul_parameters
+from ..workload.problem import ELEMENT_BYTES, Problem
+
+NORM_ITEM = "norm inputs (fp32), normalized and outputs"
+
+
+def norm_saved(s: Problem, consumers: int = 1) -> int:
+    """One norm's saved tensors (module docstring), its output as kept by the `consumers` linears it feeds."""
+    p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
+    tokens = s.batch * s.seq_len
+    outputs = (consumers if s.amp else 1) * tokens * s.width * c
+    if s.arch.norm == "rmsnorm":
+        return tokens * s.width * (4 + p) + outputs + 4 * tokens
+    return tokens * s.width * p + outputs + 8 * tokens
+
+
+def _block_norms(s: Problem) -> tuple[int, int]:
+    """(the attention's norm, the MLP's norm): q, k and v read the first, gate and up (or fc1) the second."""
+    return norm_saved(s, 3), norm_saved(s, 2 if s.arch.gated else 1)
+
+
+def mlp_saved(s: Problem) -> int:
+    c = ELEMENT_BYTES[s.compute_dtype]
+    return (4 if s.arch.gated else 2) * s.batch * s.seq_len * s.hidden * c
+
+
+def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
+    """One decoder layer's saved set, itemised; `attention`: plan/memory.py's items of its attention call."""
+    c = ELEMENT_BYTES[s.compute_dtype]
+    core = sum(attention.get(k, 0) for k in ("inputs q, k, v", "output", "lse"))
+    items = {
+        NORM_ITEM: sum(_block_norms(s)),
+        "rotated q and k, v, attention output and lse": core,
+        "MLP: gate, up, activation and product" if s.arch.gated else "MLP hidden (fc1 and GELU outputs)": mlp_saved(s),
+    }
+    if c != ELEMENT_BYTES[s.dtype]:
+        items["autocast weight copies"] = block_matmul_parameters(s) * c
+    items["attention accumulator"] = attention.get("fp32 accumulator", 0)
+    return items
+
+
+def mlp_half(s: Problem) -> int:
+    """The MLP half of the saved set (its norm and the MLP's tensors), freed before the attention's backward."""
+    return _block_norms(s)[1] + mlp_saved(s)
+
+
+def mlp_backward(s: Problem) -> int:
+    """Transients of the MLP's backward beyond the upstream gradient: down's input and weight gradients, and for a
+    gated MLP the product's backward, which holds its upstream gradient and the gradients of both factors."""
+    c = ELEMENT_BYTES[s.compute_dtype]
+    tokens, hidden = s.batch * s.seq_len, s.hidden
+    down = tokens * hidden * c + s.width * hidden * c
+    return max(down, 2 * tokens * hidden * c) if s.arch.gated else down
+
+
+def rotary_tables(s: Problem) -> int:
+    """cos and sin of the positions, in the stream's dtype, made once per forward and read by every block."""
+    return 2 * s.seq_len * s.head_dim * ELEMENT_BYTES[s.dtype]
