@@ -61,18 +61,8 @@ NUMERIC = [
     "mfu",
     "max_seq_len",
 ]
-INTEGER = [
-    "gpus",
-    "gpus_per_node",
-    "tp",
-    "cp",
-    "pp",
-    "dp",
-    "seq_len",
-    "global_batch_tokens",
-    "micro_batch",
-    "max_seq_len",
-]
+FRACTIONAL = {"params_b", "peak_memory_gib", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"}
+INTEGER = [c for c in NUMERIC if c not in FRACTIONAL]
 METRICS = ["peak_memory_gib", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "max_seq_len"]
 CP_KINDS = {"ring", "allgather", "ulysses", "usp/hybrid", "none"}
 MEMORY_KINDS = {"reserved", "allocated", "nvidia-smi", "unknown"}

@@ -280,8 +280,8 @@ class BlockSparseRingDilatedAttention(AttentionCore):
         backend, call, pool = self.prepare_call(q, is_causal, key_padding_mask is not None)
         key = ("block_plan", self.pattern, seq_len, padded, num_heads, bool(is_causal), rank, world, str(q.device))
         if world == 1:  # the single-device executor: every key block is here
-            parts = self.cached(key, lambda: plan_local(table, padded, self.block_size, is_causal, q.device))
-            self.last_plan, key_blocks = None, LocalBlocks(parts)
+            plan = lambda: LocalBlocks(plan_local(table, padded, self.block_size, is_causal, q.device))
+            self.last_plan, key_blocks = None, self.cached(key, plan)  # its calls coalesced once per plan
         else:
             key = (*key, self.layout)
             args = (table, padded, self.block_size, rank, world, is_causal, q.device, self.layout)
