@@ -129,16 +129,6 @@ class _Phase:
         return sum(self.items.values())
 
 
-def block_parameters(width: int, mlp_ratio: float, subln: bool = False, kv_width: int | None = None) -> int:
-    """kv_width: the k and v projections' width, kv heads x head dim (GQA); default width."""
-    hidden, kv = int(width * mlp_ratio), width if kv_width is None else kv_width
-    attention = 2 * width * width + 2 * width * kv + 2 * width + 2 * kv  # q, out; k, v (weights and biases)
-    params = attention + 2 * width * hidden + hidden + width + 4 * width  # attn, mlp, two LNs
-    if subln:
-        params += 2 * width + 2 * hidden
-    return params
-
-
 def model_parameters(s: Problem) -> int:
     """Every block's parameters, and a model's embedding, untied head and final norm (workload/architecture.py)."""
     return s.layers * block_parameters_of(s) + (end_parameters(s) if s.target == "model" else 0)

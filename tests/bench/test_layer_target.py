@@ -6,7 +6,8 @@ import pytest
 from dattn_cli.bench import Sweep, run_sweep
 from dattn_cli.bench.point import measure_point
 from dattn_cli.plan import predicted_peak_bytes
-from dattn_cli.plan.layers import block_parameters
+from dattn_cli.plan.layers import model_parameters
+from dattn_cli.workload import Problem
 
 TINY = dict(
     impls=["ImprovedMultiheadDilatedAttention"],
@@ -46,7 +47,9 @@ def test_rows_carry_the_layer_fields():
     assert row.status == "ok", row.error
     assert (row.target, row.embed_dim, row.layers, row.checkpointing, row.head_dim) == ("model", 32, 2, True, 16)
     # the planner's parameter count (blocks, tied embedding, final LayerNorm) is the module's
-    assert row.predicted_mem_bytes and row.params == 2 * block_parameters(32, 4.0) + 64 * 32 + 2 * 32
+    assert row.predicted_mem_bytes and row.params == model_parameters(
+        Problem(impl=row.impl, target="model", layers=2, vocab_size=64, heads=2, head_dim=16)
+    )
 
 
 def test_layer_around_a_block_sparse_attention():

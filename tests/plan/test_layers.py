@@ -7,10 +7,11 @@ import torch
 
 from dattn_cli.kernels import reset_global_memory_pool
 from dattn_cli.plan import check, solve
-from dattn_cli.plan.layers import ModelStates, bench_states, block_parameters, layer_memory
+from dattn_cli.plan.layers import ModelStates, bench_states, layer_memory
 from dattn_cli.plan.profiles import load_profile
 from dattn_cli.runtime.measure import LiveTensorBytes
 from dattn_cli.workload import Problem
+from dattn_cli.workload.architecture import block_parameters_of
 from dattn_cli.workload.build import build_call
 from dattn_cli.workload.records import BenchRow
 from tests.cli.test_verify_env import run_cli
@@ -125,9 +126,10 @@ def test_parameters_match_the_module():
     from dattn_cli.models.longnet import DilatedTransformerBlock
 
     block = DilatedTransformerBlock(96, 4, segment_lengths=[64], dilation_rates=[1], mlp_ratio=2.0)
-    assert sum(p.numel() for p in block.parameters()) == block_parameters(96, 2.0)
+    layer = dict(target="layer", impl="ImprovedMultiheadDilatedAttention", embed_dim=96, heads=4, mlp_ratio=2.0)
+    assert sum(p.numel() for p in block.parameters()) == block_parameters_of(Problem(**layer))
     gqa = DilatedTransformerBlock(96, 4, segment_lengths=[64], dilation_rates=[1], mlp_ratio=2.0, num_kv_heads=2)
-    assert sum(p.numel() for p in gqa.parameters()) == block_parameters(96, 2.0, kv_width=48)
+    assert sum(p.numel() for p in gqa.parameters()) == block_parameters_of(Problem(**layer, kv_heads=2))
 
 
 def test_plan_solves_longest_trainable_sequence_and_checkpointing_extends_it():
