@@ -24,8 +24,9 @@ if ! python3 -c "import pydantic" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1 &
     && touch "$SITE/.base" || exit 1
 fi
 export PYTHONPATH=$PWD:$SITE PYTHONUNBUFFERED=1
-# pip --target runs no .pth file: nvidia-cutlass-dsl puts its `cutlass` package on sys.path through one
-[ -d "$SITE/nvidia_cutlass_dsl/dsl_packages" ] && PYTHONPATH=$PYTHONPATH:$SITE/nvidia_cutlass_dsl/dsl_packages
+# pip --target runs no .pth file, and nvidia-cutlass-dsl puts its `cutlass` package on sys.path through one: the
+# folder is named here, before fa4_install makes it, so that every later step (a new shell) finds it
+export PYTHONPATH=$PYTHONPATH:$SITE/nvidia_cutlass_dsl/dsl_packages
 dattn() { python3 -m dattn_cli "$@"; }
 pack() { cp "$LOG" "$OUT/gpu_run.log"; tar czf "$OUT/gpu_results.tgz" -C "$RESULTS" . ; }
 

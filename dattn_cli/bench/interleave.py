@@ -17,7 +17,7 @@ from ..runtime.limits import address_space_capped, cap_address_space
 from ..runtime.measure import return_freed_memory, reuse_freed_memory, rss_bytes
 from ..workload.problem import Problem
 from .config import Sweep
-from .point import TIMING_HEADROOM, ColdCache, _stepper, _too_slow, peak_of_one_call, timing_fields
+from .point import TIMING_HEADROOM, ColdCache, _stepper, first_call, peak_of_one_call, timing_fields
 from .probes import Probes
 from .sampling import Clock, take_samples, warm_up
 
@@ -57,7 +57,8 @@ def _prepare(sweep: Sweep, line: _Line, returns_memory: bool, cold: ColdCache) -
     before = rss_bytes()
     torch.manual_seed(sweep.seed)
     line.step, line.module, _ = _stepper(sweep, line.problem, None, cold)
-    if skipped := _too_slow(sweep, line.step(), Clock(sweep.max_seconds)):  # this line's projection, as if alone
+    _, _, skipped = first_call(sweep, line.step)  # this line's projection, as if alone
+    if skipped:
         return skipped
     if sweep.cuda:
         return None

@@ -36,7 +36,7 @@ def alone(flag: bool) -> bool:
 
 @dataclass
 class Clock:
-    """The time budget of a point (of all interleaved lines together), from its first call."""
+    """The time budget of a point (of all interleaved lines together), from the call after its first."""
 
     seconds: float
     began: float = field(default_factory=time.perf_counter)
