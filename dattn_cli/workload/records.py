@@ -113,7 +113,7 @@ class BenchRow(BaseModel):
     processes: int | None = None
     stopped_by: str | None = None  # why sampling stopped: repeat | precision | max-seconds | max-samples | processes
     warmup_calls: int | None = None
-    first_call_ms: float | None = None  # the point's first call (compiles, graph builds), outside the samples and --max-seconds
+    first_call_ms: float | None = None  # the first call (compiles, graph builds): not a sample, not in --max-seconds
     warmup_settled: bool | None = None  # the last 3 warm-up calls within 10% (None: a fixed --warmup)
     other_cpus: float | None = None  # CPUs kept busy by other processes during the timed calls, on average
     contended: bool = False  # they left too few CPUs for this point's threads (noisy_reason says so)
