@@ -7,7 +7,10 @@ block, made contiguous beforehand, so no gather or merge is timed). All are char
 
     ratio_vs_fastest = module TFLOP/s / the fastest kernel's TFLOP/s on the blocks
 
-is the share of the best kernel's speed the module keeps after its gathers, merges and launches. Every kernel's
+is the share of the best kernel's speed the module keeps after its gathers, merges and launches. The row also
+holds the block kernel the module ran on (`block_kernel`), the host time to issue one call (`module_host_ms`:
+close to `module_ms`, the call is launch-bound) and the same call on the engine's accumulating path
+(`module_accumulating_ms`, DATTN_FUSED_MERGE=0) beside the one-pass combine (kernels/combine.py). Every kernel's
 figure is in the row as `<kernel>_blocks_tflops` (None with `<kernel>_blocks_error` where it cannot run here):
 the module's own block backend (`backend`), cudnn, fa2 (aten's FlashAttention-2 op), efficient, sdpa_default
 (F.scaled_dot_product_attention's own choice) and fa4 (flash_attn.cute). "Fastest" is the best of cudnn, fa4
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -33,8 +37,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dattn_cli.kernels import ImprovedDilatedAttention  # noqa: E402
+from dattn_cli.kernels import ImprovedDilatedAttention, merge_fused  # noqa: E402
 from dattn_cli.kernels.backends import BACKENDS, BlockCall  # noqa: E402
+from dattn_cli.kernels.block_kernels import kernels_used, reset_kernels_used  # noqa: E402
 from dattn_cli.kernels.pattern import build_blocks  # noqa: E402
 from dattn_cli.workload.counts import FWD_BWD_FACTOR  # noqa: E402
 
@@ -145,6 +150,32 @@ def kernel_figures(name: str, make_step, args, inputs, flops: float, backward: b
     }
 
 
+def host_ms(step, device: str, repeat: int) -> float:
+    """Median seconds the host takes to issue one call (the device idle before each): near the call's own time,
+    the module is launch-bound."""
+    samples = []
+    for _ in range(repeat):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        samples.append(time.perf_counter() - t0)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+@contextlib.contextmanager
+def accumulating():
+    """The engine's accumulating path instead of the one-pass combine (kernels/combine.py)."""
+    before = os.environ.get(merge_fused.ENV)
+    os.environ[merge_fused.ENV] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop(merge_fused.ENV) if before is None else os.environ.update({merge_fused.ENV: before})
+
+
 def module_step(module, x, causal: bool, backward: bool):
     q, k, v, dout = x
 
@@ -162,12 +193,15 @@ def measure(args, seq_len: int) -> dict:
     pairs = sum(b.pairs_attended(args.batch, args.causal) for b in blocks)
     flops = 4.0 * args.head_dim * pairs * (FWD_BWD_FACTOR if backward else 1.0)
     module = ImprovedDilatedAttention(args.segments, args.dilations)
-    x = [torch.randn(args.batch, seq_len, args.heads, args.head_dim, dtype=dtype, device=device) for _ in range(4)]
+    kv_heads = getattr(args, "kv_heads", None) or args.heads  # GQA: k, v at fewer heads, repeated by the module
+    heads = [args.heads, kv_heads, kv_heads, args.heads]
+    x = [torch.randn(args.batch, seq_len, h, args.head_dim, dtype=dtype, device=device) for h in heads]
     for t in x[:3]:
         t.requires_grad_(backward)
     row = {
         "seq_len": seq_len,
         **{name: getattr(args, name) for name in ("batch", "heads", "head_dim", "segments", "dilations")},
+        "kv_heads": kv_heads,
         **{name: getattr(args, name) for name in ("dtype", "mode", "causal", "device")},
         "blocks": len(blocks),
         "flops": flops,
@@ -175,9 +209,15 @@ def measure(args, seq_len: int) -> dict:
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "card": torch.cuda.get_device_name() if device == "cuda" else None,
     }
-    t_module = timed(module_step(module, x, args.causal, backward), device, args.repeat, args.warmup)
+    step = module_step(module, x, args.causal, backward)
+    reset_kernels_used()
+    t_module = timed(step, device, args.repeat, args.warmup)
     backend = module.last_backend[0]
-    row.update(block_backend=backend, module_ms=t_module * 1e3, module_tflops=flops / t_module / 1e12)
+    row.update(block_backend=backend, block_kernel=kernels_used(), module_ms=t_module * 1e3)
+    row.update(module_tflops=flops / t_module / 1e12, module_host_ms=host_ms(step, device, args.repeat) * 1e3)
+    with accumulating():  # the same call merged block by block into fp32 accumulators (kernels/merge.py)
+        t_acc = timed(step, device, args.repeat, args.warmup)
+    row.update(module_accumulating_ms=t_acc * 1e3, module_accumulating_tflops=flops / t_acc / 1e12)
     if args.trace:
         row["trace"] = write_trace(args, module, x, seq_len, backward)
     del x
@@ -242,6 +282,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--kv-heads", type=int, help="k, v heads (GQA; the dense kernels get the blocks at all heads)")
     ap.add_argument("--segments", type=parse_list, default=[2048, 4096, 8192])
     ap.add_argument("--dilations", type=parse_list, default=[1, 2, 4])
     ap.add_argument("--repeat", type=int, default=5)

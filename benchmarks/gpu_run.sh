@@ -68,6 +68,7 @@ env_info() {
 }
 tests_cuda() {   # the forced block kernels and the CUDA tests against the reference (skipped cleanly off CUDA)
   python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cuda.py tests/kernels/test_backends.py \
+    tests/kernels/test_combine.py tests/kernels/test_merge_fused.py tests/kernels/test_kernel_choice.py \
     tests/kernels/test_peers.py::test_flex_gradients_on_cuda -k "not flex_cuda" --junitxml "$RESULTS/pytest_cuda.xml"
 }
 dense_blocks_1m() {
@@ -81,7 +82,10 @@ dense_blocks_more() {   # 64K and 2M, and the D=128 and H_kv=2 neighbours at 1M 
     --trace "$RESULTS/profiles" --out "$RESULTS/dense_blocks.jsonl" || return 1
   python3 benchmarks/dense_blocks.py --device "$DEVICE" --dtype "$DTYPE" --seq-len "$(sizes 1m 4k)" \
     --head-dim "$(sizes 128 32)" $(sizes "" "--heads 2 --segments 256,512,1024 --repeat 2 --warmup 1") \
-    --out "$RESULTS/dense_blocks_d128.jsonl"
+    --out "$RESULTS/dense_blocks_d128.jsonl" || return 1
+  python3 benchmarks/dense_blocks.py --device "$DEVICE" --dtype "$DTYPE" --seq-len "$(sizes 1m 4k)" --kv-heads 2 \
+    $(sizes "" "--heads 4 --head-dim 16 --segments 256,512,1024 --repeat 2 --warmup 1") \
+    --out "$RESULTS/dense_blocks_kv2.jsonl"
 }
 
 # --- 2: until-oom and the planner's check on its rows -----------------------------------------------------------

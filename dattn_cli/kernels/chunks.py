@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .backends import accumulator_dtype
 from .engine import BlockAttention
 
 # Positions per chunk such that one (B, chunk, H, D) tensor holds at most this many elements (rounded down to the
@@ -57,23 +58,17 @@ class ChunkedAttention:
 
     def forward(self, q, k, v, key_pad=None) -> tuple[torch.Tensor, torch.Tensor]:
         out = torch.empty_like(q)
-        lse = None
-        for start, end, attention in self.chunks:
+        lse = q.new_empty(q.shape[:3], dtype=accumulator_dtype(q.dtype))
+        for start, end, attention in self.chunks:  # each chunk writes its slices of out and lse
             part = [x[:, start:end] for x in (q, k, v)]
-            o, part_lse = attention.forward(*part, None if key_pad is None else key_pad[:, start:end])
-            if lse is None:
-                lse = torch.empty(q.shape[:3], dtype=part_lse.dtype, device=q.device)
-            out[:, start:end].copy_(o)
-            lse[:, start:end].copy_(part_lse)
-            del o, part_lse
+            kp = None if key_pad is None else key_pad[:, start:end]
+            attention.forward(*part, kp, into=(out[:, start:end], lse[:, start:end]))
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, key_pad=None) -> tuple[torch.Tensor, ...]:
         grads = [torch.empty_like(x) for x in (q, k, v)]  # each chunk's BlockAttention casts its dout slice
         for start, end, attention in self.chunks:
             part = [x[:, start:end] for x in (dout, q, k, v, out, lse)]
-            parts = attention.backward(*part, None if key_pad is None else key_pad[:, start:end])
-            for grad, piece in zip(grads, parts):
-                grad[:, start:end].copy_(piece)
-            del parts
+            kp = None if key_pad is None else key_pad[:, start:end]
+            attention.backward(*part, kp, into=tuple(g[:, start:end] for g in grads))
         return tuple(grads)

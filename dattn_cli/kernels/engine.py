@@ -21,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+from . import combine
 from .backends import BACKENDS, BlockCall, accumulator_dtype
 from .heads import expand_kv, reduce_kv
 from .merge import accumulate_, merge_partial_
@@ -232,7 +233,53 @@ class BlockAttention:
             self.pool.release(acc)
         return result
 
-    def forward(self, q, k, v, key_pad=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _combines(self, x: torch.Tensor) -> bool:
+        """Whether this call keeps every block's result and combines them in one pass (combine.py)."""
+        return self.key_blocks is None and isinstance(self.access, ViewAccess) and combine.applies(x, len(self.blocks))
+
+    def _gathered(self, block: Block, tensors, takes):
+        return [self.access.gather(x, block, takes).transpose(1, 2) for x in tensors]
+
+    def _forward_combined(self, q, k, v, key_pad, into):
+        backend = BACKENDS[self.backend]
+        takes = functools.partial(backend.takes_view, masked=key_pad is not None)
+        outs, lses = [], []
+        for i, block in enumerate(self.blocks):
+            qb, kb, vb = self._gathered(block, (q, k, v), takes)
+            block_out, block_lse = backend.forward(qb, kb, vb, self._key_pad(key_pad, block), self._call(i))
+            self.access.release(qb, kb, vb)
+            outs.append(block_out.transpose(1, 2))
+            lses.append(block_lse.transpose(1, 2))
+        out, lse = into or (torch.empty_like(q), q.new_empty(q.shape[:3], dtype=accumulator_dtype(q.dtype)))
+        return (out, lse) if combine.merge_into(out, lse, self.blocks, outs, lses) else None
+
+    def _backward_combined(self, dout, q, k, v, out, lse, key_pad, into):
+        backend = BACKENDS[self.backend]
+        takes = functools.partial(backend.takes_view, masked=key_pad is not None)
+        shares: tuple[list, list, list] = ([], [], [])
+        for i, block in enumerate(self.blocks):
+            qb, kb, vb, dob, ob = self._gathered(block, (q, k, v, dout, out), takes)
+            lb = self.access.gather(lse, block).transpose(1, 2)
+            parts = backend.backward(dob, qb, kb, vb, ob, lb, self._key_pad(key_pad, block), self._call(i))
+            self.access.release(qb, kb, vb, dob, ob)
+            for share, part in zip(shares, parts):
+                share.append(part.transpose(1, 2))
+        grads = into or tuple(torch.empty_like(x) for x in (q, k, v))
+        done = all(combine.sum_into(grad, self.blocks, share) for grad, share in zip(grads, shares))
+        return tuple(grads) if done else None
+
+    def forward(self, q, k, v, key_pad=None, into=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out, lse), written into `into` (out, lse) when given (a chunk's slices of the whole call's)."""
+        if self._combines(q) and (result := self._forward_combined(q, k, v, key_pad, into)) is not None:
+            return result
+        out, lse = self._forward_accumulated(q, k, v, key_pad)
+        if into is None:
+            return out, lse
+        into[0].copy_(out)
+        into[1].copy_(lse)
+        return into
+
+    def _forward_accumulated(self, q, k, v, key_pad) -> tuple[torch.Tensor, torch.Tensor]:
         backend = BACKENDS[self.backend]
         takes = functools.partial(backend.takes_view, masked=key_pad is not None)
         out = lse = None
@@ -258,11 +305,22 @@ class BlockAttention:
             self.key_blocks.forward(self, q, k, v, key_pad, out, lse)
         return self._finish(out, scratch, q.dtype), lse
 
-    def backward(self, dout, q, k, v, out, lse, key_pad=None):
+    def backward(self, dout, q, k, v, out, lse, key_pad=None, into=None):
+        """(dq, dk, dv), written into `into` when given (a chunk's slices of the whole call's)."""
+        dout = dout.to(q.dtype)
+        if self._combines(q) and (grads := self._backward_combined(dout, q, k, v, out, lse, key_pad, into)):
+            return grads
+        grads = self._backward_accumulated(dout, q, k, v, out, lse, key_pad)
+        if into is None:
+            return grads
+        for dest, grad in zip(into, grads):
+            dest.copy_(grad)
+        return tuple(into)
+
+    def _backward_accumulated(self, dout, q, k, v, out, lse, key_pad):
         backend = BACKENDS[self.backend]
         takes = functools.partial(backend.takes_view, masked=key_pad is not None)
         grads: list[tuple[torch.Tensor, bool] | None] = [None, None, None]
-        dout = dout.to(q.dtype)
         for i, block in enumerate(self.blocks):
             qb, kb, vb, dob, ob = (self.access.gather(x, block, takes).transpose(1, 2) for x in (q, k, v, dout, out))
             lb = self.access.gather(lse, block).transpose(1, 2)

@@ -188,10 +188,18 @@ def probe_entry(facts: dict, candidates: tuple[str, ...], measure: Callable[[str
                     "probed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "block": list(PROBE_BLOCK),
                 }
-                entries[key] = entry
-                _write_cache(path, entries)
+                if not _import_failed(entry):  # a broken install may be mended: probe again next process
+                    entries[key] = entry
+                    _write_cache(path, entries)
     _MEMO[key] = entry
     return entry
+
+
+def _import_failed(entry: dict) -> bool:
+    """A kernel of the entry failed on its import (FA4 found but not importable: on the H100 run, `cutlass`
+    missing from sys.path), not on its blocks."""
+    errors = [k.get("error") or "" for k in entry["kernels"].values()]
+    return any(e.startswith(("ModuleNotFoundError", "ImportError")) for e in errors)
 
 
 def fastest(entry: dict, candidates: tuple[str, ...]) -> str | None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from pydantic import BaseModel
 
-from ..kernels import chunks
+from ..kernels import chunks, combine
 from ..kernels.backends import accumulator_dtype
 from ..kernels.chunks import chunk_length
 from ..kernels.distributed.shards import shard_plan
@@ -132,9 +132,13 @@ def _chunked_items(s: Problem, chunk: int, x_shard: int, device_type: str) -> di
     items = {**_input_items(s, x_shard), "output": x_shard, "lse": s.batch * s.seq_len * s.heads * 4}
     if s.mode == "fwdbwd":
         items["gradients (upstream, dq, dk, dv)"] = 4 * x_shard
-    part = estimate_memory(s.model_copy(update={"seq_len": chunk, "documents": None}), 0, device_type, chunked=False)
+    one = s.model_copy(update={"seq_len": chunk, "documents": None})
+    part = estimate_memory(one, 0, device_type, chunked=False)
+    # combined chunks write out and the gradients straight into the whole call's (chunks.ChunkedAttention)
+    combined = s.documents is None and _combined(one, device_type, _local_blocks(one, chunk, s.heads))
+    written = ("output", "gradients (upstream, dq, dk, dv)") if combined else ()
     for name, value in part.items.items():
-        if name not in ("lse", *_input_items(s, x_shard)):
+        if name not in ("lse", *_input_items(s, x_shard), *written):
             items[f"one chunk of {chunk:,} positions: {name}"] = value
     return items
 
@@ -182,11 +186,12 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
     blocks = _local_blocks(s, work_len, heads)
     x_work = s.batch * work_len * heads * s.head_dim * e
     acc_e = accumulator_dtype(getattr(torch, s.dtype)).itemsize
+    improved = s.spec.memory_model == "strided"
+    combined = _combined(s, device_type, blocks)
     t.add("lse", s.batch * length * s.heads * 4)
-    if e != acc_e:
+    if e != acc_e and not combined:
         t.add("fp32 accumulator", s.batch * work_len * heads * s.head_dim * acc_e)
     gather_shapes: dict[tuple, int] = {}
-    improved = s.spec.memory_model == "strided"
     largest, largest_free = 0, 0
     for b in blocks:
         elems = _block_elems(s.batch, b, s.head_dim)
@@ -196,14 +201,20 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
         if b.rate > 1 or not improved:
             gather_shapes[(b.num_segments, b.num_heads, b.rows)] = elems
     if improved:
-        t.add("gather buffers (memory pool)", (5 if fwdbwd else 3) * sum(gather_shapes.values()) * e)
+        if not (device_type == "cuda" and s.head_dim * e % 16 == 0):  # CUDA kernels take r > 1 blocks as views
+            t.add("gather buffers (memory pool)", (5 if fwdbwd else 3) * sum(gather_shapes.values()) * e)
     else:  # index gathers live one block at a time, plus the index tensors of every block (int64)
         t.add("gather buffers", (5 if fwdbwd else 3) * max(gather_shapes.values(), default=0) * e)
         t.add("index tensors", sum(_block_elems(s.batch, b, 1) // s.batch * 8 for b in blocks))
         t.add("merge copies", 2 * largest * e)
-    # a block result is adopted as the accumulator only in the accumulator's dtype (engine._adopt): with half
-    # inputs every block's result, the covering one's too, is a separate tensor
-    t.add("block result", (largest_free if e == acc_e else largest) * (3 if fwdbwd else 1) * e)
+    if combined:  # every block's (out, lse), or its (dq, dk, dv), kept until the one pass (kernels/combine.py)
+        results = sum(_block_elems(s.batch, b, s.head_dim) for b in blocks) * (3 if fwdbwd else 1) * e
+        lses = 0 if fwdbwd else sum(_block_elems(s.batch, b, 1) for b in blocks) * 4
+        t.add("block results (one-pass combine)", results + lses)
+    else:
+        # a block result is adopted as the accumulator only in the accumulator's dtype (engine._adopt): with half
+        # inputs every block's result, the covering one's too, is a separate tensor
+        t.add("block result", (largest_free if e == acc_e else largest) * (3 if fwdbwd else 1) * e)
     if fwdbwd:
         t.add("gradients (upstream, dq, dk, dv)", 4 * x_work)
     if s.strategy == "head_parallel":
@@ -211,7 +222,16 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
         t.add("head-shard q, k, v, out", 4 * x_work)
     elif s.strategy in ("ring", "allgather"):
         t.add("comm buffers", _sequence_parallel_buffers(s, fwdbwd))
-    t.add("kernel workspace", _workspace("dilated", s, device_type) * largest * e)
+    # the combine's peak is at the last block's backward, beside every other block's gradients
+    workspace_block = _block_elems(s.batch, blocks[-1], s.head_dim) if combined and blocks else largest
+    t.add("kernel workspace", _workspace("dilated", s, device_type) * workspace_block * e)
+
+
+def _combined(s: Problem, device_type: str, blocks: list[Block]) -> bool:
+    """Whether the call's blocks are combined in one pass (kernels/combine.py): the strided-view engine without
+    key blocks from other ranks (the single-device module, also inside head-parallel) where the combine runs."""
+    improved = s.spec.memory_model == "strided" and s.strategy in ("single", "head_parallel")
+    return improved and combine.expected(device_type, getattr(torch, s.dtype), len(blocks))
 
 
 def _sequence_parallel_buffers(s: Problem, fwdbwd: bool) -> int:

@@ -27,6 +27,8 @@ def test_a_cpu_row_names_every_kernel_and_the_fastest(tmp_path):
     assert row["fastest_kernel"] == max(ran, key=ran.get)
     assert row["ratio_vs_fastest"] == row["module_tflops"] / max(ran.values())
     assert "Self CPU" in Path(row["trace"]).read_text()
+    assert row["block_kernel"] == "cpu-flash" and 0 < row["module_host_ms"]
+    assert row["module_accumulating_ms"] > 0 and "DATTN_FUSED_MERGE" not in dense_blocks.os.environ
 
 
 def test_fastest_is_taken_among_cudnn_fa4_and_fa2_when_they_ran():

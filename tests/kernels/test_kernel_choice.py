@@ -56,6 +56,26 @@ def test_a_probe_is_written_and_read_back_without_measuring_again(cache, monkeyp
     assert kc.probe_entry(facts(), names, again) == entry and again.calls == []
 
 
+def test_a_kernel_that_failed_to_import_is_probed_again_by_the_next_process(cache, monkeypatch):
+    """On the H100 run FA4 was found but did not import (`cutlass` missing from sys.path); once mended, the next
+    process must probe it, not read the failure back from the disk."""
+
+    class BrokenFa4(FakeMeasure):
+        def __call__(self, name):
+            if name == "fa4":
+                self.calls.append(name)
+                return {"ms": None, "compile_s": None, "error": "ModuleNotFoundError: No module named 'cutlass'"}
+            return super().__call__(name)
+
+    names = ("cudnn", "fa4")
+    assert kc.fastest(kc.probe_entry(facts(), names, BrokenFa4()), names) == "cudnn"
+    assert not cache.exists()  # kept in this process only
+    monkeypatch.setattr(kc, "_MEMO", {})
+    mended = FakeMeasure()
+    assert kc.fastest(kc.probe_entry(facts(), names, mended), names) == "fa4" and mended.calls == list(names)
+    assert cache.exists()
+
+
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"format": 0, "entries": {}}', '{"format": 1, "entries": 3}'])
 def test_a_corrupt_cache_is_probed_again_and_rewritten(cache, content):
     cache.parent.mkdir(parents=True)

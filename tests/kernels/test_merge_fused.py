@@ -8,7 +8,7 @@ compiled kernel. Small shapes: the interpreter runs every program in Python.
 import pytest
 import torch
 
-from dattn_cli.kernels import ImprovedDilatedAttention, dilated_attention_reference, merge_fused
+from dattn_cli.kernels import ImprovedDilatedAttention, combine, dilated_attention_reference, merge_fused
 from dattn_cli.kernels.merge import accumulate_, merge_partial_
 
 from .test_merge import NEG_INF, merge64, strided_case
@@ -110,7 +110,9 @@ def _improved(xs, grad):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_improved_forward_backward_fast_path_equals_torch_code(dtype, interpret, launches, monkeypatch):
-    """N = 40 (a ragged tail), 4 heads: merges into strided views and gradient adds, both by the kernel."""
+    """N = 40 (a ragged tail), 4 heads: merges into strided views and gradient adds, both by the kernel (the
+    accumulating path: the one-pass combine, combine.py, turned off)."""
+    monkeypatch.setattr(combine, "MAX_BLOCKS", 0)
     g = torch.Generator().manual_seed(3)
     base = [torch.randn(1, 40, 4, 16, generator=g, dtype=torch.float64) for _ in range(4)]
     xs = [x.to(dtype).requires_grad_() for x in base[:3]]
@@ -152,6 +154,7 @@ def test_cuda_kernel_matches_torch(dtype, launches, monkeypatch):
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_improved_fast_path_equals_torch_code(dtype, launches, monkeypatch):
+    monkeypatch.setattr(combine, "MAX_BLOCKS", 0)  # the accumulating path
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv(merge_fused.ENV, raising=False)
     base = [torch.randn(2, 1000, 8, 64, device="cuda", dtype=torch.float64) for _ in range(4)]

@@ -78,15 +78,27 @@ def test_cuda_half_backward_counts_flash_fp32_dq_accumulator():
     assert _gpu_items("sdpa", "float32")["kernel workspace"] == 0
 
 
-def test_half_inputs_keep_the_covering_blocks_result_apart():
-    """With half inputs no block result is adopted as the fp32 accumulator (engine._adopt): the largest block, the
-    one covering every row (segment 2048, rate 1) included, holds its own dq, dk, dv."""
+def test_half_inputs_keep_the_covering_blocks_result_apart(monkeypatch):
+    """On the accumulating path (the one-pass combine off), with half inputs no block result is adopted as the
+    fp32 accumulator (engine._adopt): the largest block, the one covering every row (segment 2048, rate 1)
+    included, holds its own dq, dk, dv."""
+    monkeypatch.setenv("DATTN_FUSED_MERGE", "0")
     x = (1 << 20) * 8 * 64 * 2
     assert _gpu_items("ImprovedDilatedAttention", "bfloat16")["block result"] == 3 * x
     fp32 = estimate_memory(
         Problem(impl="ImprovedDilatedAttention", seq_len=1 << 20, mode="fwdbwd"), chunked=False
     ).items
     assert fp32["block result"] < 3 * 2 * x  # fp32: the covering block is adopted, a smaller one is the largest apart
+
+
+def test_cuda_half_combine_keeps_every_blocks_result_and_no_accumulator():
+    """On CUDA the single-device engine combines its blocks in one pass (kernels/combine.py): the (dq, dk, dv) of
+    all seven blocks of the default pattern (1 + 1/2 + 1/4 of the rows) live at once, no fp32 accumulator, and the
+    r > 1 blocks reach the kernels as views (no gather buffers)."""
+    x = (1 << 20) * 8 * 64 * 2
+    items = _gpu_items("ImprovedDilatedAttention", "bfloat16")
+    assert items["block results (one-pass combine)"] == 3 * x * 7 // 4
+    assert "fp32 accumulator" not in items and "gather buffers (memory pool)" not in items
 
 
 def test_check_compares_cuda_rows_without_the_cuda_context(tmp_path):
@@ -153,4 +165,43 @@ def test_gqa_items_match_live_tensor_bytes(kv_heads, mode):
         Problem(seq_len=2048, kv_heads=kv_heads, mode=mode, segment_lengths=segs, dilation_rates=rates)
     )
     tensors = model.total - model.items.get("kernel workspace", 0)
+    assert abs(tensors - peak) <= 0.12 * peak, (tensors, peak)
+
+
+def _combine_in_place(dst, dst_lse, blocks, parts, lses) -> bool:
+    """The combine kernel's effect in torch, allocating as little as it does (it writes dst in place; fp32)."""
+    from dattn_cli.kernels.merge import merge_partial_
+
+    dst.zero_()
+    if dst_lse is not None:
+        dst_lse.fill_(float("-inf"))
+    for i, (block, part) in enumerate(zip(blocks, parts)):
+        view = block.view(dst)
+        part = part.unflatten(0, (-1, block.num_segments))
+        if dst_lse is None:
+            view.add_(part)
+        else:
+            merge_partial_(view, block.view(dst_lse), part, lses[i].unflatten(0, (-1, block.num_segments)))
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
+def test_one_pass_combine_matches_live_tensor_bytes(monkeypatch, mode):
+    """The combine path (kernels/combine.py: every block's result kept, no fp32 accumulators), run here under
+    triton's interpreter, in sequence chunks: the chunks write straight into the whole call's out and gradients."""
+    pytest.importorskip("triton")
+    from dattn_cli.kernels import chunks, combine
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(combine, "_launch", _combine_in_place)  # the interpreter copies every argument
+    monkeypatch.setattr(chunks, "SEQUENCE_CHUNK_ELEMENTS", 256 * 8 * 64)
+    segs, rates, n = [64, 128, 256], [1, 2, 4], 512
+    problem = Problem(impl="ImprovedDilatedAttention", seq_len=n, segment_lengths=segs, dilation_rates=rates, mode=mode)
+    model = estimate_memory(problem)
+    assert any("one-pass combine" in name for name in model.items), model.items
+    assert not any("accumulator" in name for name in model.items), model.items
+    tensors = model.total - sum(v for name, v in model.items.items() if name.endswith("kernel workspace"))
+    module = REGISTRY["ImprovedDilatedAttention"].cls(segs, rates, sequence_chunk_elements=256 * 8 * 64)
+    peak = module_peak(module, n, mode)
     assert abs(tensors - peak) <= 0.12 * peak, (tensors, peak)

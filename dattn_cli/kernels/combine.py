@@ -1,0 +1,114 @@
+"""The blocks' results combined in one pass: merged (out, lse) in forward, summed gradients in backward.
+
+The engine's accumulating path (merge.py: fp32 accumulators, one merge or add per block, casts before and
+after) moves about 20 bytes per output element and launches a kernel per block; at N = 1M on an H100 it took
+23 of 86 ms (benchmarks/RESULTS.md). Where this applies, the engine keeps every block's result instead and
+writes each destination row once: it reads every block's share of the row, merges or sums it in fp32 and
+stores the result in the destination's dtype (about 5.5 bytes per element for the LongNet pattern of three
+pairs). The math is the merge routine's (merge.py); only the order of the fp32 operations differs.
+
+It applies (`applies`) where merge_fused.py's fast path may run (CUDA or TRITON_INTERPRET=1, triton installed,
+DATTN_FUSED_MERGE not 0), with at most MAX_BLOCKS blocks of strided-view rows (ViewAccess) and no key blocks
+beyond the engine's own (the sequence-parallel executors merge into fp32 accumulators). A launch that fails
+(a triton that cannot build it) turns it off for the process, said once, and the caller runs the
+accumulating path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from . import merge_fused
+from .pattern import Block
+
+MAX_BLOCKS = 16  # the kernel unrolls one load per block
+BLOCK_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+log = logging.getLogger(__name__)
+_failed: list[str] = []
+
+
+def applies(x: torch.Tensor, num_blocks: int) -> bool:
+    """Whether the engine may combine its `num_blocks` results for inputs like `x` in one pass."""
+    return (
+        not _failed
+        and 0 < num_blocks <= MAX_BLOCKS
+        and x.dtype in BLOCK_DTYPES
+        and 0 < x.shape[-1] <= merge_fused.MAX_D
+        and merge_fused.enabled(x.device)
+    )
+
+
+def expected(device_type: str, dtype: torch.dtype, num_blocks: int) -> bool:
+    """The planner's view of `applies` for a single-device call of strided-view rows on `device_type`: on CUDA
+    (triton ships with torch's CUDA builds), elsewhere only under triton's interpreter; never with
+    DATTN_FUSED_MERGE=0."""
+    if os.environ.get(merge_fused.ENV, "1").strip() == "0":
+        return False
+    here = device_type == "cuda" or (merge_fused._interpret() and merge_fused._triton_importable())
+    return here and 0 < num_blocks <= MAX_BLOCKS and dtype in BLOCK_DTYPES
+
+
+def _geometry(block: Block, part: torch.Tensor, lse: torch.Tensor | None) -> tuple[int, ...]:
+    lse_strides = tuple(lse.stride()) if lse is not None else (0, 0, 0)
+    return (
+        block.start, block.seg_len, block.num_segments, block.offset, block.rate,
+        block.head_start, block.head_step, block.num_heads, *part.stride(), *lse_strides,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def _device_geometry(geometry: tuple[tuple[int, ...], ...], device: torch.device) -> torch.Tensor:
+    """The blocks' geometry as an int64 tensor on `device`, made once per geometry (a host-to-device copy
+    waits for the stream; the kernel's integer arguments would compile a variant per shape)."""
+    return torch.tensor(geometry, dtype=torch.int64, device=device)
+
+
+def _launch(dst, dst_lse, blocks: Sequence[Block], parts, lses) -> bool:
+    from triton import knobs
+
+    from .combine_triton import GEO_INTS, build
+
+    if dst.device.type != "cuda" and not knobs.runtime.interpret:
+        return False  # triton read TRITON_INTERPRET otherwise than merge_fused
+    merge = dst_lse is not None
+    geo = _device_geometry(
+        tuple(_geometry(b, p, l_) for b, p, l_ in zip(blocks, parts, lses if merge else [None] * len(parts))),
+        dst.device,
+    )
+    batch, n, h, d = dst.shape
+    rows = batch * n * h
+    block_d = 1 << (d - 1).bit_length()
+    block_r = max(1, min(64, 4096 // block_d))
+    lse_strides = dst_lse.stride() if merge else (0, 0, 0)
+    try:
+        with torch.cuda.device(dst.device) if dst.device.type == "cuda" else contextlib.nullcontext():
+            build(bool(knobs.runtime.interpret))[((rows + block_r - 1) // block_r,)](
+                dst, dst_lse if merge else dst, tuple(parts), tuple(lses) if merge else tuple(parts), geo,
+                rows, n, h, d, *dst.stride(), *lse_strides,
+                K=len(parts), MERGE=merge, GEO_INTS=GEO_INTS, BLOCK_R=block_r, BLOCK_D=block_d,
+            )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - any build or launch failure: the accumulating path instead
+        _failed.append(f"{type(exc).__name__}: {exc}")
+        message = f"dattn: the one-pass combine failed ({_failed[0][:200]}); merging block by block instead"
+        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+def merge_into(out, lse, blocks: Sequence[Block], parts, part_lses) -> bool:
+    """out (B, N, H, D), lse (B, N, H) fp32 := the merge of every block's (out (b, m, h, D), lse (b, m, h)),
+    b = B * segments; rows no block holds get 0 and -inf. False (nothing written) if the launch failed."""
+    return _launch(out, lse, blocks, parts, part_lses)
+
+
+def sum_into(grad, blocks: Sequence[Block], parts) -> bool:
+    """grad (B, N, H, D) := the sum of every block's share (b, m, h, D); 0 where no block holds a row."""
+    return _launch(grad, None, blocks, parts, None)
