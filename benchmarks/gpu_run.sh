@@ -138,10 +138,23 @@ fa4_rows() {   # FA4 on the module's blocks (its compile time: fa4_first_call_s,
 # --- 4: peers side by side, each its own line (one that cannot run says why and does not stop the others) -------
 peers_dense() { until_oom sdpa "$(sizes 64k 4k)" 20; until_oom cudnn "$(sizes 64k 4k)" 20; true; }
 peers_flex() { until_oom flex_dilated "$(sizes 64k 1k)" 30 --mode "$(sizes fwdbwd fwd)"; }
+peer_site() {   # peer_site fkodom|seed: a folder holding that project's dilated_attention_pytorch (both import under
+  # that name, so each gets its own), from the carried .peers/ (benchmarks/stage_wheels.sh peers); empty if absent
+  local site=$PWD/.gpu_peers/$1
+  if [ ! -e "$site/.done" ] && [ -d ".peers/$1" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .peers/"$1"/*.whl >&2 || return 0
+    [ -d ".peers/$1/src" ] && cp -r .peers/"$1"/src/* "$site/"
+    touch "$site/.done"
+  fi
+  [ -e "$site/.done" ] && echo "$site"
+}
 peers_head_groups() {   # fkodom and the seed at --semantics head_groups, beside dattn's and FlexAttention's (there c <= 1)
+  local impl site
   for impl in ImprovedDilatedAttention fkodom seed flex_dilated; do
-    until_oom "$impl" "$(sizes 64k 1k)" 30 --semantics head_groups --mode "$(sizes fwdbwd fwd)" \
-      --out "$RESULTS/peers_head_groups_$impl.jsonl" 2>&1 | tee -a "$RESULTS/peers_head_groups.log" | tail -3
+    site=$(case $impl in fkodom|seed) peer_site "$impl" ;; esac)
+    PYTHONPATH=${site:+$site:}$PYTHONPATH until_oom "$impl" "$(sizes 64k 1k)" 30 --semantics head_groups \
+      --mode "$(sizes fwdbwd fwd)" --out "$RESULTS/peers_head_groups_$impl.jsonl" 2>&1 \
+      | tee -a "$RESULTS/peers_head_groups.log" | tail -3
   done
   true
 }

@@ -5,6 +5,11 @@
 #   bash benchmarks/stage_wheels.sh fa4    FlashAttention-4's wheels (~105 MB) into .fa4/wheels/, then split into
 #                                          two carry sets .fa4/a and .fa4/b of under $LIMIT_MIB MiB each
 #   WHEELS=DIR bash benchmarks/stage_wheels.sh split   only the split, of wheels already in DIR
+#   bash benchmarks/stage_wheels.sh peers  the two peers that both import as dilated_attention_pytorch, each in its
+#                                          own folder: .peers/fkodom (fkodom's 0.2.0 wheel and xformers 0.0.35:
+#                                          its pinned xformers < 0.0.22 has no wheel for Python 3.12) and .peers/seed
+#                                          (torchscale 0.3.0 and the seed project's package from git, SEED_REPO=a
+#                                          local clone or a git directory, else cloned from GitHub), ~3.5 MiB
 #
 # Wheels are fetched with `pip download --no-deps` for the device's Python (3.12, /work/.library/device/KINDS.md)
 # on manylinux x86_64; each one's version pin is read from the Requires-Dist of the wheels fetched before it
@@ -71,9 +76,26 @@ split_sets() {   # split_sets DIR: .fa4/a and .fa4/b, each under LIMIT_MIB, the 
   done
 }
 
+SEED_URL=https://github.com/DarcStar-Solutions-Tech/dilated-attention-pytorch
+stage_peers() {   # .peers/fkodom and .peers/seed: wheels to install with --target, the seed's package as source
+  rm -rf .peers && mkdir -p .peers/fkodom .peers/seed
+  $PIP download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp $PLATFORMS \
+    --platform any -d .peers/fkodom dilated-attention-pytorch==0.2.0 xformers==0.0.35
+  $PIP download -q --no-deps --only-binary=:all: -d .peers/seed torchscale==0.3.0
+  local repo=${SEED_REPO:-}
+  if [ -z "$repo" ]; then repo=$(mktemp -d) && git clone -q --depth 1 "$SEED_URL" "$repo"; fi
+  local git="git -C $repo"; [ -d "$repo/objects" ] && git="git --git-dir=$repo"
+  for f in $($git ls-tree -r --name-only HEAD dilated_attention_pytorch); do   # file by file: some blobs of the
+    mkdir -p ".peers/seed/src/$(dirname "$f")" && $git show "HEAD:$f" > ".peers/seed/src/$f"   # repo are LFS-sized
+  done
+  $git rev-parse HEAD > .peers/seed/COMMIT
+  du -sh .peers; ls -R .peers | head -20
+}
+
 case "${1:-fa4}" in
   base) download .whl $BASE_PACKAGES ;;
   fa4) download .fa4/wheels $FA4_PACKAGES; split_sets .fa4/wheels ;;
   split) split_sets "${WHEELS:?WHEELS=DIR of wheels to split}" ;;
-  *) echo "usage: stage_wheels.sh base|fa4|split" >&2; exit 2 ;;
+  peers) stage_peers ;;
+  *) echo "usage: stage_wheels.sh base|fa4|split|peers" >&2; exit 2 ;;
 esac

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, create_model
 
+from ..kernels import combine
 from ..kernels.block_kernels import kernels_used, reset_kernels_used
 from ..kernels.distributed.sharding import padding_mask
 from ..kernels.kernel_choice import ensure_probed
@@ -213,6 +214,7 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
     torch.manual_seed(sweep.seed)
     cold = ColdCache(sweep)
     reset_kernels_used()
+    combine.reset_paths()
     step, module, own = _stepper(sweep, problem, group, cold)
     if sweep.cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -234,6 +236,7 @@ def measure_point(sweep: Sweep, problem: Problem, start_rss: int | None = None, 
         "warmup_settled": warm,
         "first_call_ms": first_s * 1e3,
         "block_kernel": kernels_used(),
+        "merge_path": combine.paths_used(),
     }
     if problem.target != "attention":
         result["params"] = sum(p.numel() for p in module.parameters())

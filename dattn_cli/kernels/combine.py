@@ -45,10 +45,41 @@ def applies(x: torch.Tensor, num_blocks: int) -> bool:
     )
 
 
+PATHS = ("one-pass", "accumulating")  # how the engine merged its blocks, as bench rows record it (merge_path)
+_used: dict[str, None] = {}  # paths taken since reset_paths(), in first-use order
+_assumed: list[str] = []  # the planner's override (assume)
+
+
+def note_path(path: str) -> None:
+    _used.setdefault(path, None)
+
+
+def paths_used() -> str | None:
+    """The merge paths the engine took since the last reset, '+'-joined; None: no engine call."""
+    return "+".join(_used) or None
+
+
+def reset_paths() -> None:
+    _used.clear()
+
+
+@contextlib.contextmanager
+def assume(path: str):
+    """Within the block, `expected` answers for `path` (one of PATHS): plan --check models each bench row on the
+    path its engine took (rows from before the combine took the accumulating one)."""
+    _assumed.append(path)
+    try:
+        yield
+    finally:
+        _assumed.pop()
+
+
 def expected(device_type: str, dtype: torch.dtype, num_blocks: int) -> bool:
     """The planner's view of `applies` for a single-device call of strided-view rows on `device_type`: on CUDA
     (triton ships with torch's CUDA builds), elsewhere only under triton's interpreter; never with
-    DATTN_FUSED_MERGE=0."""
+    DATTN_FUSED_MERGE=0, nor within assume("accumulating")."""
+    if _assumed:
+        return _assumed[-1] == "one-pass" and 0 < num_blocks <= MAX_BLOCKS and dtype in BLOCK_DTYPES
     if os.environ.get(merge_fused.ENV, "1").strip() == "0":
         return False
     here = device_type == "cuda" or (merge_fused._interpret() and merge_fused._triton_importable())

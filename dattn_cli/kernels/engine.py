@@ -271,7 +271,9 @@ class BlockAttention:
     def forward(self, q, k, v, key_pad=None, into=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(out, lse), written into `into` (out, lse) when given (a chunk's slices of the whole call's)."""
         if self._combines(q) and (result := self._forward_combined(q, k, v, key_pad, into)) is not None:
+            combine.note_path("one-pass")
             return result
+        combine.note_path("accumulating")
         out, lse = self._forward_accumulated(q, k, v, key_pad)
         if into is None:
             return out, lse

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..kernels import combine
 from ..workload.counts import flops_per_device, linear_flops
 from ..workload.records import BenchRow, read_rows, row_problem
 from .efficiency import has_curve
@@ -28,10 +29,12 @@ def ok_rows(path: Path | str) -> list[BenchRow]:
 def check_rows(rows: list[BenchRow], profile: HardwareProfile) -> pd.DataFrame:
     """One line per ok row: predicted and measured peak memory and time, errors in percent. A CUDA row's memory
     is torch.cuda.max_memory_allocated(), which holds no CUDA context: its prediction is compared without the
-    profile's framework item."""
+    profile's framework item. Each row is modelled on the merge path its engine took (`merge_path`; rows without
+    one are from before the one-pass combine)."""
     records = []
     for row in rows:
-        p = plan(row_problem(row), profile, row.world_size)
+        with combine.assume("one-pass" if row.merge_path == "one-pass" else "accumulating"):
+            p = plan(row_problem(row), profile, row.world_size)
         predicted_time = p.time.total_s * 1e3 if p.time else None
         measured_mem = row.peak_mem_bytes
         predicted_mem = p.memory.total - (p.memory.items.get("framework", 0) if row.device == "cuda" else 0)

@@ -230,8 +230,13 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
 def _combined(s: Problem, device_type: str, blocks: list[Block]) -> bool:
     """Whether the call's blocks are combined in one pass (kernels/combine.py): the strided-view engine without
     key blocks from other ranks (the single-device module, also inside head-parallel) where the combine runs."""
+    return combined_call(s, device_type, len(blocks))
+
+
+def combined_call(s: Problem, device_type: str, num_blocks: int) -> bool:
+    """The planner's one rule for whether `s`'s engine combines its `num_blocks` blocks in one pass."""
     improved = s.spec.memory_model == "strided" and s.strategy in ("single", "head_parallel")
-    return improved and combine.expected(device_type, getattr(torch, s.dtype), len(blocks))
+    return improved and combine.expected(device_type, getattr(torch, s.dtype), num_blocks)
 
 
 def _sequence_parallel_buffers(s: Problem, fwdbwd: bool) -> int:

@@ -5,8 +5,9 @@
               the kernel (plan/efficiency.py), the dense kernel's efficiency at each block the implementation
               runs (its length and its count in flight), FLOP-weighted; else the profile's prior per
               implementation (`per_impl`, fitted by `plan --calibrate`, or `attention_compute`)
-* memory    = with curves only: the gather/scatter and merge passes of the dilated implementations' blocks at
-              memory bandwidth x efficiency.memory_bandwidth (a model of the extra passes, not measured)
+* memory    = with curves only: the gathers (where a kernel cannot take strided rows) and the merge of the dilated
+              implementations' blocks (on a GPU the one-pass combine, kernels/combine.py) at memory bandwidth x
+              efficiency.memory_bandwidth (engine_traffic: a model of the extra passes, not measured)
 * comm      = Σ messages (latency + bytes / (bandwidth x efficiency)); the link is intra-node while the
               group fits in `devices_per_node`, else inter-node; bytes from workload/counts.py
 * ring overlap: each ring step's transfer hides under the previous step's compute when
@@ -27,6 +28,7 @@ from ..workload.counts import (
 )
 from ..workload.problem import ELEMENT_BYTES, Problem
 from .efficiency import KERNELS, curve_efficiency, curve_source, has_curve
+from .memory import combined_call
 from .profiles import HardwareProfile
 
 # Extra memory passes per block, in units of the block's q-sized tensor b·segments·rows·heads·D·e (a model):
@@ -126,17 +128,38 @@ def kernel_blocks(s: Problem) -> list[tuple[int, int, int, int, int]]:
             1, round(flops_per_device(s) / (4 * s.head_dim * (FWD_BWD_FACTOR if s.mode == "fwdbwd" else 1)) / rows)
         )
         return [(keys, s.batch * s.heads * max(1, shard_of(s) // keys), 1, 1, rows)]
-    heads, length = s.heads, s.seq_len
-    if s.world_size > 1 and s.strategy == "head_parallel":
-        heads = max(1, s.heads // s.world_size)
-    elif s.world_size > 1:
-        length = shard_of(s)
+    heads, length = _local_shape(s)
     segments = [min(w, length) for w in s.segment_lengths]
     out = []
     for b in build_blocks(length, heads, segments, s.dilation_rates, s.semantics):
         in_flight = s.batch * b.num_segments * b.num_heads
         out.append((b.rows, in_flight, b.pairs_attended(s.batch, s.causal), b.rate, in_flight * b.rows))
     return out
+
+
+def _local_shape(s: Problem) -> tuple[int, int]:
+    """(heads, positions) one device's dilated blocks cover: its shard, or its head shard of all N."""
+    if s.world_size > 1 and s.strategy == "head_parallel":
+        return max(1, s.heads // s.world_size), s.seq_len
+    return s.heads, (shard_of(s) if s.world_size > 1 else s.seq_len)
+
+
+def engine_traffic(s: Problem, profile: HardwareProfile, blocks: list) -> int:
+    """Bytes the dilated engine moves besides its kernels (a model, per call): gathers of r > 1 blocks where the
+    kernel cannot take their strided views (on a CPU; on a GPU when a row is not a multiple of 16 bytes), and the
+    merge: on a GPU the one-pass combine (kernels/combine.py) reads every block's result once and writes the
+    output once, in forward and for each of dq, dk, dv; elsewhere MERGE_PASSES per block (fp32 accumulators)."""
+    gpu = profile.kind == "gpu"
+    element = ELEMENT_BYTES[s.dtype] * s.head_dim
+    views = gpu and element % 16 == 0
+    traffic = 0 if views else sum(GATHER_PASSES[s.mode] * q * element for _, _, _, r, q in blocks if r > 1)
+    if len(blocks) <= 1:
+        return traffic
+    if gpu and combined_call(s, "cuda", len(blocks)):
+        heads, length = _local_shape(s)
+        results = sum(q for *_, q in blocks) + s.batch * heads * length
+        return traffic + (4 if s.mode == "fwdbwd" else 1) * results * element
+    return traffic + sum(MERGE_PASSES[s.mode] * q * element for *_, q in blocks)
 
 
 def compute_efficiency(s: Problem, profile: HardwareProfile) -> tuple[str | None, float, str, int]:
@@ -153,8 +176,5 @@ def compute_efficiency(s: Problem, profile: HardwareProfile) -> tuple[str | None
         w / curve_efficiency(eff, kernel, s.dtype, s.head_dim, s.causal, s.mode, n, k) for n, k, w, _, _ in blocks if w
     )
     efficiency = weights / inverse if inverse else 1.0
-    element = ELEMENT_BYTES[s.dtype] * s.head_dim
-    traffic = sum(GATHER_PASSES[s.mode] * q * element for _, _, _, r, q in blocks if r > 1)
-    if len(blocks) > 1:
-        traffic += sum(MERGE_PASSES[s.mode] * q * element for *_, q in blocks)
+    traffic = engine_traffic(s, profile, blocks)
     return kernel, efficiency, curve_source(eff, kernel, s.dtype, s.head_dim, s.causal, s.mode), traffic

@@ -124,6 +124,9 @@ class BenchRow(BaseModel):
     # the fused kernels the point's blocks ran on, '+'-joined in first-use order (kernels/block_kernels.py names:
     # cudnn, fa2, fa4, flash-attn2, efficient, cpu-flash, math); None: no block kernel (baselines, older reports)
     block_kernel: str | None = None
+    # how the dilated engine merged its blocks (kernels/combine.py PATHS: one-pass, accumulating; '+'-joined);
+    # None: no engine call, or a report from before it was recorded (when the accumulating path was the only one)
+    merge_path: str | None = None
     # measurement settings (None in reports written before they were recorded: read from the environment
     # record the sweep wrote before its rows, see rows_with_settings)
     repeat: int | None = None

@@ -47,6 +47,8 @@ def test_real_point_measures_everything(impl, mode):
     assert row["peak_mem_bytes"] > 512 * 2 * 16 * 4 * 3  # at least the three inputs
     assert row["mem_method"] == CPU_MEM_METHOD
     assert row["block_kernel"] == ("cpu-flash" if "Dilated" in impl else None)  # the dense baselines use none
+    assert row["merge_path"] == ("accumulating" if "Dilated" in impl else None)  # the one-pass combine: CUDA only
+    assert row["first_call_ms"] > 0
 
 
 def test_flop_convention():

@@ -145,6 +145,24 @@ def test_a_failing_launch_falls_back_once_and_says_so(interpret, monkeypatch):
         torch.testing.assert_close(f, a)
 
 
+def test_the_path_taken_is_recorded_and_the_planner_can_assume_either(interpret, monkeypatch):
+    module = ImprovedDilatedAttention([8, 16], [1, 2])
+    _, xs, grad = inputs((1, 32, 4, 8), torch.float32)
+    combine.reset_paths()
+    outputs(module, xs, grad)
+    assert combine.paths_used() == "one-pass"
+    monkeypatch.setenv(merge_fused.ENV, "0")
+    outputs(module, xs, grad)
+    assert combine.paths_used() == "one-pass+accumulating"
+    combine.reset_paths()
+    assert combine.paths_used() is None
+    assert not combine.expected("cuda", torch.bfloat16, 7)  # DATTN_FUSED_MERGE=0
+    with combine.assume("one-pass"):
+        assert combine.expected("cuda", torch.bfloat16, 7) and not combine.expected("cuda", torch.float64, 7)
+        with combine.assume("accumulating"):
+            assert not combine.expected("cuda", torch.bfloat16, 7)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("merge", [True, False])
 def test_kernel_compiles_for_sm90_without_a_device(merge):

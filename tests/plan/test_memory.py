@@ -205,3 +205,23 @@ def test_one_pass_combine_matches_live_tensor_bytes(monkeypatch, mode):
     module = REGISTRY["ImprovedDilatedAttention"].cls(segs, rates, sequence_chunk_elements=256 * 8 * 64)
     peak = module_peak(module, n, mode)
     assert abs(tensors - peak) <= 0.12 * peak, (tensors, peak)
+
+
+def test_check_models_each_row_on_its_merge_path():
+    """The first H100 run's until-oom rows (benchmarks/gpu/h100_2026-11-27, before the one-pass combine: no
+    merge_path) are modelled on the accumulating path: memory within 2% of torch.cuda.max_memory_allocated; the
+    same rows marked one-pass are predicted smaller (every block's result kept, no fp32 accumulators)."""
+    from pathlib import Path
+
+    from dattn_cli.plan.check import check_rows
+    from dattn_cli.plan.profiles import load_profile
+    from dattn_cli.workload.records import read_rows
+
+    report = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "h100_2026-11-27"
+    rows = [r for r in read_rows(report / "until_oom_ImprovedDilatedAttention.jsonl") if r.status == "ok"]
+    assert len(rows) == 6 and all(r.merge_path is None for r in rows)
+    profile = load_profile("h100-sxm-80gb")
+    before = check_rows(rows, profile)
+    assert before["mem_error_pct"].abs().max() < 2.0, before
+    marked = check_rows([r.model_copy(update={"merge_path": "one-pass"}) for r in rows], profile)
+    assert (marked["predicted_mem_bytes"] < before["predicted_mem_bytes"]).all()
