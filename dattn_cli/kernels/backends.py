@@ -43,6 +43,12 @@ def _rows_without_keys(key_pad: torch.Tensor, causal: bool) -> torch.Tensor:
     return dead.unsqueeze(1)
 
 
+def _empty_rows_inf(lse: torch.Tensor) -> torch.Tensor:
+    """The merged lse as a contiguous tensor for a kernel's backward, +inf where it is -inf (a row with no key:
+    p = exp(s - inf) = 0); one pass (NaN stays NaN)."""
+    return lse.nan_to_num(nan=float("nan"), neginf=float("inf")).contiguous()
+
+
 def _run(name: str):
     """The kernel object of `name` (math: the math backend), noted as used."""
     note_used(name)
@@ -75,7 +81,7 @@ class SdpaBackend:
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
-        lse = lse.masked_fill(lse == NEG_INF, float("inf")).contiguous()  # empty rows: p = 0
+        lse = _empty_rows_inf(lse)
         return _run(self.kernel(q, key_pad is not None)).backward(dout, q, k, v, out, lse, key_pad, call)
 
 
@@ -97,7 +103,7 @@ class FlashBackend:
         return _run(self.kernel(q, False)).forward(q, k, v, None, call)
 
     def backward(self, dout, q, k, v, out, lse, key_pad, call: BlockCall):
-        lse = lse.masked_fill(lse == NEG_INF, float("inf")).contiguous()  # empty rows: p = 0
+        lse = _empty_rows_inf(lse)
         return _run(self.kernel(q, False)).backward(dout, q, k, v, out, lse, None, call)
 
 

@@ -18,6 +18,7 @@ fa4 and flash-attn2 live in flash_kernels.py. Which kernel a block gets is kerne
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import warnings
@@ -285,6 +286,12 @@ class Fa2Op:
         return batch_sliced(op, (dout, q, k, v, out, lse.contiguous()))
 
 
+@functools.cache
+def _zero(device: torch.device) -> torch.Tensor:
+    """One int64 zero per device (not a fill kernel per backward call)."""
+    return torch.zeros((), dtype=torch.int64, device=device)
+
+
 _said_fallback = False
 _CUDNN_FAILED: set[tuple] = set()  # call signatures cuDNN refused: they go straight to the fa2 op
 
@@ -316,7 +323,7 @@ class Cudnn:
         return self._or_fa2("forward", op, (q, k, v), lambda: KERNELS["fa2"].forward(q, k, v, None, call), call)
 
     def backward(self, dout, q, k, v, out, lse, key_pad, call):
-        seed = torch.zeros((), dtype=torch.int64, device=q.device)  # philox state: read only with dropout
+        seed = _zero(q.device)  # philox state: read only with dropout
         lse = lse.float().contiguous()
         m, n = q.shape[2], k.shape[2]  # batch slices split dim 0 only
 

@@ -87,7 +87,8 @@ class ViewAccess:
         self._lent: dict[int, torch.Tensor] = {}
 
     def gather(self, x, block, takes_view=None):
-        view = block.view(x).flatten(0, 1)  # a view unless B > 1 and a ragged tail splits (B, S)
+        # a view unless B > 1 and a ragged tail splits (B, S)
+        view = (block.view(x) if torch.is_grad_enabled() and x.requires_grad else block.strided(x)).flatten(0, 1)
         if block.rate == 1 or view.dim() != 4 or (takes_view is not None and takes_view(view)):
             return view
         b, m, h, d = view.shape

@@ -55,6 +55,14 @@ class Block:
         last_head = self.head_start + self.head_step * (self.num_heads - 1) + 1
         return seg[:, :, self.offset :: self.rate, self.head_start : last_head : self.head_step]
 
+    def strided(self, x: torch.Tensor) -> torch.Tensor:
+        """`view(x)` as one as_strided call (the engine's gathers, outside autograd: fewer host operations)."""
+        s = x.stride()
+        size = (x.shape[0], self.num_segments, self.rows, self.num_heads, *x.shape[3:])
+        stride = (s[0], self.seg_len * s[1], self.rate * s[1], self.head_step * s[2], *s[3:])
+        offset = x.storage_offset() + (self.start + self.offset) * s[1] + self.head_start * s[2]
+        return x.as_strided(size, stride, offset)
+
     def pairs_attended(self, batch: int, causal: bool) -> int:
         """(query, key) pairs this block computes, over batch and heads."""
         m = self.rows
