@@ -9,9 +9,12 @@ pairs). The math is the merge routine's (merge.py); only the order of the fp32 o
 
 It applies (`applies`) where merge_fused.py's fast path may run (CUDA or TRITON_INTERPRET=1, triton installed,
 DATTN_FUSED_MERGE not 0), with at most MAX_BLOCKS blocks of strided-view rows (ViewAccess) and no key blocks
-beyond the engine's own (the sequence-parallel executors merge into fp32 accumulators). A launch that fails
-(a triton that cannot build it) turns it off for the process, said once, and the caller runs the
-accumulating path.
+beyond the engine's own: the single-device module (also inside head-parallel) and a sequence-parallel call whose
+segments all fit in a shard; the exchanges of spanning segments merge into fp32 accumulators. Blocks whose
+integers pass int32 (after clamping a rate past the segment, a head step past the heads) and results whose last
+dimension is strided are merged block by block from the kept results (merge.py, into fp32). A launch that fails
+(an import, a build, a CUDA graph capture) is merged so too, and turns the combine off for the process, said
+once: later calls take the accumulating path.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from . import merge_fused
+from .merge import accumulate_, merge_partial_
 from .pattern import Block
 
 MAX_BLOCKS = 16  # the kernel unrolls one load per block
@@ -74,24 +78,42 @@ def assume(path: str):
         _assumed.pop()
 
 
-def expected(device_type: str, dtype: torch.dtype, num_blocks: int) -> bool:
-    """The planner's view of `applies` for a single-device call of strided-view rows on `device_type`: on CUDA
+def expected(device_type: str, dtype: torch.dtype, num_blocks: int, head_dim: int) -> bool:
+    """The planner's view of `applies` for an engine call of strided-view rows on `device_type`: on CUDA
     (triton ships with torch's CUDA builds), elsewhere only under triton's interpreter; never with
     DATTN_FUSED_MERGE=0, nor within assume("accumulating")."""
+    shape = 0 < num_blocks <= MAX_BLOCKS and dtype in BLOCK_DTYPES and 0 < head_dim <= merge_fused.MAX_D
     if _assumed:
-        return _assumed[-1] == "one-pass" and 0 < num_blocks <= MAX_BLOCKS and dtype in BLOCK_DTYPES
-    if os.environ.get(merge_fused.ENV, "1").strip() == "0":
+        return _assumed[-1] == "one-pass" and shape
+    if _failed or os.environ.get(merge_fused.ENV, "1").strip() == "0":
         return False
     here = device_type == "cuda" or (merge_fused._interpret() and merge_fused._triton_importable())
-    return here and 0 < num_blocks <= MAX_BLOCKS and dtype in BLOCK_DTYPES
+    return here and shape
 
 
-def _geometry(block: Block, part: torch.Tensor, lse: torch.Tensor | None) -> tuple[int, ...]:
+INT32 = 1 << 31
+
+
+def _geometry(block: Block, part: torch.Tensor, lse: torch.Tensor | None, heads: int) -> tuple[int, ...] | None:
+    """The kernel's integers for one block; None where it cannot take them (its index arithmetic is int32)."""
     lse_strides = tuple(lse.stride()) if lse is not None else (0, 0, 0)
-    return (
-        block.start, block.seg_len, block.num_segments, block.offset, block.rate,
-        block.head_start, block.head_step, block.num_heads, *part.stride(), *lse_strides,
-    )  # fmt: skip
+    # a rate past the segment keeps one row and a head step past the heads one head: the same rows, in int32
+    rate, head_step = min(block.rate, block.seg_len), min(block.head_step, heads)
+    pattern = (block.start, block.seg_len, block.num_segments, block.offset, rate, block.head_start, head_step)
+    if max(*pattern, block.num_heads, block.start + block.num_segments * block.seg_len) >= INT32:
+        return None
+    return (*pattern, block.num_heads, *part.stride(), *lse_strides)
+
+
+def _alignment(parts) -> int:
+    """The largest power of two up to 16 that divides every stride but the last (contiguous) one of every block
+    result: the kernel's hint that a row starts there (so that its loads are vectors)."""
+    align = 16
+    for part in parts:
+        for stride in part.stride()[:-1]:
+            while stride % align:
+                align //= 2
+    return align
 
 
 @functools.lru_cache(maxsize=256)
@@ -102,30 +124,33 @@ def _device_geometry(geometry: tuple[tuple[int, ...], ...], device: torch.device
 
 
 def _launch(dst, dst_lse, blocks: Sequence[Block], parts, lses) -> bool:
-    from triton import knobs
-
-    from .combine_triton import GEO_INTS, build
-
-    if dst.device.type != "cuda" and not knobs.runtime.interpret:
-        return False  # triton read TRITON_INTERPRET otherwise than merge_fused
     merge = dst_lse is not None
-    geo = _device_geometry(
-        tuple(_geometry(b, p, l_) for b, p, l_ in zip(blocks, parts, lses if merge else [None] * len(parts))),
-        dst.device,
-    )
+    if dst.stride(-1) != 1 or any(p.stride(-1) != 1 for p in parts):
+        return False  # rows are loaded and stored as contiguous vectors
     batch, n, h, d = dst.shape
+    geometry = [_geometry(b, p, l_, h) for b, p, l_ in zip(blocks, parts, lses if merge else [None] * len(parts))]
+    if any(g is None for g in geometry):
+        return False
     rows = batch * n * h
     block_d = 1 << (d - 1).bit_length()
     block_r = max(1, min(64, 4096 // block_d))
     lse_strides = dst_lse.stride() if merge else (0, 0, 0)
-    try:
+    try:  # any import, geometry copy (a CUDA graph capture, say), build or launch failure: the accumulating path
+        from triton import knobs
+
+        from .combine_triton import GEO_INTS, build
+
+        if dst.device.type != "cuda" and not knobs.runtime.interpret:
+            return False  # triton read TRITON_INTERPRET otherwise than merge_fused
+        geo = _device_geometry(tuple(geometry), dst.device)
         with torch.cuda.device(dst.device) if dst.device.type == "cuda" else contextlib.nullcontext():
             build(bool(knobs.runtime.interpret))[((rows + block_r - 1) // block_r,)](
                 dst, dst_lse if merge else dst, tuple(parts), tuple(lses) if merge else tuple(parts), geo,
-                rows, n, h, d, *dst.stride(), *lse_strides,
-                K=len(parts), MERGE=merge, GEO_INTS=GEO_INTS, BLOCK_R=block_r, BLOCK_D=block_d,
+                rows, n, h, d, *dst.stride()[:3], *lse_strides,
+                K=len(parts), MERGE=merge, GEO_INTS=GEO_INTS, ALIGN=_alignment(parts),
+                BLOCK_R=block_r, BLOCK_D=block_d,
             )  # fmt: skip
-    except Exception as exc:  # noqa: BLE001 - any build or launch failure: the accumulating path instead
+    except Exception as exc:  # noqa: BLE001
         _failed.append(f"{type(exc).__name__}: {exc}")
         message = f"dattn: the one-pass combine failed ({_failed[0][:200]}); merging block by block instead"
         log.warning(message)
@@ -134,12 +159,31 @@ def _launch(dst, dst_lse, blocks: Sequence[Block], parts, lses) -> bool:
     return True
 
 
-def merge_into(out, lse, blocks: Sequence[Block], parts, part_lses) -> bool:
+def _by_blocks(dst, dst_lse, blocks: Sequence[Block], parts, lses) -> None:
+    """The kernel's result by merge.py's routine, block by block into fp32 (where the kernel cannot run: the
+    results are kept, so nothing is computed again). Consumes the parts (scaled in place)."""
+    acc = dst if dst.dtype == torch.float32 else torch.empty(dst.shape, dtype=torch.float32, device=dst.device)
+    acc.zero_()
+    if dst_lse is not None:
+        dst_lse.fill_(float("-inf"))
+    for i, (block, part) in enumerate(zip(blocks, parts)):
+        part = part.unflatten(0, (-1, block.num_segments))
+        if dst_lse is None:
+            accumulate_(block.view(acc), part)
+        else:
+            merge_partial_(block.view(acc), block.view(dst_lse), part, lses[i].unflatten(0, (-1, block.num_segments)))
+    if acc is not dst:
+        dst.copy_(acc)
+
+
+def merge_into(out, lse, blocks: Sequence[Block], parts, part_lses) -> None:
     """out (B, N, H, D), lse (B, N, H) fp32 := the merge of every block's (out (b, m, h, D), lse (b, m, h)),
-    b = B * segments; rows no block holds get 0 and -inf. False (nothing written) if the launch failed."""
-    return _launch(out, lse, blocks, parts, part_lses)
+    b = B * segments; rows no block holds get 0 and -inf."""
+    if not _launch(out, lse, blocks, parts, part_lses):
+        _by_blocks(out, lse, blocks, parts, part_lses)
 
 
-def sum_into(grad, blocks: Sequence[Block], parts) -> bool:
+def sum_into(grad, blocks: Sequence[Block], parts) -> None:
     """grad (B, N, H, D) := the sum of every block's share (b, m, h, D); 0 where no block holds a row."""
-    return _launch(grad, None, blocks, parts, None)
+    if not _launch(grad, None, blocks, parts, None):
+        _by_blocks(grad, None, blocks, parts, None)

@@ -19,14 +19,16 @@ import functools
 import triton
 import triton.language as tl
 
-# per block: start, seg_len, num_segments, offset, rate, head_start, head_step, num_heads,
-# the result's strides (segment-batch, row, head, d) and its lse's (segment-batch, row, head)
+# per block: start, seg_len, num_segments, offset, rate, head_start, head_step, num_heads (int32 range: the
+# caller clamps rate and head_step), the result's strides (segment-batch, row, head, d: 1) and its lse's
+# (segment-batch, row, head)
 GEO_INTS = 15
 
 
 def _combine(
-    dst, dlse, parts, lses, geo, R, N, H, D, y0, y1, y2, yd, z0, z1, z2,
-    K: tl.constexpr, MERGE: tl.constexpr, GEO_INTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    dst, dlse, parts, lses, geo, R, N, H, D, y0, y1, y2, z0, z1, z2,
+    K: tl.constexpr, MERGE: tl.constexpr, GEO_INTS: tl.constexpr, ALIGN: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = r < R
@@ -56,7 +58,8 @@ def _combine(
         i = tl.where(held, pos, 0) // rate
         sb = b * segs + tl.where(held, seg, 0).to(tl.int64)
         row = sb * tl.load(g + 8) + i.to(tl.int64) * tl.load(g + 9) + hj.to(tl.int64) * tl.load(g + 10)
-        ptrs = parts[k] + row[:, None] + cols[None, :] * tl.load(g + 11)
+        row = tl.multiple_of(row, ALIGN)  # every stride a multiple of ALIGN, the last one 1: vector loads
+        ptrs = parts[k] + row[:, None] + cols[None, :]
         x = tl.load(ptrs, mask=held[:, None] & cmask[None, :], other=0.0).to(tl.float32)
         if MERGE:
             lrow = sb * tl.load(g + 12) + i.to(tl.int64) * tl.load(g + 13) + hj.to(tl.int64) * tl.load(g + 14)
@@ -69,14 +72,12 @@ def _combine(
             top = new_top
         else:
             acc += x
-    if MERGE:
-        acc = acc / tl.where(total > 0, total, 1.0)[:, None]  # a row no block holds: out 0, lse -inf
-        lse_out = tl.where(total > 0, tl.where(top == float("-inf"), 0.0, top) + tl.log(total), float("-inf"))
+    if MERGE:  # a row no block holds: out 0, lse -inf; a NaN stays NaN
+        acc = acc / tl.where(total == 0, 1.0, total)[:, None]
+        lse_out = tl.where(total == 0, float("-inf"), tl.where(top == float("-inf"), 0.0, top) + tl.log(total))
         tl.store(dlse + b * z0 + n.to(tl.int64) * z1 + h.to(tl.int64) * z2, lse_out, mask=rmask)
     dst_row = b * y0 + n.to(tl.int64) * y1 + h.to(tl.int64) * y2
-    tl.store(
-        dst + dst_row[:, None] + cols[None, :] * yd, acc.to(dst.dtype.element_ty), mask=rmask[:, None] & cmask[None, :]
-    )
+    tl.store(dst + dst_row[:, None] + cols[None, :], acc.to(dst.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
 @functools.cache

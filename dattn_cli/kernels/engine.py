@@ -252,12 +252,14 @@ class BlockAttention:
             outs.append(block_out.transpose(1, 2))
             lses.append(block_lse.transpose(1, 2))
         out, lse = into or (torch.empty_like(q), q.new_empty(q.shape[:3], dtype=accumulator_dtype(q.dtype)))
-        return (out, lse) if combine.merge_into(out, lse, self.blocks, outs, lses) else None
+        combine.merge_into(out, lse, self.blocks, outs, lses)
+        return out, lse
 
     def _backward_combined(self, dout, q, k, v, out, lse, key_pad, into):
         backend = BACKENDS[self.backend]
         takes = functools.partial(backend.takes_view, masked=key_pad is not None)
         shares: tuple[list, list, list] = ([], [], [])
+        parts = ()
         for i, block in enumerate(self.blocks):
             qb, kb, vb, dob, ob = self._gathered(block, (q, k, v, dout, out), takes)
             lb = self.access.gather(lse, block).transpose(1, 2)
@@ -265,15 +267,19 @@ class BlockAttention:
             self.access.release(qb, kb, vb, dob, ob)
             for share, part in zip(shares, parts):
                 share.append(part.transpose(1, 2))
-        grads = into or tuple(torch.empty_like(x) for x in (q, k, v))
-        done = all(combine.sum_into(grad, self.blocks, share) for grad, share in zip(grads, shares))
-        return tuple(grads) if done else None
+        del parts
+        grads = []
+        for j, x in enumerate((q, k, v)):  # each gradient made, summed into, and its shares freed in turn
+            grads.append(into[j] if into else torch.empty_like(x))
+            combine.sum_into(grads[j], self.blocks, shares[j])
+            shares[j].clear()
+        return tuple(grads)
 
     def forward(self, q, k, v, key_pad=None, into=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(out, lse), written into `into` (out, lse) when given (a chunk's slices of the whole call's)."""
-        if self._combines(q) and (result := self._forward_combined(q, k, v, key_pad, into)) is not None:
+        if self._combines(q):
             combine.note_path("one-pass")
-            return result
+            return self._forward_combined(q, k, v, key_pad, into)
         combine.note_path("accumulating")
         out, lse = self._forward_accumulated(q, k, v, key_pad)
         if into is None:
@@ -311,8 +317,10 @@ class BlockAttention:
     def backward(self, dout, q, k, v, out, lse, key_pad=None, into=None):
         """(dq, dk, dv), written into `into` when given (a chunk's slices of the whole call's)."""
         dout = dout.to(q.dtype)
-        if self._combines(q) and (grads := self._backward_combined(dout, q, k, v, out, lse, key_pad, into)):
-            return grads
+        if self._combines(q):
+            combine.note_path("one-pass")
+            return self._backward_combined(dout, q, k, v, out, lse, key_pad, into)
+        combine.note_path("accumulating")
         grads = self._backward_accumulated(dout, q, k, v, out, lse, key_pad)
         if into is None:
             return grads

@@ -135,11 +135,14 @@ def _chunked_items(s: Problem, chunk: int, x_shard: int, device_type: str) -> di
     one = s.model_copy(update={"seq_len": chunk, "documents": None})
     part = estimate_memory(one, 0, device_type, chunked=False)
     # combined chunks write out and the gradients straight into the whole call's (chunks.ChunkedAttention)
-    combined = s.documents is None and _combined(one, device_type, _local_blocks(one, chunk, s.heads))
+    blocks = _local_blocks(one, chunk, s.heads)
+    combined = s.documents is None and _combined(one, device_type, blocks)
     written = ("output", "gradients (upstream, dq, dk, dv)") if combined else ()
     for name, value in part.items.items():
         if name not in ("lse", *_input_items(s, x_shard), *written):
             items[f"one chunk of {chunk:,} positions: {name}"] = value
+    if combined and s.mode == "fwdbwd":  # nothing is made for the gradients: their shares peak all together
+        items[f"one chunk of {chunk:,} positions: block results (one-pass combine)"] = _combined_peak(one, blocks, 0)[0]
     return items
 
 
@@ -208,15 +211,14 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
         t.add("index tensors", sum(_block_elems(s.batch, b, 1) // s.batch * 8 for b in blocks))
         t.add("merge copies", 2 * largest * e)
     if combined:  # every block's (out, lse), or its (dq, dk, dv), kept until the one pass (kernels/combine.py)
-        results = sum(_block_elems(s.batch, b, s.head_dim) for b in blocks) * (3 if fwdbwd else 1) * e
-        lses = 0 if fwdbwd else sum(_block_elems(s.batch, b, 1) for b in blocks) * 4
-        t.add("block results (one-pass combine)", results + lses)
+        results, grads = _combined_peak(s, blocks, x_work)
+        t.add("block results (one-pass combine)", results)
     else:
         # a block result is adopted as the accumulator only in the accumulator's dtype (engine._adopt): with half
         # inputs every block's result, the covering one's too, is a separate tensor
         t.add("block result", (largest_free if e == acc_e else largest) * (3 if fwdbwd else 1) * e)
     if fwdbwd:
-        t.add("gradients (upstream, dq, dk, dv)", 4 * x_work)
+        t.add("gradients (upstream, dq, dk, dv)", grads if combined else 4 * x_work)
     if s.strategy == "head_parallel":
         t.add("all-to-all copies", 2 * x_shard * (2 if fwdbwd else 1))
         t.add("head-shard q, k, v, out", 4 * x_work)
@@ -227,6 +229,18 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
     t.add("kernel workspace", _workspace("dilated", s, device_type) * workspace_block * e)
 
 
+def _combined_peak(s: Problem, blocks: list[Block], x_work: int) -> tuple[int, int]:
+    """(block results, gradients) at the one-pass combine's peak. Forward: every block's (out, lse). Backward:
+    dq, dk, dv are made one by one, each summed from its shares, which are then freed (engine._backward_combined),
+    so the peak is the largest of upstream + j + 1 gradients beside 3 - j sets of shares."""
+    e = ELEMENT_BYTES[s.dtype]
+    shares = sum(_block_elems(s.batch, b, s.head_dim) for b in blocks) * e
+    if s.mode != "fwdbwd":
+        return shares + sum(_block_elems(s.batch, b, 1) for b in blocks) * 4, 0
+    stages = [((3 - j) * shares, (2 + j) * x_work) for j in range(3)]
+    return max(stages, key=sum)
+
+
 def _combined(s: Problem, device_type: str, blocks: list[Block]) -> bool:
     """Whether the call's blocks are combined in one pass (kernels/combine.py): the strided-view engine without
     key blocks from other ranks (the single-device module, also inside head-parallel) where the combine runs."""
@@ -234,9 +248,14 @@ def _combined(s: Problem, device_type: str, blocks: list[Block]) -> bool:
 
 
 def combined_call(s: Problem, device_type: str, num_blocks: int) -> bool:
-    """The planner's one rule for whether `s`'s engine combines its `num_blocks` blocks in one pass."""
-    improved = s.spec.memory_model == "strided" and s.strategy in ("single", "head_parallel")
-    return improved and combine.expected(device_type, getattr(torch, s.dtype), num_blocks)
+    """The planner's one rule for whether `s`'s engine combines its `num_blocks` blocks in one pass: the
+    strided-view engine with no key blocks from other ranks (single-device, head-parallel, and a sequence-parallel
+    call whose segments all fit in a shard, kernels/distributed/sequence_parallel.py)."""
+    if s.spec.memory_model != "strided" or s.strategy not in ("single", "head_parallel", "ring", "allgather"):
+        return False
+    if s.strategy in ("ring", "allgather") and spanning_pairs(s):
+        return False
+    return combine.expected(device_type, getattr(torch, s.dtype), num_blocks, s.head_dim)
 
 
 def _sequence_parallel_buffers(s: Problem, fwdbwd: bool) -> int:

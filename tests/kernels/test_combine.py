@@ -145,6 +145,35 @@ def test_a_failing_launch_falls_back_once_and_says_so(interpret, monkeypatch):
         torch.testing.assert_close(f, a)
 
 
+@pytest.mark.parametrize("rate", [2**31, 2**32 + 2, 2**33])
+def test_rates_past_int32_are_clamped_to_the_same_rows(rate, interpret, launches, monkeypatch):
+    """A rate past the segment keeps one row per segment (and in longnet a head step past the heads one head):
+    the kernel's int32 arithmetic gets the clamped values, the rows are the same (found by review)."""
+    module = ImprovedDilatedAttention([8], [rate])
+    _, xs, grad = inputs((1, 16, 2, 8), torch.float32, seed=7)
+    combined = outputs(module, xs, grad)
+    assert launches == [True] * 4
+    monkeypatch.setenv(merge_fused.ENV, "0")
+    for c, a in zip(combined, outputs(module, xs, grad)):
+        torch.testing.assert_close(c, a, atol=2e-6, rtol=1e-5)
+
+
+def test_a_nan_lse_stays_nan(interpret, launches):
+    """A NaN in a block's lse reaches the merged lse as NaN, not as an empty row's -inf."""
+    block = build_blocks(8, 1, [4], [1], "longnet")[0]
+    part, part_lse = torch.randn(2, 4, 1, 8), torch.randn(2, 4, 1)
+    part_lse[0, 1, 0] = float("nan")
+    out, lse = torch.empty(1, 8, 1, 8), torch.empty(1, 8, 1)
+    combine.merge_into(out, lse, [block], [part], [part_lse])
+    assert launches == [True] and lse[0, 1, 0].isnan() and torch.isfinite(lse[0, 2:]).all()
+
+
+def test_alignment_hint_divides_every_row_stride():
+    parts = [torch.empty(4, 8, 2, 64), torch.empty(4, 8, 3, 24)[:, ::2]]
+    assert combine._alignment(parts) == 8  # 24 * 3 * 2 (a row), 24 * 3 and 24: 8 divides all
+    assert combine._alignment([torch.empty(3, 5, 7)]) == 1
+
+
 def test_the_path_taken_is_recorded_and_the_planner_can_assume_either(interpret, monkeypatch):
     module = ImprovedDilatedAttention([8, 16], [1, 2])
     _, xs, grad = inputs((1, 32, 4, 8), torch.float32)
@@ -156,11 +185,11 @@ def test_the_path_taken_is_recorded_and_the_planner_can_assume_either(interpret,
     assert combine.paths_used() == "one-pass+accumulating"
     combine.reset_paths()
     assert combine.paths_used() is None
-    assert not combine.expected("cuda", torch.bfloat16, 7)  # DATTN_FUSED_MERGE=0
+    assert not combine.expected("cuda", torch.bfloat16, 7, 64)  # DATTN_FUSED_MERGE=0
     with combine.assume("one-pass"):
-        assert combine.expected("cuda", torch.bfloat16, 7) and not combine.expected("cuda", torch.float64, 7)
+        assert combine.expected("cuda", torch.bfloat16, 7, 64) and not combine.expected("cuda", torch.float64, 7, 64)
         with combine.assume("accumulating"):
-            assert not combine.expected("cuda", torch.bfloat16, 7)
+            assert not combine.expected("cuda", torch.bfloat16, 7, 64)
 
 
 @pytest.mark.slow
@@ -175,11 +204,12 @@ def test_kernel_compiles_for_sm90_without_a_device(merge):
     from dattn_cli.kernels.combine_triton import GEO_INTS, build
 
     kernel, k = build(False), 7
-    constexprs = {"K": k, "MERGE": merge, "GEO_INTS": GEO_INTS, "BLOCK_R": 64, "BLOCK_D": 64}
+    constexprs = {"K": k, "MERGE": merge, "GEO_INTS": GEO_INTS, "ALIGN": 16, "BLOCK_R": 64, "BLOCK_D": 64}
     types = {"dst": "*bf16", "dlse": "*fp32", "parts": ("*bf16",) * k, "lses": ("*fp32",) * k, "geo": "*i64"}
-    signature = {n: "constexpr" if n in constexprs else types.get(n, "i64") for n in kernel.arg_names}
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
-    assert compiled.asm["cubin"]
+    for ints in ("i64", "i32"):  # the launcher passes small integers as i32
+        signature = {n: "constexpr" if n in constexprs else types.get(n, ints) for n in kernel.arg_names}
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm["cubin"]
 
 
 @cuda

@@ -101,6 +101,18 @@ def test_cuda_half_combine_keeps_every_blocks_result_and_no_accumulator():
     assert "fp32 accumulator" not in items and "gather buffers (memory pool)" not in items
 
 
+def test_sequence_parallel_calls_without_spanning_segments_combine_too():
+    """A ring call whose segments all fit in a shard has no key blocks from other ranks: its engine combines in
+    one pass (kernels/distributed/sequence_parallel.py passes none), and the planner says so; with a spanning
+    segment the exchange merges into fp32 accumulators."""
+    local = Problem(impl="RingDilatedAttention", seq_len=1 << 16, world_size=4, dtype="bfloat16", mode="fwdbwd")
+    local = local.model_copy(update={"segment_lengths": [2048, 4096], "dilation_rates": [1, 2]})
+    spanning = local.model_copy(update={"segment_lengths": [2048, 32768], "dilation_rates": [1, 8]})
+    items = estimate_memory(local, device_type="cuda").items
+    assert "block results (one-pass combine)" in items and "fp32 accumulator" not in items
+    assert "fp32 accumulator" in estimate_memory(spanning, device_type="cuda").items
+
+
 def test_check_compares_cuda_rows_without_the_cuda_context(tmp_path):
     """max_memory_allocated() holds no CUDA context: plan --check leaves the profile's framework item out for
     CUDA rows."""
@@ -168,41 +180,28 @@ def test_gqa_items_match_live_tensor_bytes(kv_heads, mode):
     assert abs(tensors - peak) <= 0.12 * peak, (tensors, peak)
 
 
-def _combine_in_place(dst, dst_lse, blocks, parts, lses) -> bool:
-    """The combine kernel's effect in torch, allocating as little as it does (it writes dst in place; fp32)."""
-    from dattn_cli.kernels.merge import merge_partial_
-
-    dst.zero_()
-    if dst_lse is not None:
-        dst_lse.fill_(float("-inf"))
-    for i, (block, part) in enumerate(zip(blocks, parts)):
-        view = block.view(dst)
-        part = part.unflatten(0, (-1, block.num_segments))
-        if dst_lse is None:
-            view.add_(part)
-        else:
-            merge_partial_(view, block.view(dst_lse), part, lses[i].unflatten(0, (-1, block.num_segments)))
-    return True
-
-
 @pytest.mark.slow
+@pytest.mark.parametrize("chunk", [256 * 8 * 64, None])
 @pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
-def test_one_pass_combine_matches_live_tensor_bytes(monkeypatch, mode):
+def test_one_pass_combine_matches_live_tensor_bytes(monkeypatch, mode, chunk):
     """The combine path (kernels/combine.py: every block's result kept, no fp32 accumulators), run here under
-    triton's interpreter, in sequence chunks: the chunks write straight into the whole call's out and gradients."""
+    triton's interpreter, in sequence chunks (they write straight into the whole call's out and gradients) and as
+    one call (dq, dk, dv made one by one as their shares are summed and freed)."""
     pytest.importorskip("triton")
     from dattn_cli.kernels import chunks, combine
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(combine, "_launch", _combine_in_place)  # the interpreter copies every argument
-    monkeypatch.setattr(chunks, "SEQUENCE_CHUNK_ELEMENTS", 256 * 8 * 64)
+    # the combine's own merge by blocks, which writes in place like the kernel (the interpreter copies arguments)
+    monkeypatch.setattr(combine, "_launch", lambda *args: False)
+    monkeypatch.setattr(chunks, "SEQUENCE_CHUNK_ELEMENTS", chunk)
     segs, rates, n = [64, 128, 256], [1, 2, 4], 512
     problem = Problem(impl="ImprovedDilatedAttention", seq_len=n, segment_lengths=segs, dilation_rates=rates, mode=mode)
     model = estimate_memory(problem)
     assert any("one-pass combine" in name for name in model.items), model.items
+    assert any(name.startswith("one chunk") for name in model.items) == (chunk is not None)
     assert not any("accumulator" in name for name in model.items), model.items
     tensors = model.total - sum(v for name, v in model.items.items() if name.endswith("kernel workspace"))
-    module = REGISTRY["ImprovedDilatedAttention"].cls(segs, rates, sequence_chunk_elements=256 * 8 * 64)
+    module = REGISTRY["ImprovedDilatedAttention"].cls(segs, rates, sequence_chunk_elements=chunk)
     peak = module_peak(module, n, mode)
     assert abs(tensors - peak) <= 0.12 * peak, (tensors, peak)
 
