@@ -92,6 +92,8 @@ def expected(device_type: str, dtype: torch.dtype, num_blocks: int, head_dim: in
 
 
 INT32 = 1 << 31
+K_SIZES = (2, 4, 8, MAX_BLOCKS)  # block counts the kernel is built for; the rest of a call's slots hold nothing
+EMPTY_BLOCK = (0, 1, 0, 0, 1, 0, 1, 0) + (0,) * 7  # no segments, no heads: no row is held
 
 
 def _geometry(block: Block, part: torch.Tensor, lse: torch.Tensor | None, heads: int) -> tuple[int, ...] | None:
@@ -131,6 +133,10 @@ def _launch(dst, dst_lse, blocks: Sequence[Block], parts, lses) -> bool:
     geometry = [_geometry(b, p, l_, h) for b, p, l_ in zip(blocks, parts, lses if merge else [None] * len(parts))]
     if any(g is None for g in geometry):
         return False
+    k = next(size for size in K_SIZES if size >= len(parts))  # a few kernel variants, not one per block count
+    geometry += [EMPTY_BLOCK] * (k - len(parts))
+    parts = [*parts, *[parts[0]] * (k - len(parts))]
+    lses = [*lses, *[lses[0]] * (k - len(lses))] if merge else parts
     rows = batch * n * h
     block_d = 1 << (d - 1).bit_length()
     block_r = max(1, min(64, 4096 // block_d))
@@ -145,9 +151,9 @@ def _launch(dst, dst_lse, blocks: Sequence[Block], parts, lses) -> bool:
         geo = _device_geometry(tuple(geometry), dst.device)
         with torch.cuda.device(dst.device) if dst.device.type == "cuda" else contextlib.nullcontext():
             build(bool(knobs.runtime.interpret))[((rows + block_r - 1) // block_r,)](
-                dst, dst_lse if merge else dst, tuple(parts), tuple(lses) if merge else tuple(parts), geo,
+                dst, dst_lse if merge else dst, tuple(parts), tuple(lses), geo,
                 rows, n, h, d, *dst.stride()[:3], *lse_strides,
-                K=len(parts), MERGE=merge, GEO_INTS=GEO_INTS, ALIGN=_alignment(parts),
+                K=k, MERGE=merge, GEO_INTS=GEO_INTS, ALIGN=_alignment(parts),
                 BLOCK_R=block_r, BLOCK_D=block_d,
             )  # fmt: skip
     except Exception as exc:  # noqa: BLE001
