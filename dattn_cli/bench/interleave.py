@@ -10,6 +10,7 @@ others go on; the time budget is --max-seconds per line.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +55,9 @@ def _prepare(sweep: Sweep, line: _Line, returns_memory: bool, cold: ColdCache) -
     """Build the line, make its first call (the time projection) and its memory call; a skip result or None."""
     import torch
 
+    if returns_memory:  # the baseline without the garbage an earlier line left: the trim below would drop it
+        gc.collect()
+        return_freed_memory()
     before = rss_bytes()
     torch.manual_seed(sweep.seed)
     line.step, line.module, _ = _stepper(sweep, line.problem, None, cold)

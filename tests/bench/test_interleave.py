@@ -95,4 +95,5 @@ def test_the_worker_times_the_lines_round_robin_and_keeps_the_others_when_one_fa
     assert isinstance(results[1], Exception)
     for fields in (results[0], results[2]):
         assert fields["status"] == "ok" and fields["interleaved"] and len(fields["samples_ms"]) == 5
-        assert fields["peak_mem_bytes"] > 0 and "before this line was built" in fields["mem_method"]
+        assert fields["peak_mem_bytes"] >= 0 and "before this line was built" in fields["mem_method"]
+    assert results[0]["peak_mem_bytes"] > 0  # the last line, this small, can fit in memory an earlier line freed
