@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from dattn_cli.runtime.measure import reuse_freed_memory
 from dattn_cli.verify import references
 from dattn_cli.verify.cases import OWN_PATTERNS, own_cases
 from dattn_cli.verify.compare import DTYPES
@@ -32,6 +33,7 @@ def main() -> None:
     parser.add_argument("--segments", default="2048,4096,8192")
     parser.add_argument("--dilations", default="1,2,4")
     a = parser.parse_args()
+    reuse_freed_memory()  # as verify does
     shape = dict(heads=a.heads, segment_lengths=[int(x) for x in a.segments.split(",")])
     cases = own_cases([a.seq_len], dilation_rates=[int(x) for x in a.dilations.split(",")], **shape)
     checks = collect_checks(cases=cases, semantics=["longnet"], causal=[False], patterns=OWN_PATTERNS)

@@ -43,6 +43,8 @@ class Dilated:
     segment's kept keys, and the chunks of a row merge by their log-sum-exp. Which pairs a head uses, with which
     offsets: reference.pair_offsets, the dense reference's own."""
 
+    complete = False  # a row's keys are spread over its pairs' chunks
+
     def __init__(self, n, heads, segs, rates, semantics, causal, budget, device):
         self.n, self.heads, self.causal, self.budget = n, heads, causal, budget
         branches: dict[tuple, list[int]] = {}  # (pair index, w, r, offset): the heads using it
@@ -74,6 +76,8 @@ class Blocks:
     of rows where its keys exceed the budget. The blocks of a chunk are those with the same table row (the keys
     are gathered once for all of them: a dilated table repeats each row every r blocks), or, where the keys
     are few, consecutive blocks up to the budget."""
+
+    complete = True  # every key of a row is in the row's one chunk
 
     def __init__(self, n, table, block_size, causal, budget, device):
         self.n, self.b, self.causal, self.device = n, block_size, causal, device
@@ -125,6 +129,8 @@ def _positions(blocks: torch.Tensor, size: int, offsets: torch.Tensor, end: int)
 
 class Window:
     """docs/block-sparse.md, sliding_window: query t attends keys t - left .. t + right (causal: .. t)."""
+
+    complete = True
 
     def __init__(self, n, left, right, causal, budget):
         self.n, self.left = n, left

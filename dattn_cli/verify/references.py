@@ -109,8 +109,9 @@ def _draw(seed: int, shapes: tuple, dtype: str, device: str) -> tuple[torch.Tens
 
 
 def attention_of(p: Problem, compute_dtype: torch.dtype) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """The reference attention of p's pattern: call(q, k, v, is_causal, key_padding_mask=, cu_seqlens=) ->
-    (out, lse), differentiable, computed in `compute_dtype`."""
+    """The reference attention of p's pattern: call(q, k, v, is_causal, key_padding_mask=, cu_seqlens=,
+    upstream=) -> (out, lse), differentiable, computed in `compute_dtype` (upstream: the gradient of out that
+    will be backpropagated, where known)."""
     is_local = uses_local_reference(p)
     options = {"compute_dtype": compute_dtype}
     if is_local:
@@ -127,13 +128,14 @@ def attention_of(p: Problem, compute_dtype: torch.dtype) -> Callable[..., tuple[
         fn = local.block_sparse_local if is_local else dense.block_sparse_reference
         args, extra = (lambda n: pattern.table(n, heads), p.block_size), {}
 
-    def one_document(q, k, v, is_causal, key_padding_mask):
+    def one_document(q, k, v, is_causal, key_padding_mask, **given):
         table_args = (args[0](q.shape[1]), args[1]) if callable(args[0]) else args
-        return fn(q, k, v, *table_args, is_causal, key_padding_mask=key_padding_mask, **extra, **options)
+        return fn(q, k, v, *table_args, is_causal, key_padding_mask=key_padding_mask, **extra, **options, **given)
 
-    def call(q, k, v, is_causal=False, key_padding_mask=None, cu_seqlens=None):
-        if cu_seqlens is None:
-            return one_document(q, k, v, is_causal, key_padding_mask)
+    def call(q, k, v, is_causal=False, key_padding_mask=None, cu_seqlens=None, upstream=None):
+        if cu_seqlens is None:  # the upstream gradient, where known, spares a local reference's recomputation
+            given = {"upstream": upstream} if is_local and upstream is not None else {}
+            return one_document(q, k, v, is_causal, key_padding_mask, **given)
         return attend_documents(lambda *x: one_document(*x[:3], is_causal, x[3]), q, k, v, key_padding_mask, cu_seqlens)
 
     return call
@@ -160,7 +162,7 @@ def reference_outputs(p: Problem, seed: int, compute_dtype: torch.dtype) -> dict
         module.attention = PatternReference(attention)
         return multihead_outputs(module, inputs[0].to(compute_dtype), upstream, p.causal, **documents)
     xs = [x.to(compute_dtype).requires_grad_() for x in inputs]
-    return core_outputs(lambda q, k, v: attention(q, k, v, p.causal, **documents), xs, upstream)
+    return core_outputs(lambda q, k, v: attention(q, k, v, p.causal, upstream=upstream, **documents), xs, upstream)
 
 
 def multihead_module(p: Problem, seed: int) -> torch.nn.Module:

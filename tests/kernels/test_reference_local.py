@@ -11,9 +11,10 @@ from dattn_cli.kernels.reference_layouts import Blocks, Budget
 from dattn_cli.kernels.reference_local import block_sparse_local, dilated_attention_local, sliding_window_local
 
 
-def outputs(fn, q, k, v, upstream, *args, **kw):
+def outputs(fn, q, k, v, upstream, *args, given=False, **kw):
+    """out, lse, dq, dk, dv; given: the upstream gradient passed to fn beforehand as well."""
     xs = [x.clone().requires_grad_() for x in (q, k, v)]
-    out, lse = fn(*xs, *args, **kw)
+    out, lse = fn(*xs, *args, **kw, **({"upstream": upstream} if given else {}))
     return [out.detach(), lse, *torch.autograd.grad(out, xs, upstream.to(out.dtype))]
 
 
@@ -84,15 +85,21 @@ def test_block_table_and_window_local_equal_dense(n, block, causal):
     q, k, v, up = draw(1, n, 4, 2)
     mask = torch.zeros(1, n, dtype=torch.bool)
     mask[0, 3] = True
-    for chunk in (1 << 22, 50):
+    for chunk, given in [(1 << 22, False), (50, False), (1 << 22, True), (50, True)]:  # given: no recomputation
         dense = outputs(block_sparse_reference, q, k, v, up, table, block, causal, key_padding_mask=mask)
         local = outputs(
-            block_sparse_local, q, k, v, up, table, block, causal, key_padding_mask=mask, max_chunk_elements=chunk
+            block_sparse_local,
+            *(q, k, v, up, table, block, causal),
+            key_padding_mask=mask,
+            max_chunk_elements=chunk,
+            given=given,
         )
         assert_same(dense, local)
         for left, right in [(13, 5), (0, 0), (100, 3)]:  # uneven, the diagonal alone, wider than N
             dense = outputs(sliding_window_reference, q, k, v, up, left, right, causal)
-            local = outputs(sliding_window_local, q, k, v, up, left, right, causal, max_chunk_elements=chunk)
+            local = outputs(
+                sliding_window_local, q, k, v, up, left, right, causal, max_chunk_elements=chunk, given=given
+            )
             assert_same(dense, local)
 
 
@@ -155,10 +162,55 @@ def test_blocks_with_like_rows_share_a_chunk_and_equal_dense(causal):
     mask[1, -5:] = True
     dense = outputs(block_sparse_reference, q, k, v, up, table, block, causal, key_padding_mask=mask)
     for chunk in (1 << 22, 2 * 4 * 40, 2 * 4 * 8):  # whole groups, parts of a group, parts of fewer heads
-        got = outputs(
-            block_sparse_local, *(q, k, v, up, table, block, causal), key_padding_mask=mask, max_chunk_elements=chunk
-        )
-        assert_same(dense, got)
+        for given in (False, True):
+            got = outputs(
+                block_sparse_local,
+                *(q, k, v, up, table, block, causal),
+                key_padding_mask=mask,
+                max_chunk_elements=chunk,
+                given=given,
+            )
+            assert_same(dense, got)
     one_block = Budget(2, 4, 2 * 4 * 40 * block)  # budget for one block's rows against the widest row's 40 keys
     layout = Blocks(n, table, block, causal, one_block, q.device)
     assert [g.tolist() for g in layout.groups()] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def test_a_given_upstream_gradient_is_used_once_and_only_for_itself(monkeypatch):
+    """With the upstream gradient given, a complete layout computes the gradients in its forward pass (no
+    recomputing backward runs); a backward with another gradient recomputes and is right for that one; the
+    dilated layout (a row's keys in several chunks) ignores what it is given."""
+    import dattn_cli.kernels.reference_local as local
+
+    q, k, v, up = draw(2, 40, 4, 2)
+    table = torch.rand(5, 5, generator=torch.Generator().manual_seed(3)) < 0.5
+    other = torch.randn(up.shape, generator=torch.Generator().manual_seed(4), dtype=up.dtype)
+    dense = outputs(block_sparse_reference, q, k, v, other, table, 8, True)
+    recomputing = []
+    real = local._accumulate
+    monkeypatch.setattr(local, "_accumulate", lambda *a: recomputing.append(1) or real(*a))
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, _ = block_sparse_local(*xs, table, 8, True, upstream=up, max_chunk_elements=64)
+    torch.autograd.grad(out, xs, up, retain_graph=True)
+    assert not recomputing
+    grads = torch.autograd.grad(out, xs, other)  # not the given gradient: recomputed, and right
+    assert recomputing
+    assert_same(dense, [out.detach(), dense[1], *grads])
+    recomputing.clear()
+    outputs(dilated_attention_local, q, k, v, up, [8, 16], [1, 2], given=True)
+    assert recomputing
+
+
+def test_the_naive_bfloat16_computation_with_its_gradient_given_stays_bfloat16_sized():
+    q, k, v, up = draw(1, 256, 4, 2, dim=32)
+    table = torch.kron(torch.eye(4), torch.ones(2, 2)).bool() | torch.eye(8).roll(1, 1).bool()
+    ref = outputs(block_sparse_reference, q, k, v, up, table, 32)
+    half = [x.bfloat16() for x in (q, k, v, up)]
+    recomputed = outputs(block_sparse_local, *half, table, 32, compute_dtype=torch.bfloat16, max_chunk_elements=4096)
+    given = outputs(
+        block_sparse_local, *half, table, 32, compute_dtype=torch.bfloat16, max_chunk_elements=4096, given=True
+    )
+    for a, b, r in zip(recomputed, given, ref):
+        scale = r.abs().max().item()
+        errors = [(x.double() - r).abs().max().item() / scale for x in (a, b)]
+        assert 0 < errors[1] <= 3 * errors[0] + 1e-3, errors
