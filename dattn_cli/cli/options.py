@@ -115,6 +115,14 @@ OPTIONS: dict[str, Cli] = {
         choices=("adamw", "adam8bit", "sgd", "torch-adamw"),
         default="adamw",
     ),
+    "loss": Cli(
+        "plan --target model: standard (the whole logits; training holds 12 bytes per token and vocabulary entry) "
+        "or chunked (a fused linear cross-entropy, Liger's: one chunk of logits at a time, docs/plan.md).",
+        LAYER,
+        ("plan",),
+        choices=("standard", "chunked"),
+        default="standard",
+    ),
     "model": Cli(
         "Plan a shipped model (implies --target model): its shape and block replace --layers, --embed-dim, --heads, "
         "--kv-heads, --head-dim and --vocab-size; an unknown NAME lists them (docs/plan.md).",

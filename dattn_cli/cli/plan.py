@@ -149,15 +149,16 @@ def _min_model_devices(solve, problem, hw, training):
     return solve.plan(problem, hw, training=training), f"no number of devices fits: {why}"
 
 
-def _training(target: str, devices: int, sequence_parallel: int, zero: int, optimizer: str):
-    """A model's layout and optimizer (plan/parallel.py); the options are refused for other targets."""
+def _training(o: SimpleNamespace):
+    """A model's layout, optimizer and loss (plan/parallel.py); the options are refused for other targets."""
     from ..plan.parallel import Training
 
-    if target != "model":
-        if (sequence_parallel, zero, optimizer) != (1, 0, "adamw"):
-            raise ValueError("--sequence-parallel, --zero and --optimizer apply to --target model")
+    given = dict(sequence_parallel=o.sequence_parallel, zero=o.zero, optimizer=o.optimizer, loss=o.loss)
+    if o.target != "model":
+        if given != dict(sequence_parallel=1, zero=0, optimizer="adamw", loss="standard"):
+            raise ValueError("--sequence-parallel, --zero, --optimizer and --loss apply to --target model")
         return None
-    return Training(devices=devices, sequence_parallel=sequence_parallel, zero=zero, optimizer=optimizer)
+    return Training(devices=o.world_size, **given)
 
 
 def _model_advice(solve, problem, hw, training) -> str:
@@ -211,7 +212,7 @@ def _problem(o: SimpleNamespace):
     named = _named_model(o)
     if o.target == "attention":
         check_ranks([o.impl or DEFAULT_IMPL[o.target]], o.world_size, "--world-size")
-    training = _training(o.target, o.world_size, o.sequence_parallel, o.zero, o.optimizer)
+    training = _training(o)
     if training is not None:
         o.world_size = 1  # training.devices carries the layout
         o.impl = o.impl or ("RingMultiheadDilatedAttention" if o.sequence_parallel > 1 else None)

@@ -238,12 +238,16 @@ class BlockAttention:
         """Whether this call keeps every block's result and combines them in one pass (combine.py)."""
         return self.key_blocks is None and isinstance(self.access, ViewAccess) and combine.applies(x, len(self.blocks))
 
+    def _backend(self, key_pad):
+        """The call's backend and its rule for which gathers may stay views (backends.py)."""
+        backend = BACKENDS[self.backend]
+        return backend, functools.partial(backend.takes_view, masked=key_pad is not None)
+
     def _gathered(self, block: Block, tensors, takes):
         return [self.access.gather(x, block, takes).transpose(1, 2) for x in tensors]
 
     def _forward_combined(self, q, k, v, key_pad, into):
-        backend = BACKENDS[self.backend]
-        takes = functools.partial(backend.takes_view, masked=key_pad is not None)
+        backend, takes = self._backend(key_pad)
         outs, lses = [], []
         for i, block in enumerate(self.blocks):
             qb, kb, vb = self._gathered(block, (q, k, v), takes)
@@ -256,8 +260,7 @@ class BlockAttention:
         return out, lse
 
     def _backward_combined(self, dout, q, k, v, out, lse, key_pad, into):
-        backend = BACKENDS[self.backend]
-        takes = functools.partial(backend.takes_view, masked=key_pad is not None)
+        backend, takes = self._backend(key_pad)
         shares: tuple[list, list, list] = ([], [], [])
         parts = ()
         for i, block in enumerate(self.blocks):
@@ -289,12 +292,11 @@ class BlockAttention:
         return into
 
     def _forward_accumulated(self, q, k, v, key_pad) -> tuple[torch.Tensor, torch.Tensor]:
-        backend = BACKENDS[self.backend]
-        takes = functools.partial(backend.takes_view, masked=key_pad is not None)
+        backend, takes = self._backend(key_pad)
         out = lse = None
         scratch = False
         for i, block in enumerate(self.blocks):
-            qb, kb, vb = (self.access.gather(x, block, takes).transpose(1, 2) for x in (q, k, v))
+            qb, kb, vb = self._gathered(block, (q, k, v), takes)
             block_out, block_lse = backend.forward(qb, kb, vb, self._key_pad(key_pad, block), self._call(i))
             self.access.release(qb, kb, vb)
             block_out, block_lse = block_out.transpose(1, 2), block_lse.transpose(1, 2)
@@ -329,11 +331,10 @@ class BlockAttention:
         return tuple(into)
 
     def _backward_accumulated(self, dout, q, k, v, out, lse, key_pad):
-        backend = BACKENDS[self.backend]
-        takes = functools.partial(backend.takes_view, masked=key_pad is not None)
+        backend, takes = self._backend(key_pad)
         grads: list[tuple[torch.Tensor, bool] | None] = [None, None, None]
         for i, block in enumerate(self.blocks):
-            qb, kb, vb, dob, ob = (self.access.gather(x, block, takes).transpose(1, 2) for x in (q, k, v, dout, out))
+            qb, kb, vb, dob, ob = self._gathered(block, (q, k, v, dout, out), takes)
             lb = self.access.gather(lse, block).transpose(1, 2)
             parts = backend.backward(dob, qb, kb, vb, ob, lb, self._key_pad(key_pad, block), self._call(i))
             self.access.release(qb, kb, vb, dob, ob)

@@ -20,7 +20,7 @@ attention model of plan/memory.py, in the compute dtype.
 The peak is the largest of these phases (the breakdown printed is the peak phase's):
 * forward end / backward start: everything saved, plus (model) the loss: log-softmax output, its gradient
   and the gradient of the logits, 3 x T·V fp32 (12·T·V bytes) — at long N with a large vocabulary this,
-  not attention, is the largest item
+  not attention, is the largest item; plan --loss chunked holds one chunk of the logits instead (plan/loss.py)
 * a block's backward: the first op of the MLP's backward holds the upstream gradient (T·E·p, and its half
   copy), fc2's input gradient T·F·c and weight gradient E·F·c on top of the saved set; with
   checkpointing, the recomputed block's saved set and its output
@@ -44,6 +44,7 @@ from ..workload.architecture import block_parameters_of, end_parameters
 from ..workload.counts import linear_flops, shard_of
 from ..workload.problem import ELEMENT_BYTES, Problem
 from . import decoder
+from .loss import Loss, loss_items
 from .memory import MemoryBreakdown, estimate_memory
 from .profiles import HardwareProfile
 from .time import TimeBreakdown, estimate_time
@@ -166,6 +167,7 @@ def layer_memory(
     device_type: str = "cpu",
     states: ModelStates | None = None,
     sequence_parallel: int = 1,
+    loss: Loss = "standard",
 ) -> LayerMemory:
     """Peak bytes of one bench point of --target layer|model, itemised for the phase that peaks; `states`: the
     weights, gradients and optimizer per device (default: a bench point's), `sequence_parallel`: devices
@@ -192,7 +194,7 @@ def layer_memory(
     if s.architecture is not None:
         common["rotary cos/sin (shared by the blocks)"] = decoder.rotary_tables(s)
 
-    phases = _training_phases(s, common, attention, states) if train else _forward_phases(s, common, attention, states)
+    phases = (_training_phases if train else _forward_phases)(s, common, attention, states, loss)
     peak = max(phases, key=lambda ph: ph.total)
     if device_type == "cpu":
         options = (
@@ -218,7 +220,9 @@ def _kept_for_backward(call: Problem, device_type: str) -> int:
     return 0
 
 
-def _forward_phases(s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates) -> list[_Phase]:
+def _forward_phases(
+    s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates, loss: Loss
+) -> list[_Phase]:
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
     core = sum(
@@ -236,9 +240,8 @@ def _forward_phases(s: Problem, common: dict[str, int], attention: dict[str, int
         )
     ]
     if s.target == "model":
-        half_copy = 4 if c != 4 else 0  # the fp32 copy cross_entropy takes of half logits
-        loss = _Phase("forward (no grad): loss", common).add("final LayerNorm output", tokens * width * c)
-        phases.append(loss.add("logits and log-softmax", tokens * s.vocab_size * (c + 4 + half_copy)))
+        head = _Phase("forward (no grad): loss", common).add("final LayerNorm output", tokens * width * c)
+        phases.append(head.update(loss_items(s, loss, train=False)))
     for phase in phases:
         phase.update(states.forward)
     return phases
@@ -272,7 +275,7 @@ def _kept(s: Problem, phase: _Phase, current: int | None, residual: int, saved: 
     return phase
 
 
-def _loss_phases(s: Problem, common: dict[str, int], states: ModelStates, residual: int, saved: int) -> list[_Phase]:
+def _loss_phases(s: Problem, common: dict, states: ModelStates, residual: int, saved: int, how: Loss) -> list[_Phase]:
     """A model's loss backward (the logits' gradient) and its optimizer step."""
     c = ELEMENT_BYTES[s.compute_dtype]
     tokens, width = s.batch * s.seq_len, s.width
@@ -284,12 +287,11 @@ def _loss_phases(s: Problem, common: dict[str, int], states: ModelStates, residu
     if c != ELEMENT_BYTES[s.dtype]:
         tied = "tied" if s.arch.tie_word_embeddings else "untied"
         loss.add(f"autocast copy of the {tied} head weight", s.vocab_size * width * c)
-    loss.add("log-softmax, its gradient, the logits' gradient (fp32)", 12 * tokens * s.vocab_size)
-    return [loss, _Phase(states.step_name, common).update(states.step)]
+    return [loss.update(loss_items(s, how, train=True)), _Phase(states.step_name, common).update(states.step)]
 
 
 def _training_phases(
-    s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates
+    s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates, loss: Loss
 ) -> list[_Phase]:
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
@@ -298,7 +300,7 @@ def _training_phases(
     model = s.target == "model"
     upstream = residual + (tokens * width * c if c != p else 0)
     mlp_backward = tokens * hidden * c + width * hidden * c if s.architecture is None else decoder.mlp_backward(s)
-    phases = _loss_phases(s, common, states, residual, saved) if model else []
+    phases = _loss_phases(s, common, states, residual, saved, loss) if model else []
     name = "last block's backward (MLP)" if model else "block backward (MLP)"
     block = _kept(s, _Phase(name, common), saved, residual, saved)
     block.update(states.forward).update(states.backward)

@@ -136,7 +136,7 @@ def _chunked_items(s: Problem, chunk: int, x_shard: int, device_type: str) -> di
     part = estimate_memory(one, 0, device_type, chunked=False)
     # combined chunks write out and the gradients straight into the whole call's (chunks.ChunkedAttention)
     blocks = _local_blocks(one, chunk, s.heads)
-    combined = s.documents is None and _combined(one, device_type, blocks)
+    combined = s.documents is None and combined_call(one, device_type, len(blocks))
     written = ("output", "gradients (upstream, dq, dk, dv)") if combined else ()
     for name, value in part.items.items():
         if name not in ("lse", *_input_items(s, x_shard), *written):
@@ -190,7 +190,7 @@ def _dilated_items(t: _Tally, s: Problem, length: int, x_shard: int, device_type
     x_work = s.batch * work_len * heads * s.head_dim * e
     acc_e = accumulator_dtype(getattr(torch, s.dtype)).itemsize
     improved = s.spec.memory_model == "strided"
-    combined = _combined(s, device_type, blocks)
+    combined = combined_call(s, device_type, len(blocks))
     t.add("lse", s.batch * length * s.heads * 4)
     if e != acc_e and not combined:
         t.add("fp32 accumulator", s.batch * work_len * heads * s.head_dim * acc_e)
@@ -239,12 +239,6 @@ def _combined_peak(s: Problem, blocks: list[Block], x_work: int) -> tuple[int, i
         return shares + sum(_block_elems(s.batch, b, 1) for b in blocks) * 4, 0
     stages = [((3 - j) * shares, (2 + j) * x_work) for j in range(3)]
     return max(stages, key=sum)
-
-
-def _combined(s: Problem, device_type: str, blocks: list[Block]) -> bool:
-    """Whether the call's blocks are combined in one pass (kernels/combine.py): the strided-view engine without
-    key blocks from other ranks (the single-device module, also inside head-parallel) where the combine runs."""
-    return combined_call(s, device_type, len(blocks))
 
 
 def combined_call(s: Problem, device_type: str, num_blocks: int) -> bool:

@@ -44,6 +44,7 @@ from .layers import (
     model_parameters,
     recompute_factors,
 )
+from .loss import Loss
 from .memory import framework_bytes
 from .profiles import HardwareProfile
 from .time import TimeBreakdown, estimate_time
@@ -74,6 +75,7 @@ class Training(BaseModel):
     sequence_parallel: int = 1
     zero: Literal[0, 1, 2, 3] = 0
     optimizer: Optimizer = "adamw"
+    loss: Loss = "standard"  # plan/loss.py
 
     @field_validator("devices", "sequence_parallel")
     @classmethod
@@ -100,6 +102,7 @@ class Training(BaseModel):
         return (
             f"{self.devices} devices = dp {self.data_parallel} x sp {self.sequence_parallel}; "
             f"{ZERO_NAMES[self.zero] if self.devices > 1 else 'one device'}; {OPTIMIZERS[self.optimizer][1]}"
+            + ("; chunked loss (no full logits)" if self.loss == "chunked" else "")
         )
 
 
@@ -188,7 +191,7 @@ def model_memory(s: Problem, profile: HardwareProfile, t: Training, device_type:
     """Peak bytes per device of one training step of `s` laid out by `t`, itemised for the peak phase."""
     check_layout(s, t)
     states = model_states(s, t, device_type)
-    return layer_memory(s, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel)
+    return layer_memory(s, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel, t.loss)
 
 
 class Collective(BaseModel):

@@ -22,23 +22,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning") 
 
 
 @pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.delenv(merge_fused.ENV, raising=False)
-
-
-@pytest.fixture
-def launches(monkeypatch):
+def launches(record_launches):
     """The one-pass launches that ran (True) or failed (False)."""
-    ran = []
-    launch = combine._launch
-
-    def counted(*args):
-        ran.append(launch(*args))
-        return ran[-1]
-
-    monkeypatch.setattr(combine, "_launch", counted)
-    return ran
+    return record_launches(combine)
 
 
 def inputs(shape, dtype, seed=0, kv_heads=None, device="cpu"):

@@ -19,24 +19,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning") 
 
 
 @pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.delenv(merge_fused.ENV, raising=False)
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """The number of fused launches that ran."""
-    count = []
-    launch = merge_fused._launch
-
-    def counted(*args):
-        ran = launch(*args)
-        count.extend([1] if ran else [])
-        return ran
-
-    monkeypatch.setattr(merge_fused, "_launch", counted)
-    return count
+def launches(record_launches):
+    """The fused launches that ran (True) or failed (False)."""
+    return record_launches(merge_fused)
 
 
 def _fused_and_torch(case, monkeypatch):
@@ -56,7 +41,7 @@ def _fused_and_torch(case, monkeypatch):
 def test_fused_merge_into_strided_views_matches_torch_and_float64(dtype, interpret, launches, monkeypatch):
     case = strided_case(dtype, seed=2)
     (of, lf, o, l_), (tf, tlf, to, tl_) = _fused_and_torch(case, monkeypatch)
-    assert len(launches) == 1
+    assert launches == [True]
     want_out, want_lse = merge64(*case[2:])
     assert not o.isnan().any() and not l_.isnan().any()
     torch.testing.assert_close(o.double(), want_out, atol=1e-6, rtol=1e-5)
@@ -74,7 +59,7 @@ def test_fused_accumulate_matches_torch(dtype, interpret, launches):
     want_full = acc_full.clone()
     want_full[:, 2::3, 1:4] += value.float()
     accumulate_(acc, value)
-    assert len(launches) == 1
+    assert launches == [True]
     assert torch.equal(acc_full, want_full)
 
 
@@ -117,7 +102,7 @@ def test_improved_forward_backward_fast_path_equals_torch_code(dtype, interpret,
     base = [torch.randn(1, 40, 4, 16, generator=g, dtype=torch.float64) for _ in range(4)]
     xs = [x.to(dtype).requires_grad_() for x in base[:3]]
     fused = _improved(xs, base[3].to(dtype))
-    assert len(launches) >= 6  # forward merges and backward adds of the second pair's blocks
+    assert sum(launches) >= 6  # forward merges and backward adds of the second pair's blocks
     monkeypatch.setenv(merge_fused.ENV, "0")
     plain = _improved(xs, base[3].to(dtype))
     for f, p in zip(fused, plain):
@@ -138,7 +123,7 @@ def test_cuda_kernel_matches_torch(dtype, launches, monkeypatch):
     case = [x.cuda() for x in strided_case(dtype, seed=4)]
     case[2], case[3] = case[0][:, 1::3, ::2], case[1][:, 1::3, ::2]
     (of, lf, o, l_), (tf, tlf, _, _) = _fused_and_torch(case, monkeypatch)
-    assert len(launches) == 1
+    assert launches == [True]
     want_out, want_lse = merge64(*strided_case(dtype, seed=4)[2:])
     torch.testing.assert_close(o.double().cpu(), want_out, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(of, tf, atol=1e-6, rtol=1e-5)
@@ -148,7 +133,7 @@ def test_cuda_kernel_matches_torch(dtype, launches, monkeypatch):
     value = torch.randn(acc.shape, device="cuda").to(dtype)
     want = acc + value.float()
     accumulate_(acc, value)
-    assert len(launches) == 2 and torch.equal(acc, want)
+    assert launches == [True, True] and torch.equal(acc, want)
 
 
 @cuda
@@ -165,7 +150,7 @@ def test_cuda_improved_fast_path_equals_torch_code(dtype, launches, monkeypatch)
         monkeypatch.setenv(merge_fused.ENV, flag)
         out = module(*xs)
         results.append((out, *torch.autograd.grad(out, xs, base[3].to(dtype))))
-    assert launches
+    assert any(launches)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     for f, p in zip(*results):
         torch.testing.assert_close(f.float(), p.float(), atol=tol, rtol=tol)

@@ -1,0 +1,73 @@
+"""The model's loss in the planner (plan/loss.py): the standard loss's whole logits against the chunked loss's one
+chunk, Liger's chunk rule, and `plan --loss`."""
+
+import json
+
+import pytest
+
+from dattn_cli.plan import solve
+from dattn_cli.plan.loss import chunk_rows, loss_items
+from dattn_cli.plan.parallel import Training
+from dattn_cli.plan.profiles import load_profile
+from dattn_cli.workload import Problem
+from dattn_cli.workload.model_presets import load_preset
+from tests.cli.test_verify_env import run_cli
+
+H100 = load_profile("h100-sxm-80gb")
+
+
+def llama(seq_len: int, **overrides) -> Problem:
+    fields = dict(impl="sdpa", target="model", seq_len=seq_len, dtype="bfloat16", mode="fwdbwd", checkpointing=True)
+    return Problem(**{**fields, **load_preset("llama-3.1-8b"), **overrides})
+
+
+def test_chunks_follow_liger_rule():
+    """liger_kernel/ops/fused_linear_cross_entropy.py's own example: BT = 4096 x 4, V = 32000, H = 4096: 2048 rows."""
+    s = Problem(impl="ImprovedMultiheadDilatedAttention", target="model", batch=4, seq_len=4096, embed_dim=4096)
+    s = s.model_copy(update={"vocab_size": 32000})
+    assert chunk_rows(s) == 2048
+    assert chunk_rows(s.model_copy(update={"batch": 1, "seq_len": 100})) == 16  # next power of 2 of ceil(100 / 8)
+    assert chunk_rows(s.model_copy(update={"vocab_size": 1000})) == 16384  # V <= E: one chunk of every row
+
+
+def test_chunked_loss_holds_one_chunk_of_logits_not_all():
+    s = llama(131072)
+    tokens, vocab, width = 131072, 128256, 4096
+    standard, chunked = (sum(loss_items(s, how, train=True).values()) for how in ("standard", "chunked"))
+    assert standard == 12 * tokens * vocab
+    rows = chunk_rows(s)  # ceil(V / E) = 32 chunks of 4096 rows
+    assert rows == 4096
+    assert chunked == rows * vocab * 2 + tokens * width * 2 + vocab * width * 2 + 4 * tokens
+    assert chunked < standard / 10
+
+
+def test_a_long_context_plan_fits_only_with_the_chunked_loss():
+    s = llama(32768)
+    layout = dict(devices=8, zero=3)
+    standard = solve.plan(s, H100, training=Training(**layout))
+    chunked = solve.plan(s, H100, training=Training(**layout, loss="chunked"))
+    assert standard.memory.phase == "loss backward (logits)"  # the logits decide the peak
+    assert chunked.memory.total < standard.memory.total - 30 * 2**30
+    assert chunked.memory.phase != "loss backward (logits)"
+    assert chunked.time.total_s == pytest.approx(standard.time.total_s)  # the same FLOPs: memory only
+
+
+def test_forward_only_holds_one_chunk_too():
+    s = llama(65536, mode="fwd", checkpointing=False)
+    standard = sum(loss_items(s, "standard", train=False).values())
+    chunked = loss_items(s, "chunked", train=False)
+    assert standard == 65536 * 128256 * (2 + 4 + 4)  # half logits, their fp32 copy, log-softmax
+    assert sum(chunked.values()) == chunk_rows(s) * 128256 * 2 + 4 * 65536
+
+
+def test_plan_loss_option(capsys):
+    args = ["plan", "--profile", "h100-sxm-80gb", "--model", "llama-3.1-8b", "--seq-len", "32k", "--dtype", "bfloat16"]
+    code, stdout, err = run_cli([*args, "--mode", "fwdbwd", "--loss", "chunked", "--json", "-"], capsys)
+    assert code == 0, err
+    data = json.loads(stdout)
+    assert data["training"]["loss"] == "chunked"
+    assert not any("log-softmax" in item for item in data["memory"]["items"])
+    code, _, err = run_cli(["plan", "--seq-len", "4096", "--loss", "chunked"], capsys)
+    assert code == 2 and "--loss apply to --target model" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli([*args, "--loss", "tiled"], capsys)
+    assert code == 2 and "--loss" in err and "chunked" in err
