@@ -123,6 +123,14 @@ OPTIONS: dict[str, Cli] = {
         choices=("standard", "chunked"),
         default="standard",
     ),
+    "recompute": Cli(
+        "plan: none, full (each block keeps its input and runs its forward again: --checkpointing) or selective "
+        "(--target model of a --model: torchtitan's op policy, attention and every other matmul output kept).",
+        LAYER,
+        ("plan",),
+        choices=("none", "full", "selective"),
+        **UNSET,
+    ),
     "model": Cli(
         "Plan a shipped model (implies --target model): its shape and block replace --layers, --embed-dim, --heads, "
         "--kv-heads, --head-dim and --vocab-size; an unknown NAME lists them (docs/plan.md).",

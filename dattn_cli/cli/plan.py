@@ -149,16 +149,29 @@ def _min_model_devices(solve, problem, hw, training):
     return solve.plan(problem, hw, training=training), f"no number of devices fits: {why}"
 
 
+def _recompute(o: SimpleNamespace) -> str:
+    """--recompute, with --checkpointing as full (the Problem's checkpointing is the full mode)."""
+    if o.recompute is None:
+        return "full" if o.checkpointing else "none"
+    if o.checkpointing and o.recompute != "full":
+        raise ValueError(f"--checkpointing is --recompute full: drop it or --recompute {o.recompute}")
+    o.checkpointing = o.recompute == "full"
+    return o.recompute
+
+
 def _training(o: SimpleNamespace):
-    """A model's layout, optimizer and loss (plan/parallel.py); the options are refused for other targets."""
+    """A model's layout, optimizer, loss and recompute (plan/parallel.py); refused for other targets."""
     from ..plan.parallel import Training
 
+    recompute = _recompute(o)
     given = dict(sequence_parallel=o.sequence_parallel, zero=o.zero, optimizer=o.optimizer, loss=o.loss)
     if o.target != "model":
-        if given != dict(sequence_parallel=1, zero=0, optimizer="adamw", loss="standard"):
-            raise ValueError("--sequence-parallel, --zero, --optimizer and --loss apply to --target model")
+        if given != dict(sequence_parallel=1, zero=0, optimizer="adamw", loss="standard") or recompute == "selective":
+            raise ValueError(
+                "--sequence-parallel, --zero, --optimizer, --loss and --recompute selective apply to --target model"
+            )
         return None
-    return Training(devices=o.world_size, **given)
+    return Training(devices=o.world_size, recompute=recompute, **given)
 
 
 def _model_advice(solve, problem, hw, training) -> str:
@@ -221,8 +234,10 @@ def _problem(o: SimpleNamespace):
     problem = Problem(**{**values, **(named or {})})
     if training is not None:
         from ..plan.parallel import check_impl
+        from ..plan.recompute import check
 
         check_impl(problem, training)
+        check(problem, training.recompute)
     return problem, training
 
 

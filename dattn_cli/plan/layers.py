@@ -47,6 +47,7 @@ from . import decoder
 from .loss import Loss, loss_items
 from .memory import MemoryBreakdown, estimate_memory
 from .profiles import HardwareProfile
+from .recompute import kept_outputs, recomputed_linear_flops
 from .time import TimeBreakdown, estimate_time
 
 # CPU host only (a CUDA bench reports the caching allocator's figure, which sees neither): first-call
@@ -56,6 +57,18 @@ from .time import TimeBreakdown, estimate_time
 # rows (E=256, N=1K..16K, every option). A term for kernel scratch in proportion to the activations,
 # fitted alongside, came out at 1.4% of them: the model has none.
 CPU_RUNTIME_MIB = {"block": 15, "autocast": 23, "checkpointing": 38, "model": 28}
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How a model's step runs beyond what the Problem says: plan --loss (plan/loss.py) and --recompute selective
+    (plan/recompute.py; --recompute full is the Problem's checkpointing)."""
+
+    loss: Loss = "standard"
+    selective: bool = False
+
+    def recomputing(self, s: Problem) -> bool:
+        return s.checkpointing or self.selective
 
 
 class LayerMemory(MemoryBreakdown):
@@ -167,7 +180,7 @@ def layer_memory(
     device_type: str = "cpu",
     states: ModelStates | None = None,
     sequence_parallel: int = 1,
-    loss: Loss = "standard",
+    options: StepOptions = StepOptions(),
 ) -> LayerMemory:
     """Peak bytes of one bench point of --target layer|model, itemised for the phase that peaks; `states`: the
     weights, gradients and optimizer per device (default: a bench point's), `sequence_parallel`: devices
@@ -194,13 +207,16 @@ def layer_memory(
     if s.architecture is not None:
         common["rotary cos/sin (shared by the blocks)"] = decoder.rotary_tables(s)
 
-    phases = (_training_phases if train else _forward_phases)(s, common, attention, states, loss)
+    phases = (_training_phases if train else _forward_phases)(s, common, attention, states, options)
     peak = max(phases, key=lambda ph: ph.total)
     if device_type == "cpu":
-        options = (
-            ["block"] + ["autocast"] * bool(s.amp) + ["checkpointing"] * (s.checkpointing and train) + ["model"] * model
+        runtime = (
+            ["block"]
+            + ["autocast"] * bool(s.amp)
+            + ["checkpointing"] * (options.recomputing(s) and train)
+            + ["model"] * model
         )
-        peak.add("CPU runtime (" + ", ".join(options) + ")", sum(CPU_RUNTIME_MIB[o] for o in options) * 2**20)
+        peak.add("CPU runtime (" + ", ".join(runtime) + ")", sum(CPU_RUNTIME_MIB[o] for o in runtime) * 2**20)
     if framework_bytes:
         peak.add("framework", framework_bytes)
     return LayerMemory(items=peak.items, total=peak.total, phase=peak.name)
@@ -221,7 +237,7 @@ def _kept_for_backward(call: Problem, device_type: str) -> int:
 
 
 def _forward_phases(
-    s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates, loss: Loss
+    s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates, options: StepOptions
 ) -> list[_Phase]:
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
@@ -241,7 +257,7 @@ def _forward_phases(
     ]
     if s.target == "model":
         head = _Phase("forward (no grad): loss", common).add("final LayerNorm output", tokens * width * c)
-        phases.append(head.update(loss_items(s, loss, train=False)))
+        phases.append(head.update(loss_items(s, options.loss, train=False)))
     for phase in phases:
         phase.update(states.forward)
     return phases
@@ -259,12 +275,16 @@ CORE_BACKWARD_ITEMS = (  # the attention items alive during its backward: the co
 )
 
 
-def _kept(s: Problem, phase: _Phase, current: int | None, residual: int, saved: int) -> _Phase:
+def _kept(s: Problem, phase: _Phase, current: int | None, residual: int, saved: int, options: StepOptions) -> _Phase:
     """The blocks' saved state while block `current` (its saved bytes; None: no block yet) runs its backward:
-    all blocks' saved sets (`saved` each), or with checkpointing their inputs and the recomputed one's."""
-    if s.checkpointing:
+    all blocks' saved sets (`saved` each), or with checkpointing their inputs and the recomputed one's (selective
+    recompute: and each waiting block's kept outputs)."""
+    if options.recomputing(s):
         if s.target == "model":
             phase.add("checkpointed block inputs", s.layers * residual)
+            if options.selective:
+                waiting = s.layers - (current is not None)
+                phase.update({f"{k} (selective, {waiting} blocks)": waiting * v for k, v in kept_outputs(s).items()})
         if current is not None:
             phase.add("recomputed block: saved for backward", current)
     elif current is None:
@@ -275,11 +295,11 @@ def _kept(s: Problem, phase: _Phase, current: int | None, residual: int, saved: 
     return phase
 
 
-def _loss_phases(s: Problem, common: dict, states: ModelStates, residual: int, saved: int, how: Loss) -> list[_Phase]:
+def _loss_phases(s: Problem, common: dict, states: ModelStates, residual: int, saved: int, how: StepOptions):
     """A model's loss backward (the logits' gradient) and its optimizer step."""
     c = ELEMENT_BYTES[s.compute_dtype]
     tokens, width = s.batch * s.seq_len, s.width
-    loss = _kept(s, _Phase("loss backward (logits)", common), None, residual, saved).update(states.forward)
+    loss = _kept(s, _Phase("loss backward (logits)", common), None, residual, saved, how).update(states.forward)
     if s.architecture is None:
         loss.add("final LayerNorm input and output", residual + tokens * width * c)
     else:
@@ -287,11 +307,11 @@ def _loss_phases(s: Problem, common: dict, states: ModelStates, residual: int, s
     if c != ELEMENT_BYTES[s.dtype]:
         tied = "tied" if s.arch.tie_word_embeddings else "untied"
         loss.add(f"autocast copy of the {tied} head weight", s.vocab_size * width * c)
-    return [loss.update(loss_items(s, how, train=True)), _Phase(states.step_name, common).update(states.step)]
+    return [loss.update(loss_items(s, how.loss, train=True)), _Phase(states.step_name, common).update(states.step)]
 
 
 def _training_phases(
-    s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates, loss: Loss
+    s: Problem, common: dict[str, int], attention: dict[str, int], states: ModelStates, options: StepOptions
 ) -> list[_Phase]:
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
@@ -300,9 +320,9 @@ def _training_phases(
     model = s.target == "model"
     upstream = residual + (tokens * width * c if c != p else 0)
     mlp_backward = tokens * hidden * c + width * hidden * c if s.architecture is None else decoder.mlp_backward(s)
-    phases = _loss_phases(s, common, states, residual, saved, loss) if model else []
+    phases = _loss_phases(s, common, states, residual, saved, options) if model else []
     name = "last block's backward (MLP)" if model else "block backward (MLP)"
-    block = _kept(s, _Phase(name, common), saved, residual, saved)
+    block = _kept(s, _Phase(name, common), saved, residual, saved, options)
     block.update(states.forward).update(states.backward)
     block.add("upstream gradient, fc2 input and weight gradients", upstream + mlp_backward)
     phases.append(block)
@@ -312,7 +332,7 @@ def _training_phases(
     attention_half = saved - mlp_half
     core_backward = sum(v for k, v in attention.items() if k in CORE_BACKWARD_ITEMS)
     name = "last block's backward (attention)" if model else "block backward (attention)"
-    att = _kept(s, _Phase(name, common), attention_half, residual, saved)
+    att = _kept(s, _Phase(name, common), attention_half, residual, saved, options)
     att.update(states.forward).update(states.backward)
     packed_qkv = (s.attention_width + 2 * s.kv_head_count * s.head_dim) * tokens * c  # q/k/v projections' gradients
     transients = 2 * residual + packed_qkv + core_backward
@@ -320,9 +340,10 @@ def _training_phases(
     phases.append(att)
     if model:  # the backward's end: every gradient made, only the first block's saved set left
         first = _Phase("first block's backward (attention), every gradient made", common).update(states.forward)
+        recomputing = options.recomputing(s)
         first.add(
-            "recomputed block: saved for backward" if s.checkpointing else "saved for backward (this block)",
-            attention_half + (residual if s.checkpointing else 0),
+            "recomputed block: saved for backward" if recomputing else "saved for backward (this block)",
+            attention_half + (residual if recomputing else 0),
         )
         first.update({k: v for k, v in states.step.items() if "gradients" in k})
         first.update({k: v for k, v in states.backward.items() if not k.startswith("embedding/head gradient")})
@@ -330,11 +351,16 @@ def _training_phases(
     return phases
 
 
-def recompute_factors(s: Problem) -> tuple[float, float]:
+def recompute_factors(s: Problem, selective: bool = False) -> tuple[float, float]:
     """(attention, linear) work executed per unit of useful work: checkpointing runs each block's forward
-    again, +1 of 3.5 for the attention (fwd+bwd = 3.5 x fwd) and +1 of 3 for the linear layers."""
-    if s.checkpointing and s.mode == "fwdbwd":
+    again, +1 of 3.5 for the attention (fwd+bwd = 3.5 x fwd) and +1 of 3 for the linear layers; selective
+    recompute only the matmuls it does not keep (plan/recompute.py)."""
+    if s.mode != "fwdbwd":
+        return 1.0, 1.0
+    if s.checkpointing:
         return 4.5 / 3.5, 4 / 3
+    if selective:
+        return 1.0, 1 + s.layers * recomputed_linear_flops(s) / linear_flops(s)
     return 1.0, 1.0
 
 

@@ -37,6 +37,7 @@ from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
 from .layers import (
     LayerMemory,
     ModelStates,
+    StepOptions,
     attention_call,
     layer_memory,
     linear_seconds,
@@ -47,6 +48,7 @@ from .layers import (
 from .loss import Loss
 from .memory import framework_bytes
 from .profiles import HardwareProfile
+from .recompute import Recompute
 from .time import TimeBreakdown, estimate_time
 
 Optimizer = Literal["adamw", "adam8bit", "sgd", "torch-adamw"]
@@ -76,6 +78,7 @@ class Training(BaseModel):
     zero: Literal[0, 1, 2, 3] = 0
     optimizer: Optimizer = "adamw"
     loss: Loss = "standard"  # plan/loss.py
+    recompute: Recompute = "none"  # full: the Problem's checkpointing (plan/recompute.py)
 
     @field_validator("devices", "sequence_parallel")
     @classmethod
@@ -103,6 +106,7 @@ class Training(BaseModel):
             f"{self.devices} devices = dp {self.data_parallel} x sp {self.sequence_parallel}; "
             f"{ZERO_NAMES[self.zero] if self.devices > 1 else 'one device'}; {OPTIMIZERS[self.optimizer][1]}"
             + ("; chunked loss (no full logits)" if self.loss == "chunked" else "")
+            + ("; selective recompute (matmul and attention outputs kept)" if self.recompute == "selective" else "")
         )
 
 
@@ -191,7 +195,8 @@ def model_memory(s: Problem, profile: HardwareProfile, t: Training, device_type:
     """Peak bytes per device of one training step of `s` laid out by `t`, itemised for the peak phase."""
     check_layout(s, t)
     states = model_states(s, t, device_type)
-    return layer_memory(s, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel, t.loss)
+    options = StepOptions(loss=t.loss, selective=t.recompute == "selective")
+    return layer_memory(s, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel, options)
 
 
 class Collective(BaseModel):
@@ -291,7 +296,7 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
     sp = t.sequence_parallel
     call, local = attention_call(s, sp), local_part(s, sp)
     attention = estimate_time(call, profile)
-    recompute_attention, recompute_linear = recompute_factors(s)
+    recompute_attention, recompute_linear = recompute_factors(s, t.recompute == "selective")
     attention_compute = (attention.compute_s + attention.memory_s) * s.layers * recompute_attention
     sp_exposed = max(0.0, attention.total_s - attention.compute_s - attention.memory_s) * s.layers * recompute_attention
     linear_s = linear_seconds(s, profile, linear_flops(local) * recompute_linear)

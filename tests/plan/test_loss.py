@@ -68,6 +68,10 @@ def test_plan_loss_option(capsys):
     assert data["training"]["loss"] == "chunked"
     assert not any("log-softmax" in item for item in data["memory"]["items"])
     code, _, err = run_cli(["plan", "--seq-len", "4096", "--loss", "chunked"], capsys)
-    assert code == 2 and "--loss apply to --target model" in err and len(err.strip().splitlines()) == 1
+    assert (
+        code == 2
+        and "--loss and --recompute selective apply to --target model" in err
+        and len(err.strip().splitlines()) == 1
+    )
     code, _, err = run_cli([*args, "--loss", "tiled"], capsys)
     assert code == 2 and "--loss" in err and "chunked" in err
