@@ -131,6 +131,13 @@ OPTIONS: dict[str, Cli] = {
         choices=("none", "full", "selective"),
         **UNSET,
     ),
+    "tiled_mlp": Cli(
+        "plan --model/--model-config: ALST's tiled MLP (the MLP in ceil(N / E) sequence shards, recomputed shard by "
+        "shard in the backward: it keeps only its input).",
+        LAYER,
+        ("plan",),
+        **FLAG,
+    ),
     "model": Cli(
         "Plan a shipped model (implies --target model): its shape and block replace --layers, --embed-dim, --heads, "
         "--kv-heads, --head-dim and --vocab-size; an unknown NAME lists them (docs/plan.md).",

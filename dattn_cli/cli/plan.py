@@ -196,6 +196,8 @@ def _lengths(values: dict, devices: int, max_seq: bool, min_devices: bool) -> di
 def _named_model(o: SimpleNamespace) -> dict | None:
     """The Problem fields of --model or --model-config (workload/model_presets.py), or None; sets the target."""
     if o.model is None and o.model_config is None:
+        if o.tiled_mlp:
+            raise ValueError("--tiled-mlp tiles a named model's MLP: give --model or --model-config")
         o.target = o.target or "attention"
         return None
     if o.model is not None and o.model_config is not None:
@@ -215,6 +217,8 @@ def _named_model(o: SimpleNamespace) -> dict | None:
             "core --impl (e.g. RingDilatedAttention) with its --segments and --dilations"
         )
     o.impl = o.impl or "sdpa"  # the dense baseline (kernels/registry.py); --kernel picks its efficiency curve
+    if o.tiled_mlp:
+        fields["architecture"] = fields["architecture"].model_copy(update={"tiled_mlp": True})
     return fields
 
 

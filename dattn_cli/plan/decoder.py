@@ -19,6 +19,10 @@ sdpa attention), and checked to the byte against LlamaDecoderLayer, MistralDecod
   plain GELU, fc1's output and GELU's, 2·T·F·c.
 * under autocast, the half copies of the linear weights (block_matmul_parameters x c).
 * rotary cos and sin, 2·N·D·p, once per model (every block reads the same tables).
+With `--tiled-mlp` (ALST's TiledMLP, DeepSpeed's `runtime/sequence_parallel/ulysses_sp.py`: the MLP in
+S = ceil(N / E) sequence shards, "num_shards = math.ceil(seqlen / hidden)" in its example) the MLP keeps only its
+input (the norm's output, already counted: one consumer), and its backward holds the input's gradient T·E·c, made
+whole, and one shard's recomputed MLP tensors and backward transients; the MLP's forward runs twice.
 """
 
 from __future__ import annotations
@@ -40,13 +44,22 @@ def norm_saved(s: Problem, consumers: int = 1) -> int:
 
 
 def _block_norms(s: Problem) -> tuple[int, int]:
-    """(the attention's norm, the MLP's norm): q, k and v read the first, gate and up (or fc1) the second."""
-    return norm_saved(s, 3), norm_saved(s, 2 if s.arch.gated else 1)
+    """(the attention's norm, the MLP's norm): q, k and v read the first, gate and up (or fc1) the second (a tiled
+    MLP reads it once)."""
+    return norm_saved(s, 3), norm_saved(s, 2 if s.arch.gated and not s.arch.tiled_mlp else 1)
 
 
-def mlp_saved(s: Problem) -> int:
+def mlp_shards(s: Problem) -> int:
+    """The tiled MLP's sequence shards, ceil(N / E) (module docstring); 1 untiled."""
+    return -(-s.seq_len // s.width) if s.arch.tiled_mlp else 1
+
+
+def mlp_saved(s: Problem, rows: int | None = None) -> int:
+    """The MLP's own saved tensors for `rows` tokens (default all; a tiled MLP keeps none, its input is the norm's)."""
+    if rows is None and s.arch.tiled_mlp:
+        return 0
     c = ELEMENT_BYTES[s.compute_dtype]
-    return (4 if s.arch.gated else 2) * s.batch * s.seq_len * s.hidden * c
+    return (4 if s.arch.gated else 2) * (s.batch * s.seq_len if rows is None else rows) * s.hidden * c
 
 
 def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
@@ -71,11 +84,24 @@ def mlp_half(s: Problem) -> int:
 
 def mlp_backward(s: Problem) -> int:
     """Transients of the MLP's backward beyond the upstream gradient: down's input and weight gradients, and for a
-    gated MLP the product's backward, which holds its upstream gradient and the gradients of both factors."""
-    c = ELEMENT_BYTES[s.compute_dtype]
-    tokens, hidden = s.batch * s.seq_len, s.hidden
-    down = tokens * hidden * c + s.width * hidden * c
-    return max(down, 2 * tokens * hidden * c) if s.arch.gated else down
+    gated MLP the product's backward, which holds its upstream gradient and the gradients of both factors. Tiled:
+    the input's gradient, and one shard's recomputed tensors and these transients."""
+    c, tokens = ELEMENT_BYTES[s.compute_dtype], s.batch * s.seq_len
+    if s.arch.tiled_mlp:
+        rows = -(-tokens // mlp_shards(s))
+        return tokens * s.width * c + mlp_saved(s, rows) + _mlp_transients(s, rows)
+    return _mlp_transients(s, tokens)
+
+
+def _mlp_transients(s: Problem, rows: int) -> int:
+    c, hidden = ELEMENT_BYTES[s.compute_dtype], s.hidden
+    down = rows * hidden * c + s.width * hidden * c
+    return max(down, 2 * rows * hidden * c) if s.arch.gated else down
+
+
+def mlp_forward_flops(s: Problem) -> float:
+    """One block's MLP forward FLOPs, 2·T·(its weights): what a tiled MLP runs again in the backward."""
+    return 2.0 * s.batch * s.seq_len * (3 if s.arch.gated else 2) * s.width * s.hidden
 
 
 def rotary_tables(s: Problem) -> int:

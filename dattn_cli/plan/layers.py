@@ -50,12 +50,11 @@ from .profiles import HardwareProfile
 from .recompute import kept_outputs, recomputed_linear_flops
 from .time import TimeBreakdown, estimate_time
 
-# CPU host only (a CUDA bench reports the caching allocator's figure, which sees neither): first-call
-# runtime costs beyond the profile's framework figures, MiB: the block's kernels (LayerNorm, GELU,
-# matmuls), autocast's, the first non-reentrant checkpoint, a model's embedding/loss/AdamW code. Fitted
-# on this project's CPU host (torch 2.13, glibc, bench's RSS method) by benchmarks/layer_fit.py over 36
-# rows (E=256, N=1K..16K, every option). A term for kernel scratch in proportion to the activations,
-# fitted alongside, came out at 1.4% of them: the model has none.
+# CPU host only (a CUDA bench reports the caching allocator's figure, which sees neither): first-call runtime
+# costs beyond the profile's framework figures, MiB: the block's kernels (LayerNorm, GELU, matmuls), autocast's,
+# the first non-reentrant checkpoint, a model's embedding/loss/AdamW code. Fitted on this project's CPU host (torch
+# 2.13, glibc, bench's RSS method) by benchmarks/layer_fit.py over 36 rows (E=256, N=1K..16K, every option); a
+# kernel-scratch term in proportion to the activations, fitted alongside, came out at 1.4% of them: none here.
 CPU_RUNTIME_MIB = {"block": 15, "autocast": 23, "checkpointing": 38, "model": 28}
 
 
@@ -354,14 +353,15 @@ def _training_phases(
 def recompute_factors(s: Problem, selective: bool = False) -> tuple[float, float]:
     """(attention, linear) work executed per unit of useful work: checkpointing runs each block's forward
     again, +1 of 3.5 for the attention (fwd+bwd = 3.5 x fwd) and +1 of 3 for the linear layers; selective
-    recompute only the matmuls it does not keep (plan/recompute.py)."""
+    recompute only the matmuls it does not keep (plan/recompute.py); a tiled MLP its forward (plan/decoder.py)."""
     if s.mode != "fwdbwd":
         return 1.0, 1.0
+    tiled = s.layers * decoder.mlp_forward_flops(s) / linear_flops(s) if s.arch.tiled_mlp else 0.0
     if s.checkpointing:
-        return 4.5 / 3.5, 4 / 3
+        return 4.5 / 3.5, 4 / 3 + tiled
     if selective:
-        return 1.0, 1 + s.layers * recomputed_linear_flops(s) / linear_flops(s)
-    return 1.0, 1.0
+        return 1.0, 1 + s.layers * recomputed_linear_flops(s) / linear_flops(s) + tiled
+    return 1.0, 1.0 + tiled
 
 
 def matmul_key(s: Problem) -> str:

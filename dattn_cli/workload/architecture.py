@@ -45,6 +45,9 @@ class Architecture(BaseModel):
     tie_word_embeddings: bool = False
     attention_bias: Literal["none", "qkv", "qkvo"] = "none"  # which of the q, k, v, o projections have a bias
     mlp_bias: bool = False
+    # plan --tiled-mlp: ALST's TiledMLP (DeepSpeed's ulysses_sp.TiledMLP), the MLP run in sequence shards and
+    # recomputed shard by shard in the backward (plan/decoder.py)
+    tiled_mlp: bool = False
 
     @field_validator("intermediate_size")
     @classmethod

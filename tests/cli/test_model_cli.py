@@ -59,3 +59,17 @@ def test_a_refused_config_names_the_field(tmp_path, capsys):
     path.write_text(json.dumps({"model_type": "mixtral", "num_local_experts": 8}))
     code, _, err = run_cli([*PLAN, "--model-config", str(path)], capsys)
     assert code == 2 and "model_type" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_plan_a_tiled_mlp(capsys):
+    args = [*PLAN, "--model", "llama-3.1-8b", "--mode", "fwdbwd", "--seq-len", "128k", "--devices", "8", "--zero", "3"]
+    code, stdout, err = run_cli([*args, "--tiled-mlp", "--json", "-"], capsys)
+    assert code == 0, err
+    tiled = json.loads(stdout)
+    assert tiled["problem"]["architecture"]["tiled_mlp"]
+    code, stdout, err = run_cli([*args, "--json", "-"], capsys)
+    untiled = json.loads(stdout)
+    assert tiled["memory"]["total"] < untiled["memory"]["total"]
+    assert tiled["time"]["total_s"] > untiled["time"]["total_s"]  # the MLP's forward runs twice
+    code, _, err = run_cli(["plan", "--seq-len", "4096", "--tiled-mlp"], capsys)
+    assert code == 2 and "--model or --model-config" in err and len(err.strip().splitlines()) == 1, err

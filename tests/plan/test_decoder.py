@@ -168,3 +168,58 @@ def test_model_step_matches_live_tensor_bytes(family, dtype):
     assert model_parameters(s) == params
     predicted = layer_memory(s, 0, "cuda")
     assert abs(predicted.total - measured) <= 0.10 * measured, (predicted.phase, predicted.total, measured)
+
+
+class TiledMLP(torch.autograd.Function):
+    """DeepSpeed's TiledMLP (runtime/sequence_parallel/ulysses_sp.py, ALST), as its docstring patches LlamaMLP: the
+    MLP in sequence shards under no_grad, only its input saved; the backward recomputes and backpropagates shard by
+    shard into the input's gradient, made whole."""
+
+    @staticmethod
+    def forward(ctx, fn, module, x, shards):
+        ctx.fn, ctx.module, ctx.shards = fn, module, shards
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return torch.cat([fn(module, part) for part in torch.chunk(x, shards, dim=-2)], dim=-2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        x = x.detach().view(-1, x.shape[-1])
+        grad = grad.reshape(-1, x.shape[-1])
+        x_grad = torch.zeros_like(x)
+        step = -(-x.shape[0] // ctx.shards)
+        for offset in range(0, x.shape[0], step):
+            part = x[offset : offset + step].requires_grad_()
+            with torch.enable_grad():
+                out = ctx.fn(ctx.module, part)
+            torch.autograd.backward(out, grad[offset : offset + step])
+            x_grad[offset : offset + step] = part.grad
+        return None, None, x_grad.view(ctx.saved_tensors[0].shape), None
+
+
+def tiled_forward(self, x):
+    shards = -(-x.shape[1] // x.shape[-1])  # DeepSpeed's example: ceil(seqlen / hidden)
+    mlp = lambda module, part: module.down_proj(module.act_fn(module.gate_proj(part)) * module.up_proj(part))
+    return TiledMLP.apply(mlp, self, x, shards)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_tiled_mlp_keeps_its_input_only_and_its_peak_is_predicted(dtype, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    monkeypatch.setattr(modeling_llama.LlamaMLP, "forward", tiled_forward)
+    s = problem("llama", 2, dtype)
+    s = s.model_copy(update={"architecture": s.architecture.model_copy(update={"tiled_mlp": True})})
+    assert decoder.mlp_shards(s) == 2  # N = 512 over E = 256
+    attention = estimate_memory(s.attention_problem(), 0, "cuda").items
+    assert sum(decoder.block_saved_bytes(s, attention).values()) == saved_bytes(
+        "llama", 2, getattr(torch, dtype), False
+    )
+    untiled = problem("llama", 2, dtype)
+    assert sum(decoder.block_saved_bytes(s, attention).values()) < sum(
+        decoder.block_saved_bytes(untiled, attention).values()
+    )
+    predicted = layer_memory(s, 0, "cuda")
+    measured = layer_peak("llama", 2, getattr(torch, dtype), False, False)
+    assert abs(predicted.total - measured) <= 0.10 * measured, (predicted.phase, predicted.total, measured)
