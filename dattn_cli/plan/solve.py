@@ -13,7 +13,7 @@ from ..workload.counts import FWD_BWD_FACTOR, shard_of, spanning_pairs
 from ..workload.parse import MAX_SEQ_LEN
 from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
 from .layers import attention_call, estimate_layer_time, layer_memory
-from .memory import MemoryBreakdown, estimate_memory, framework_bytes
+from .memory import MemoryBreakdown, estimate_memory, framework_bytes, reserved_bytes
 from .parallel import Training, model_memory, model_time
 from .profiles import HardwareProfile, load_profile
 from .time import TimeBreakdown, compute_efficiency, estimate_time
@@ -34,6 +34,8 @@ class Plan(BaseModel):
     reason: str
     shard_len: int | None = None  # distributed: positions per device, N padded to devices x shard_len
     training: Training | None = None  # a whole model's layout over devices and its optimizer (plan/parallel.py)
+    # what a GPU would report reserved at the peak (plan/memory.py ALLOCATOR_MARGIN); `fits` judges memory.total
+    reserved_bytes: int | None = None
 
 
 class SeqSearch(BaseModel):
@@ -181,6 +183,7 @@ def _built(
         reason=reason,
         shard_len=shard,
         training=training,
+        reserved_bytes=reserved_bytes(memory, profile) if memory is not None else None,
     )
 
 

@@ -254,3 +254,17 @@ def test_cli_7b_on_one_gpu_says_no_n_fits_and_fails_if_asked(capsys):
     assert room["free_bytes"] < 0 and room["largest_seq_len"] is None and room["largest_batch"] is None
     code, out, _ = run_cli([*args, "--fail-if-infeasible"], capsys)
     assert code == 1 and "no N fits at batch 1" in out.replace("\n", " ").replace("│", " ")
+
+
+def test_a_gpu_plan_states_its_reserved_peak_and_fits_on_allocated(capsys):
+    from dattn_cli.plan.memory import ALLOCATOR_MARGIN
+
+    p = solve.plan(RING.model_copy(update={"world_size": 4}), H100)
+    framework = p.memory.items["framework"]
+    assert p.reserved_bytes == int(framework + (p.memory.total - framework) * (1 + ALLOCATOR_MARGIN))
+    assert p.fits == (p.memory.total <= p.capacity_bytes)  # the margin is reported, not judged
+    assert solve.plan(Problem(seq_len=4096), load_profile("cpu-host")).reserved_bytes is None
+    code, stdout, err = run_cli(["plan", "--profile", "h100-sxm-80gb", "--seq-len", "64k", "--json", "-"], capsys)
+    assert code == 0 and json.loads(stdout)["reserved_bytes"] > json.loads(stdout)["memory"]["total"], err
+    code, stdout, _ = run_cli(["plan", "--profile", "h100-sxm-80gb", "--seq-len", "64k"], capsys)
+    assert "reserved at the peak (allocator margin 10%, stated)" in stdout

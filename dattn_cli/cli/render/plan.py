@@ -120,6 +120,12 @@ def plan_table(result: Plan, solved: str | None, advice: str, room: Headroom | N
         "[bold]peak memory[/]" + (f" (during: {phase})" if phase else ""),
         f"[bold]{size(result.memory.total)}[/] of {size(result.capacity_bytes)}",
     )
+    if result.reserved_bytes is not None:
+        from ...plan.memory import ALLOCATOR_MARGIN
+
+        table.add_row(
+            f"reserved at the peak (allocator margin {ALLOCATOR_MARGIN:.0%}, stated)", size(result.reserved_bytes)
+        )
     if result.time is not None:
         _time_rows(table, result)
     table.add_section()
