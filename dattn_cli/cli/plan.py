@@ -236,12 +236,13 @@ def _problem(o: SimpleNamespace):
     o.impl = o.impl or DEFAULT_IMPL[o.target]
     values = _lengths(model_values("plan", vars(o), Problem), o.world_size, o.max_seq, o.min_devices)
     problem = Problem(**{**values, **(named or {})})
+    from ..plan.recompute import check
+
+    check(problem, training.recompute if training else ("full" if problem.checkpointing else "none"))
     if training is not None:
         from ..plan.parallel import check_impl
-        from ..plan.recompute import check
 
         check_impl(problem, training)
-        check(problem, training.recompute)
     return problem, training
 
 

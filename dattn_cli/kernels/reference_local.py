@@ -134,8 +134,9 @@ class _LocalAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        if ctx.given is not None and torch.equal(dout, ctx.given[0].to(dout.dtype)):
-            return *ctx.given[1], None, None, None, None
+        given, ctx.given = ctx.given, None  # used once: a second backward (retain_graph) recomputes
+        if given is not None and torch.equal(dout, given[0].to(dout.dtype)):
+            return *given[1], None, None, None, None
         q, k, v, out, lse, key_mask = ctx.saved_tensors
         acc = out.dtype
         dq, dk, dv = (torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q, k, v))
@@ -304,7 +305,8 @@ def dilated_attention_local(
     """`reference.dilated_attention_reference`, block-local: (out in q's dtype, lse float32), differentiable;
     cu_seqlens: packed documents, each attended on its own. upstream: the gradient of out the caller will
     backpropagate, where known (a complete layout, each row's keys in one chunk, then computes the gradients
-    in its forward pass, without recomputation; a backward with any other gradient recomputes)."""
+    in its forward pass, without recomputation; a backward with any other gradient recomputes; the dilated
+    layout, whose rows span several chunks, ignores it)."""
     segs, rates = _check_pattern(segment_lengths, dilation_rates, semantics, q.shape[2] if q.dim() == 4 else 0)
     layout = lambda n, h, rows: Dilated(n, h, segs, rates, semantics, is_causal, rows, q.device)
     return _attend(q, k, v, layout, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens, upstream)

@@ -10,7 +10,7 @@ vocabulary, c the bytes of the compute dtype, p of the weight dtype.
   ("Bound transient logits to C x BT x H", liger_kernel/ops/fused_linear_cross_entropy.py), and the gradient is
   made in the forward, in place of the chunk's logits. Training holds one chunk's logits C·V·c, the hidden states'
   gradient T·E·c and the head weight's gradient V·E·p, summed over the chunks, and the per-token loss T·4. Forward
-  only: one chunk's logits and the per-token loss.
+  only: one chunk's logits, the hidden-state gradient (Liger allocates it in every mode) and the per-token loss.
 The head's FLOPs are the same either way (2·T·E·V forward, twice that backward): only memory changes.
 """
 
@@ -38,9 +38,12 @@ def loss_items(s: Problem, loss: Loss, train: bool) -> dict[str, int]:
         if train:
             return {"log-softmax, its gradient, the logits' gradient (fp32)": 12 * tokens * vocab}
         return {"logits and log-softmax": tokens * vocab * (c + 4 + (4 if c != 4 else 0))}
-    items = {f"chunked loss: one chunk's logits ({chunk_rows(s):,} rows)": chunk_rows(s) * vocab * c}
+    items = {
+        f"chunked loss: one chunk's logits ({chunk_rows(s):,} rows)": chunk_rows(s) * vocab * c,
+        # Liger allocates it whatever the mode ("grad_input = torch.zeros_like(_input)")
+        "chunked loss: hidden-state gradient (made in the forward)": tokens * s.width * c,
+    }
     if train:
-        items["chunked loss: hidden-state gradient (made in the forward)"] = tokens * s.width * c
         items["chunked loss: head weight gradient"] = vocab * s.width * p
     items["chunked loss: per-token loss"] = 4 * tokens
     return items

@@ -277,9 +277,9 @@ def reference_items(s: Problem) -> dict[str, int]:
 # Reserved over allocated on a GPU: torch's caching allocator rounds each block up (512-byte blocks, 2 MiB
 # segments for large ones) and holds freed blocks it cannot hand to a larger request, and published peaks are mostly
 # torch.cuda.max_memory_reserved or nvidia-smi readings. A stated margin on the tensor bytes (the framework item
-# already holds the context): 10%. Basis: `dattn profile` on the H200 (benchmarks/gpu/h200_run2/profile_cuda.json),
-# reserved 1.11x and 1.15x the allocated peak with and without its caches. Not fitted: issue 29's validation
-# (part C) fits it on rows it names.
+# already holds the context): 10%, a floor below the one measurement there is, `dattn profile` on the H200
+# (benchmarks/gpu/h200_run2/profile_cuda.json, a 1.2 GB run): reserved 1.11x and 1.15x the allocated peak with and
+# without its caches. Not fitted: issue 29's validation (part C) fits it on rows it names.
 ALLOCATOR_MARGIN = 0.10
 
 

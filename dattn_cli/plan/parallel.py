@@ -48,7 +48,7 @@ from .layers import (
 from .loss import Loss
 from .memory import framework_bytes
 from .profiles import HardwareProfile
-from .recompute import Recompute
+from .recompute import Recompute, check as check_recompute
 from .time import TimeBreakdown, estimate_time
 
 Optimizer = Literal["adamw", "adam8bit", "sgd", "torch-adamw"]
@@ -194,6 +194,7 @@ def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelSta
 def model_memory(s: Problem, profile: HardwareProfile, t: Training, device_type: str) -> LayerMemory:
     """Peak bytes per device of one training step of `s` laid out by `t`, itemised for the peak phase."""
     check_layout(s, t)
+    check_recompute(s, t.recompute)
     states = model_states(s, t, device_type)
     options = StepOptions(loss=t.loss, selective=t.recompute == "selective")
     return layer_memory(s, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel, options)

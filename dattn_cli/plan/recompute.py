@@ -67,9 +67,23 @@ def recomputed_linear_flops(s: Problem) -> float:
 
 
 def check(s: Problem, recompute: Recompute) -> None:
-    """--recompute selective needs a named architecture's block (bad input otherwise: one line, exit 2)."""
+    """The recompute mode agrees with the Problem (full is its checkpointing); selective needs a named
+    architecture's block, not tiled; a tiled MLP is modelled without autocast (bad input: one line, exit 2)."""
+    if (recompute == "full") != s.checkpointing:
+        raise ValueError(
+            f"--recompute {recompute} and checkpointing={s.checkpointing} disagree: full is --checkpointing"
+        )
     if recompute == "selective" and s.architecture is None:
         raise ValueError(
             "--recompute selective keeps matmul and attention-kernel outputs of a named model's block (--model or "
             "--model-config); dattn's LongNet block has neither: use --recompute full"
+        )
+    if recompute == "selective" and s.arch.tiled_mlp:
+        raise ValueError(
+            "--recompute selective with --tiled-mlp is not modelled (the tiles change which matmuls it keeps): drop one"
+        )
+    if s.arch.tiled_mlp and s.amp:
+        raise ValueError(
+            "--tiled-mlp with --amp is not modelled (the tiled backward runs outside autocast, in the "
+            "weights' dtype): give --dtype bfloat16 without --amp, or drop --tiled-mlp"
         )

@@ -133,8 +133,10 @@ def attention_of(p: Problem, compute_dtype: torch.dtype) -> Callable[..., tuple[
         return fn(q, k, v, *table_args, is_causal, key_padding_mask=key_padding_mask, **extra, **options, **given)
 
     def call(q, k, v, is_causal=False, key_padding_mask=None, cu_seqlens=None, upstream=None):
-        if cu_seqlens is None:  # the upstream gradient, where known, spares a local reference's recomputation
-            given = {"upstream": upstream} if is_local and upstream is not None else {}
+        if cu_seqlens is None:  # the upstream gradient, where known, spares a float64 local reference's
+            # recomputation (not the naive computation's: its error, the tolerance's basis, stays the recomputing one's)
+            exact = compute_dtype == torch.float64
+            given = {"upstream": upstream} if is_local and exact and upstream is not None else {}
             return one_document(q, k, v, is_causal, key_padding_mask, **given)
         return attend_documents(lambda *x: one_document(*x[:3], is_causal, x[3]), q, k, v, key_padding_mask, cu_seqlens)
 

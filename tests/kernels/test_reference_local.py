@@ -2,9 +2,13 @@
 gradients: w > N, w % r != 0, causal, head_groups, GQA/MQA, packed documents, key padding, ragged N, chunks
 much smaller than a segment; and the naive half computation stays as close to float64 as the dense one."""
 
+import contextlib
+from unittest import mock
+
 import pytest
 import torch
 
+from dattn_cli.kernels import reference_local
 from dattn_cli.kernels.documents import offsets
 from dattn_cli.kernels.reference import block_sparse_reference, dilated_attention_reference, sliding_window_reference
 from dattn_cli.kernels.reference_layouts import Blocks, Budget
@@ -12,10 +16,12 @@ from dattn_cli.kernels.reference_local import block_sparse_local, dilated_attent
 
 
 def outputs(fn, q, k, v, upstream, *args, given=False, **kw):
-    """out, lse, dq, dk, dv; given: the upstream gradient passed to fn beforehand as well."""
+    """out, lse, dq, dk, dv; given: the upstream gradient passed to fn beforehand as well, and no chunk recomputed."""
     xs = [x.clone().requires_grad_() for x in (q, k, v)]
-    out, lse = fn(*xs, *args, **kw, **({"upstream": upstream} if given else {}))
-    return [out.detach(), lse, *torch.autograd.grad(out, xs, upstream.to(out.dtype))]
+    recomputing = mock.patch.object(reference_local, "_accumulate", side_effect=AssertionError("recomputed"))
+    with recomputing if given else contextlib.nullcontext():
+        out, lse = fn(*xs, *args, **kw, **({"upstream": upstream} if given else {}))
+        return [out.detach(), lse, *torch.autograd.grad(out, xs, upstream.to(out.dtype))]
 
 
 def assert_same(a, b, tol=1e-12):
@@ -191,14 +197,19 @@ def test_a_given_upstream_gradient_is_used_once_and_only_for_itself(monkeypatch)
     monkeypatch.setattr(local, "_accumulate", lambda *a: recomputing.append(1) or real(*a))
     xs = [x.clone().requires_grad_() for x in (q, k, v)]
     out, _ = block_sparse_local(*xs, table, 8, True, upstream=up, max_chunk_elements=64)
-    torch.autograd.grad(out, xs, up, retain_graph=True)
+    first = torch.autograd.grad(out, xs, up, retain_graph=True)
     assert not recomputing
-    grads = torch.autograd.grad(out, xs, other)  # not the given gradient: recomputed, and right
+    grads = torch.autograd.grad(out, xs, other, retain_graph=True)  # not the given gradient: recomputed, and right
     assert recomputing
     assert_same(dense, [out.detach(), dense[1], *grads])
     recomputing.clear()
-    outputs(dilated_attention_local, q, k, v, up, [8, 16], [1, 2], given=True)
-    assert recomputing
+    again = torch.autograd.grad(out, xs, up)  # the given gradient once more: recomputed (the first were handed out)
+    assert recomputing and all((a - b).abs().max() < 1e-12 for a, b in zip(first, again))
+    recomputing.clear()
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, _ = dilated_attention_local(*xs, [8, 16], [1, 2], upstream=up)
+    torch.autograd.grad(out, xs, up)
+    assert recomputing  # a row's keys in several chunks: recomputed whatever it is given
 
 
 def test_the_naive_bfloat16_computation_with_its_gradient_given_stays_bfloat16_sized():

@@ -21,17 +21,23 @@ ATTENTION_OPS = {  # torchtitan's _save_list attention kernels, and the CPU one 
 }
 
 
-def torchtitan_policy(kept: list):
+def torchtitan_policy(kept: list, attention: list | None = None):
     """torchtitan's op-level policy as a checkpoint context_fn: per checkpointed call, keep the attention kernels'
     outputs and every other aten.mm's (the 1st, 3rd, ... of the block); `kept` collects the kept mm outputs' bytes
     (rows x columns of its operands)."""
+
+    attention = [] if attention is None else attention
 
     def context_fn():
         meta = {"forward": 0, "recompute": 0}
 
         def policy(ctx, func, *args, **kwargs):
+            if func in ATTENTION_OPS:  # out (B, H, N, D) like q, and the fp32 lse (B, H, N)
+                if not ctx.is_recompute:
+                    attention.append(args[0].numel() * args[0].element_size() + args[0][..., 0].numel() * 4)
+                return CheckpointPolicy.MUST_SAVE
             if func != torch.ops.aten.mm.default:
-                return CheckpointPolicy.MUST_SAVE if func in ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+                return CheckpointPolicy.PREFER_RECOMPUTE
             key = "recompute" if ctx.is_recompute else "forward"
             meta[key] += 1
             if meta[key] % 2 == 0:
@@ -54,10 +60,13 @@ def test_the_kept_matmuls_are_those_torch_keeps(family, kept):
     x = torch.randn(1, N, s.width, dtype=torch.bfloat16, requires_grad=True)
     cos, sin = rotary(x, torch.arange(N)[None])
     recorded: list[int] = []
+    attention: list[int] = []
     torch.utils.checkpoint.checkpoint(
-        layer, x, position_embeddings=(cos, sin), use_reentrant=False, context_fn=torchtitan_policy(recorded)
+        layer, x, position_embeddings=(cos, sin), use_reentrant=False, context_fn=torchtitan_policy(recorded, attention)
     )
-    assert sum(recorded) == next(v for k, v in kept_outputs(s).items() if k.startswith("kept matmul"))
+    items = kept_outputs(s)
+    assert sum(recorded) == next(v for k, v in items.items() if k.startswith("kept matmul"))
+    assert sum(attention) == items["kept attention output and lse"]
 
 
 def model_step_peak(family: str, dtype: torch.dtype, layers: int, context_fn) -> int:
@@ -130,3 +139,19 @@ def test_plan_recompute_option(capsys):
     assert code == 2 and "--model or --model-config" in err, err
     code, _, err = run_cli(["plan", "--seq-len", "4096", "--recompute", "selective"], capsys)
     assert code == 2 and "apply to --target model" in err, err
+    for bad, message in [
+        (["--recompute", "selective", "--tiled-mlp"], "--recompute selective with --tiled-mlp"),
+        (["--tiled-mlp", "--amp", "bf16"], "--tiled-mlp with --amp"),
+    ]:
+        code, _, err = run_cli([*args, *bad], capsys)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_recompute_mode_must_agree_with_the_problem():
+    from dattn_cli.plan.parallel import Training, model_memory
+    from dattn_cli.plan.profiles import load_profile
+
+    s = problem("llama", 2, "bfloat16", target="model", layers=2, vocab_size=512)
+    for problem_, mode in [(s, "full"), (s.model_copy(update={"checkpointing": True}), "selective")]:
+        with pytest.raises(ValueError, match="disagree"):
+            model_memory(problem_, load_profile("h100-sxm-80gb"), Training(recompute=mode), "cuda")

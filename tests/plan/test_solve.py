@@ -262,7 +262,9 @@ def test_a_gpu_plan_states_its_reserved_peak_and_fits_on_allocated(capsys):
     p = solve.plan(RING.model_copy(update={"world_size": 4}), H100)
     framework = p.memory.items["framework"]
     assert p.reserved_bytes == int(framework + (p.memory.total - framework) * (1 + ALLOCATOR_MARGIN))
-    assert p.fits == (p.memory.total <= p.capacity_bytes)  # the margin is reported, not judged
+    tight = H100.model_copy(update={"memory_gib": (p.memory.total + p.reserved_bytes) / 2 / 2**30})
+    p = solve.plan(RING.model_copy(update={"world_size": 4}), tight)  # allocated fits, reserved would not
+    assert p.memory.total <= p.capacity_bytes < p.reserved_bytes and p.fits  # the margin is reported, not judged
     assert solve.plan(Problem(seq_len=4096), load_profile("cpu-host")).reserved_bytes is None
     code, stdout, err = run_cli(["plan", "--profile", "h100-sxm-80gb", "--seq-len", "64k", "--json", "-"], capsys)
     assert code == 0 and json.loads(stdout)["reserved_bytes"] > json.loads(stdout)["memory"]["total"], err
