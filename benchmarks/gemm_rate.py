@@ -1,6 +1,6 @@
 """The host's float64 matmul rate, to date a CPU timing (verify's references run at it):
 
-    python benchmarks/gemm_rate.py
+python benchmarks/gemm_rate.py
 """
 
 import time
