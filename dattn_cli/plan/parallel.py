@@ -78,7 +78,8 @@ class Training(BaseModel):
     zero: Literal[0, 1, 2, 3] = 0
     optimizer: Optimizer = "adamw"
     loss: Loss = "standard"  # plan/loss.py
-    recompute: Recompute = "none"  # full: the Problem's checkpointing (plan/recompute.py)
+    # plan/recompute.py; None: as the Problem's checkpointing says (full or none); given, it must agree with it
+    recompute: Recompute | None = None
 
     @field_validator("devices", "sequence_parallel")
     @classmethod

@@ -66,10 +66,11 @@ def recomputed_linear_flops(s: Problem) -> float:
     return 2.0 * s.batch * s.seq_len * sum(sizes[name] for name in recomputed)
 
 
-def check(s: Problem, recompute: Recompute) -> None:
-    """The recompute mode agrees with the Problem (full is its checkpointing); selective needs a named
-    architecture's block, not tiled; a tiled MLP is modelled without autocast (bad input: one line, exit 2)."""
-    if (recompute == "full") != s.checkpointing:
+def check(s: Problem, recompute: Recompute | None) -> None:
+    """A given recompute mode agrees with the Problem (full is its checkpointing; None: the Problem's); selective
+    needs a named architecture's block, not tiled; a tiled MLP is modelled without autocast (bad input: one line,
+    exit 2)."""
+    if recompute is not None and (recompute == "full") != s.checkpointing:
         raise ValueError(
             f"--recompute {recompute} and checkpointing={s.checkpointing} disagree: full is --checkpointing"
         )
