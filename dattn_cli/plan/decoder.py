@@ -19,7 +19,7 @@ sdpa attention), and checked to the byte against LlamaDecoderLayer, MistralDecod
   plain GELU, fc1's output and GELU's, 2·T·F·c.
 * under autocast, the half copies of the linear weights (block_matmul_parameters x c).
 * rotary cos and sin, 2·N·D·p, once per model (every block reads the same tables).
-With `--tiled-mlp` (ALST's TiledMLP, DeepSpeed's `runtime/sequence_parallel/ulysses_sp.py`: the MLP in
+With `--tiled-mlp` (ALST's TiledMLP, DeepSpeed's module `deepspeed.runtime.sequence_parallel.ulysses_sp`: the MLP in
 S = ceil(N / E) sequence shards, "num_shards = math.ceil(seqlen / hidden)" in its example) the MLP keeps only its
 input (the norm's output, already counted: one consumer), and its backward holds the input's gradient T·E·c, made
 whole, and one shard's recomputed MLP tensors and backward transients; the MLP's forward runs twice.
