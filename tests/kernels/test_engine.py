@@ -47,8 +47,11 @@ def test_views_and_copies_of_dilated_blocks_give_the_same_result(monkeypatch, ba
     # r > 1 blocks reached the kernel as strided views in one run and as contiguous copies in the other
     assert not all(seen["view"]) and seen["view"] != seen["copy"]
     assert sum(seen["copy"]) > sum(seen["view"])
+    # equal up to the BLAS's summation order: MKL takes another kernel for a strided operand on some CPUs
+    # (AMD EPYC: float64 results 4 ulp apart; Intel Xeon: bitwise equal)
+    tol = 16 * torch.finfo(dtype).eps
     for a, b in zip(results["view"], results["copy"]):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("backend, kernel", [("math", "math"), ("sdpa", "cpu-flash"), ("auto", "cpu-flash")])
