@@ -99,6 +99,7 @@ FLAG, PATH, FILE = (
 )
 UNSET = dict(default=None, show_default=False)  # its help says what not giving it means
 UNSET_INT = dict(type=int, **UNSET)
+TEXT = dict(type=str, default=None)
 PCT = dict(type=float, metavar="PCT")  # a percentage
 OPTIONS: dict[str, Cli] = {
     # --- pattern ------------------------------------------------------------------------------------------
@@ -138,14 +139,21 @@ OPTIONS: dict[str, Cli] = {
         ("plan",),
         **FLAG,
     ),
+    "offload": Cli(
+        "plan --target model: kept in host memory, comma-separated: activations (--recompute full), optimizer "
+        "(ZeRO-Offload, --zero >= 1), parameters (ZeRO-Infinity, --zero 3); needs a profile's host section.",
+        LAYER,
+        ("plan",),
+        metavar="KINDS",
+        **TEXT,
+    ),
     "model": Cli(
         "Plan a shipped model (implies --target model): its shape and block replace --layers, --embed-dim, --heads, "
         "--kv-heads, --head-dim and --vocab-size; an unknown NAME lists them (docs/plan.md).",
         LAYER,
         ("plan",),
-        type=str,
         metavar="NAME",
-        default=None,
+        **TEXT,
     ),
     "model_config": Cli(
         "Plan the model of a Hugging Face transformers config.json (llama, mistral, qwen2), as --model does.",
@@ -227,8 +235,7 @@ OPTIONS: dict[str, Cli] = {
         "Memory cap per point, e.g. 2GiB (CPU default: half of available RAM).",
         MEASURE,
         ("bench", "plan"),
-        type=str,
-        default=None,
+        **TEXT,
         forms={
             "plan": dict(
                 help="Memory per device instead of the profile's, e.g. 2GiB (as bench's --max-memory cap).", panel=PLAN

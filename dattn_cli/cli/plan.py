@@ -166,12 +166,16 @@ def _training(o: SimpleNamespace):
     recompute = _recompute(o)
     given = dict(sequence_parallel=o.sequence_parallel, zero=o.zero, optimizer=o.optimizer, loss=o.loss)
     if o.target != "model":
-        if given != dict(sequence_parallel=1, zero=0, optimizer="adamw", loss="standard") or recompute == "selective":
+        unset = dict(sequence_parallel=1, zero=0, optimizer="adamw", loss="standard")
+        if given != unset or recompute == "selective" or o.offload:
             raise ValueError(
-                "--sequence-parallel, --zero, --optimizer, --loss and --recompute selective apply to --target model"
+                "--sequence-parallel, --zero, --optimizer, --loss, --offload and --recompute selective apply to "
+                "--target model"
             )
         return None
-    return Training(devices=o.world_size, recompute=recompute, **given)
+    from ..plan.offload import parse
+
+    return Training(devices=o.world_size, recompute=recompute, offload=parse(o.offload), **given)
 
 
 def _model_advice(solve, problem, hw, training) -> str:
@@ -268,6 +272,10 @@ def plan(**given: Any) -> None:
     if o.check is not None:
         return _check(hw, o.check, o.json_out, o.csv_out)
     problem, training = _problem(o)
+    if training is not None and training.offload:
+        from ..plan.offload import check as check_offload
+
+        check_offload(problem, training.offload, training.zero, hw.host is not None, hw.name)
     if problem.documents is not None and problem.world_size > 1:
         return _documents_only(problem, o.json_out, o.csv_out)
     result, solved = _solve(problem, hw, o.max_seq, o.min_devices, training)

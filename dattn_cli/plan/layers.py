@@ -46,6 +46,7 @@ from ..workload.problem import ELEMENT_BYTES, Problem
 from . import decoder
 from .loss import Loss, loss_items
 from .memory import MemoryBreakdown, estimate_memory
+from .offload import DEVICE_CHECKPOINTS
 from .profiles import HardwareProfile
 from .recompute import kept_outputs, recomputed_linear_flops
 from .time import TimeBreakdown, estimate_time
@@ -65,6 +66,7 @@ class StepOptions:
 
     loss: Loss = "standard"
     selective: bool = False
+    offload_activations: bool = False  # plan/offload.py: the checkpointed inputs in host memory
 
     def recomputing(self, s: Problem) -> bool:
         return s.checkpointing or self.selective
@@ -85,6 +87,7 @@ class ModelStates:
     backward: dict[str, int] = field(default_factory=dict)  # a block's backward adds (gradients so far, buckets)
     forward: dict[str, int] = field(default_factory=dict)  # forward, loss and backward add (FSDP gathered units)
     step_name: str = "AdamW step"
+    host: dict[str, int] = field(default_factory=dict)  # per device, in host memory (plan/offload.py)
 
 
 def bench_states(s: Problem) -> ModelStates:
@@ -209,12 +212,8 @@ def layer_memory(
     phases = (_training_phases if train else _forward_phases)(s, common, attention, states, options)
     peak = max(phases, key=lambda ph: ph.total)
     if device_type == "cpu":
-        runtime = (
-            ["block"]
-            + ["autocast"] * bool(s.amp)
-            + ["checkpointing"] * (options.recomputing(s) and train)
-            + ["model"] * model
-        )
+        used = {"block": True, "autocast": s.amp, "checkpointing": options.recomputing(s) and train, "model": model}
+        runtime = [name for name, on in used.items() if on]
         peak.add("CPU runtime (" + ", ".join(runtime) + ")", sum(CPU_RUNTIME_MIB[o] for o in runtime) * 2**20)
     if framework_bytes:
         peak.add("framework", framework_bytes)
@@ -280,7 +279,8 @@ def _kept(s: Problem, phase: _Phase, current: int | None, residual: int, saved: 
     recompute: and each waiting block's kept outputs)."""
     if options.recomputing(s):
         if s.target == "model":
-            phase.add("checkpointed block inputs", s.layers * residual)
+            name = "checkpointed block inputs" + " (others offloaded)" * options.offload_activations
+            phase.add(name, (min(s.layers, DEVICE_CHECKPOINTS) if options.offload_activations else s.layers) * residual)
             if options.selective:
                 waiting = s.layers - (current is not None)
                 phase.update({f"{k} (selective, {waiting} blocks)": waiting * v for k, v in kept_outputs(s).items()})

@@ -34,6 +34,7 @@ from ..kernels.registry import names
 from ..workload.architecture import block_parameters_of
 from ..workload.counts import linear_flops
 from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
+from . import offload as host
 from .layers import (
     LayerMemory,
     ModelStates,
@@ -80,6 +81,7 @@ class Training(BaseModel):
     loss: Loss = "standard"  # plan/loss.py
     # plan/recompute.py; None: as the Problem's checkpointing says (full or none); given, it must agree with it
     recompute: Recompute | None = None
+    offload: tuple[host.Offload, ...] = ()  # plan/offload.py: what lives in host memory
 
     @field_validator("devices", "sequence_parallel")
     @classmethod
@@ -108,6 +110,7 @@ class Training(BaseModel):
             f"{ZERO_NAMES[self.zero] if self.devices > 1 else 'one device'}; {OPTIMIZERS[self.optimizer][1]}"
             + ("; chunked loss (no full logits)" if self.loss == "chunked" else "")
             + ("; selective recompute (matmul and attention outputs kept)" if self.recompute == "selective" else "")
+            + (f"; offloaded to the host: {', '.join(self.offload)}" if self.offload else "")
         )
 
 
@@ -189,15 +192,19 @@ def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelSta
         "gradients" + (f" (1/{n} shard)" if z >= 2 and sharded else ""): gradients,
         "optimizer temporary": temporary / split,
     }
-    return ModelStates(resident, step=step, backward=backward, forward=forward, step_name="optimizer step")
+    resident, on_host = host.split(resident, t.offload)
+    step, step_on_host = host.split(step, t.offload)
+    name = "optimizer step" + (" (on the host)" if "optimizer" in t.offload else "")
+    return ModelStates(resident, step, backward, forward, name, host={**on_host, **step_on_host})
 
 
 def model_memory(s: Problem, profile: HardwareProfile, t: Training, device_type: str) -> LayerMemory:
     """Peak bytes per device of one training step of `s` laid out by `t`, itemised for the peak phase."""
     check_layout(s, t)
     check_recompute(s, t.recompute)
+    host.check(s, t.offload, t.zero, profile.host is not None, profile.name)
     states = model_states(s, t, device_type)
-    options = StepOptions(loss=t.loss, selective=t.recompute == "selective")
+    options = StepOptions(t.loss, t.recompute == "selective", "activations" in t.offload)
     return layer_memory(s, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel, options)
 
 
@@ -308,6 +315,9 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
     link = profile.link(t.devices)[0]
     collectives = data_parallel_collectives(s, profile, t, forward_s, compute - forward_s)
     optimizer_s = _optimizer_seconds(s, profile, t) if train else 0.0
+    if t.offload:
+        copies, optimizer_s = _host_side(s, profile, t, (forward_s, compute - forward_s), optimizer_s)
+        collectives += copies
     comm_bytes = sum(c.bytes for c in collectives) + attention.comm_bytes * s.layers
     comm_s = sum(c.seconds for c in collectives) + attention.comm_s * s.layers * recompute_attention
     exposed = sum(c.exposed_s for c in collectives) + sp_exposed
@@ -324,7 +334,8 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
         )
     note = (
         f"attention {attention_compute * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms; optimizer step "
-        f"{optimizer_s * 1e3:.1f} ms at memory bandwidth; communication exposed {exposed * 1e3:.1f} ms"
+        f"{optimizer_s * 1e3:.1f} ms at {'host ' if 'optimizer' in t.offload else ''}memory bandwidth; "
+        f"communication exposed {exposed * 1e3:.1f} ms"
     )
     flops = attention.flops * s.layers + linear_flops(local)
     return StepTime(
@@ -341,6 +352,17 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
         collectives=collectives,
         optimizer_s=optimizer_s,
     )
+
+
+def _host_side(s: Problem, profile: HardwareProfile, t: Training, compute: tuple[float, float], step_s: float):
+    """plan/offload.py: the host copies of a step (as collectives over the host link) and the optimizer step's
+    seconds (on the host's CPUs where the optimizer is offloaded, else `step_s`)."""
+    shard = model_parameters(s) * ELEMENT_BYTES[s.dtype] / t.devices
+    local = local_part(s, t.sequence_parallel)
+    copies = [Collective(**c, link="host") for c in host.transfers(s, t, profile, shard, compute, local)]
+    if "optimizer" in t.offload:
+        step_s = host.host_step_seconds(profile, model_states(s, t), shard, min(t.devices, profile.devices_per_node))
+    return copies, step_s
 
 
 def _optimizer_seconds(s: Problem, profile: HardwareProfile, t: Training) -> float:

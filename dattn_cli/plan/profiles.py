@@ -91,6 +91,14 @@ class Link(_Strict):
     latency_us: Latency
 
 
+class Host(_Strict):
+    """A device's host side, for plan --offload (plan/offload.py): its link to the host and the node's memory."""
+
+    link: Link = Field(description="device <-> host, per direction, per device (PCIe, NVLink-C2C)")
+    memory_gib_per_node: _bounded(0, 2**20)
+    memory_bandwidth_gb_s: Bandwidth = Field(description="the node's host DRAM bandwidth, all sockets")
+
+
 class AttentionCurve(_Strict):
     """One dense kernel's efficiency curve, e_inf x N / (N + n_half), fitted to published figures
     (plan/efficiency.py)."""
@@ -150,6 +158,7 @@ class HardwareProfile(_Strict):
         0.0, description="the first backward's fixed cost (autograd engine threads)"
     )
     allocator_rounding_bytes: _bounded(1, 2**30, low_open=False, integer=True)
+    host: Host | None = None  # none: plan --offload is refused on this profile
     sources: dict[StrictStr, StrictStr]
     notes: StrictStr | None = None
     calibrated_from: StrictStr | None = None

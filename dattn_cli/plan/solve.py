@@ -12,9 +12,10 @@ from pydantic import BaseModel, SerializeAsAny
 from ..workload.counts import FWD_BWD_FACTOR, shard_of, spanning_pairs
 from ..workload.parse import MAX_SEQ_LEN
 from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
-from .layers import attention_call, estimate_layer_time, layer_memory
+from .layers import attention_call, estimate_layer_time, layer_memory, local_part
 from .memory import MemoryBreakdown, estimate_memory, framework_bytes, reserved_bytes
-from .parallel import Training, model_memory, model_time
+from .offload import host_bytes_per_node
+from .parallel import Training, model_memory, model_states, model_time
 from .profiles import HardwareProfile, load_profile
 from .time import TimeBreakdown, compute_efficiency, estimate_time
 
@@ -36,6 +37,7 @@ class Plan(BaseModel):
     training: Training | None = None  # a whole model's layout over devices and its optimizer (plan/parallel.py)
     # what a GPU would report reserved at the peak (plan/memory.py ALLOCATOR_MARGIN); `fits` judges memory.total
     reserved_bytes: int | None = None
+    host_bytes: int | None = None  # plan --offload: what the node's host memory holds (plan/offload.py)
 
 
 class SeqSearch(BaseModel):
@@ -195,7 +197,22 @@ def _model_plan(s: Problem, profile: HardwareProfile, training: Training) -> Pla
         return _built(s, profile, training.devices, str(exc), training=training)
     sp = training.sequence_parallel
     shard = shard_of(s.attention_problem().model_copy(update={"world_size": sp})) if sp > 1 else None
-    return _built(s, profile, training.devices, None, memory, time, shard, training)
+    result = _built(s, profile, training.devices, None, memory, time, shard, training)
+    return _host_checked(result, s, profile, training) if training.offload else result
+
+
+def _host_checked(result: Plan, s: Problem, profile: HardwareProfile, training: Training) -> Plan:
+    """An offloading plan with its host bytes per node; it does not fit where they exceed the host's memory."""
+    node = min(training.devices, profile.devices_per_node)
+    states = model_states(s, training)
+    local = local_part(s, training.sequence_parallel)
+    need = host_bytes_per_node(s, training, states, local, node)
+    update = {"host_bytes": need}
+    if need > (has := profile.host.memory_gib_per_node * 2**30):
+        reason = f"does not fit: the host needs {need / 2**30:,.1f} GiB per node ({node} devices), "
+        reason += f"has {has / 2**30:,.1f} GiB"
+        update.update(fits=False, feasible=False, reason=reason)
+    return result.model_copy(update=update)
 
 
 def predicted_peak_bytes(s: Problem) -> int | None:

@@ -126,6 +126,8 @@ def plan_table(result: Plan, solved: str | None, advice: str, room: Headroom | N
         table.add_row(
             f"reserved at the peak (allocator margin {ALLOCATOR_MARGIN:.0%}, stated)", size(result.reserved_bytes)
         )
+    if result.host_bytes is not None:
+        table.add_row("host memory per node (offloaded, plan/offload.py)", size(result.host_bytes))
     if result.time is not None:
         _time_rows(table, result)
     table.add_section()
