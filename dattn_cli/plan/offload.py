@@ -105,6 +105,8 @@ def transfers(s: Problem, t, profile, shard: float, compute: tuple[float, float]
     if "parameters" in t.offload:
         add("parameter shard to the device (forward)", shard, s.layers, forward_s, "prefetched under the forward")
         add("parameter shard to the device (backward)", shard, s.layers, backward_s, "prefetched under the backward")
+        if "optimizer" not in t.offload:  # the device's step updated them: back to where they live
+            add("updated parameter shard to the host", shard, 1, 0.0, "after the step: exposed")
     if "optimizer" in t.offload:
         add("gradient shard to the host", shard, s.layers, backward_s, "under the backward")
         if "parameters" not in t.offload:  # offloaded parameters are updated where they live

@@ -72,6 +72,9 @@ def test_parameter_offload_needs_zero_3_and_moves_the_shard():
     names = [c.name for c in moved.time.collectives if c.link == "host"]
     assert "updated weight shard to the device" not in names  # updated where they live
     assert "parameter shard to the device (forward)" in names
+    alone = planned(s, offload=("parameters",))  # the device's step updates them: copied back, exposed
+    back = next(c for c in alone.time.collectives if c.name == "updated parameter shard to the host")
+    assert back.exposed_s == back.seconds > 0
 
 
 def test_host_memory_is_a_capacity_too():
