@@ -275,7 +275,7 @@ def plan(**given: Any) -> None:
     if training is not None and training.offload:
         from ..plan.offload import check as check_offload
 
-        check_offload(problem, training.offload, training.zero, hw.host is not None, hw.name)
+        check_offload(problem, training, hw.host is not None, hw.name)
     if problem.documents is not None and problem.world_size > 1:
         return _documents_only(problem, o.json_out, o.csv_out)
     result, solved = _solve(problem, hw, o.max_seq, o.min_devices, training)

@@ -5,20 +5,23 @@ host then holds, and the copies over the device's host link that a step adds.
   copied to host memory in the forward and back before each block's recompute in the backward; the device
   holds two (the one being copied and the one in use): ALST's activation checkpoint offload to CPU (Bekman
   et al. 2025, arXiv:2506.13996). Without full recompute there is no checkpointed input to move (refused).
-* optimizer: ZeRO-Offload (Ren et al. 2021, arXiv:2101.06840): the optimizer states, the fp32 master copy and
-  the step's temporary live in host memory and the step runs on the host's CPUs (DeepSpeed's
-  offload_optimizer, ZeRO stage >= 1). Each step copies the device's gradient shard to the host (under the
-  backward, as DeepSpeed overlaps it) and the updated weight shard back (exposed: nothing left to hide
-  under). The CPU step reads and writes the states and the master copy and reads the gradients, at the
-  host's memory bandwidth shared by the node's devices (a model, as the device step's is).
+* optimizer: ZeRO-Offload (Ren et al. 2021, arXiv:2101.06840): the optimizer states and the fp32 master copy live
+  in host memory and the step runs on the host's CPUs, in place (no temporary), reading an fp32 gradient
+  partition kept in pinned host memory (DeepSpeed's offload_optimizer, ZeRO stage >= 1: its CPU Adam on fp32
+  states, so not 8-bit Adam). Each step copies the device's gradient shard to the host (under the backward, as
+  DeepSpeed overlaps it) and the updated weight shard back (exposed: nothing left to hide under). The CPU step
+  is memory-bound at the host's DRAM bandwidth shared by the node's devices (a model, as the device step's is).
 * parameters: ZeRO-Infinity's offload_param (Rajbhandari et al. 2021, arXiv:2104.07857; ZeRO stage 3 only):
   the device's parameter shard lives in host memory and is copied in before its all-gather, in the forward
-  and again in the backward, prefetched under compute; the gathered units stay as ZeRO-3 has them.
+  and again in the backward, prefetched under compute; the gathered units stay as ZeRO-3 has them (on one device
+  too). Without the optimizer offloaded, the device's step updates the shard, copied back after it (exposed).
 
-Host bytes per node: each device's offloaded bytes times the devices on a node (min(devices,
---gpus-per-node)); a plan whose host side exceeds the profile's `host.memory_gib_per_node` does not fit.
-Copies: bytes / (host link bandwidth x the communication efficiency) + one latency per block; every device
-is assumed to have its own link to the host (a PCIe switch shared by two GPUs halves it: not modelled).
+Host bytes per node: each device's offloaded bytes times the devices on a node (min(devices, the profile's
+devices_per_node)); a plan whose host side exceeds the profile's `host.memory_gib_per_node` does not fit.
+Copies: bytes / (host link bandwidth x the communication efficiency) + one latency per block. The copies of one
+direction in one pass (forward, backward) share the link: they are hidden together under that pass's compute,
+and what exceeds it is exposed. Every device is assumed to have its own link to the host (a PCIe switch shared by
+two GPUs halves it: not modelled).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from ..workload.problem import ELEMENT_BYTES, Problem
 Offload = Literal["activations", "optimizer", "parameters"]
 KINDS: tuple[str, ...] = ("activations", "optimizer", "parameters")
 OFFLOADED_STATES = {  # model-state items (plan/parallel.py) that move to the host, by offload kind
-    "optimizer": ("optimizer states", "fp32 master weights", "optimizer temporary"),
+    "optimizer": ("optimizer states", "fp32 master weights"),
     "parameters": ("parameters",),
 }
+HOST_GRADIENTS = "fp32 gradient partition (pinned, on the host)"  # what ZeRO-Offload's CPU step reads
 DEVICE_CHECKPOINTS = 2  # checkpointed inputs left on the device with activations offloaded: in flight + in use
 
 
@@ -46,8 +50,10 @@ def parse(text: str | None) -> tuple[str, ...]:
     return tuple(kind for kind in KINDS if kind in given)
 
 
-def check(s: Problem, offload: tuple[str, ...], zero: int, has_host: bool, profile: str) -> None:
-    """Each kind's precondition (module docstring); ValueError naming the option and the way out."""
+def check(s: Problem, t, has_host: bool, profile: str) -> None:
+    """Each kind's precondition (module docstring) under the Training `t`; ValueError naming the option and the
+    way out."""
+    offload, zero = t.offload, t.zero
     if not offload:
         return
     if not has_host:
@@ -61,6 +67,11 @@ def check(s: Problem, offload: tuple[str, ...], zero: int, has_host: bool, profi
         raise ValueError("--offload activations moves the checkpointed block inputs: add --recompute full")
     if "optimizer" in offload and zero < 1:
         raise ValueError("--offload optimizer is ZeRO-Offload (DeepSpeed offload_optimizer): use --zero 1, 2 or 3")
+    if "optimizer" in offload and t.optimizer in ("adam8bit", "torch-adamw"):
+        raise ValueError(
+            f"--offload optimizer runs DeepSpeed's CPU Adam on fp32 states, not --optimizer {t.optimizer}: "
+            "use --optimizer adamw or sgd"
+        )
     if "parameters" in offload and zero != 3:
         raise ValueError("--offload parameters is ZeRO-Infinity's offload_param, ZeRO-3 only: use --zero 3")
 
@@ -90,37 +101,42 @@ def transfers(s: Problem, t, profile, shard: float, compute: tuple[float, float]
     """The host copies of one step, each {name, bytes, seconds, exposed_s, overlap} (module docstring); `shard`:
     one device's 1/N of the weights' bytes, `compute`: (forward, backward) seconds the copies may hide under,
     `local`: the positions one device holds."""
-    link, eff, (forward_s, backward_s) = profile.host.link, profile.efficiency.communication, compute
-    out = []
-
-    def add(name: str, nbytes: float, copies: int, hide_under: float, overlap: str):
-        sec = copy_seconds(link, eff, nbytes, copies)
-        exposed = max(0.0, sec - hide_under)
-        out.append(dict(name=name, bytes=int(nbytes), seconds=sec, exposed_s=exposed, overlap=overlap))
-
+    link, eff = profile.host.link, profile.efficiency.communication
+    copies = []  # (name, bytes, copies, pass: 0 forward, 1 backward, None after the step, direction)
     if "activations" in t.offload:
         total = s.layers * checkpoint_bytes(local)
-        add("checkpointed inputs to the host", total, s.layers, forward_s, "under the forward")
-        add("checkpointed inputs back to the device", total, s.layers, backward_s, "prefetched under the backward")
+        copies += [("checkpointed inputs to the host", total, s.layers, 0, "out")]
+        copies += [("checkpointed inputs back to the device", total, s.layers, 1, "in")]
     if "parameters" in t.offload:
-        add("parameter shard to the device (forward)", shard, s.layers, forward_s, "prefetched under the forward")
-        add("parameter shard to the device (backward)", shard, s.layers, backward_s, "prefetched under the backward")
+        copies += [("parameter shard to the device (forward)", shard, s.layers, 0, "in")]
+        copies += [("parameter shard to the device (backward)", shard, s.layers, 1, "in")]
         if "optimizer" not in t.offload:  # the device's step updated them: back to where they live
-            add("updated parameter shard to the host", shard, 1, 0.0, "after the step: exposed")
+            copies += [("updated parameter shard to the host", shard, 1, None, "out")]
     if "optimizer" in t.offload:
-        add("gradient shard to the host", shard, s.layers, backward_s, "under the backward")
+        copies += [("gradient shard to the host", shard, s.layers, 1, "out")]
         if "parameters" not in t.offload:  # offloaded parameters are updated where they live
-            add("updated weight shard to the device", shard, 1, 0.0, "after the host's step: exposed")
+            copies += [("updated weight shard to the device", shard, 1, None, "in")]
+    room = {(window, way): compute[window] for window in (0, 1) for way in ("in", "out")}
+    out = []
+    for name, nbytes, count, window, way in copies:
+        seconds = copy_seconds(link, eff, nbytes, count)
+        hidden = min(seconds, room.get((window, way), 0.0))
+        room[(window, way)] = room.get((window, way), 0.0) - hidden
+        overlap = ("under the forward", "under the backward")[window] if window is not None else "after the step"
+        overlap += ", with the pass's other copies this way" if window is not None else ": exposed"
+        out.append(dict(name=name, bytes=int(nbytes), seconds=seconds, exposed_s=seconds - hidden, overlap=overlap))
     return out
 
 
 def host_step_seconds(profile, states, shard: float, devices_on_node: int) -> float:
     """ZeRO-Offload's CPU step: it reads and writes the states and the master copy (and offloaded parameters) on
-    the host and reads the gradient shard, at the node's host memory bandwidth x the memory efficiency, shared
-    by the node's devices."""
-    kept = sum(v for k, v in states.host.items() if not k.startswith("optimizer temporary"))
+    the host, reads the fp32 gradient partition and (parameters on the device) writes the updated weight shard for
+    its copy back, at the node's host DRAM bandwidth x the memory efficiency, shared by the node's devices."""
+    gradients = sum(v for k, v in states.host.items() if k.startswith(HOST_GRADIENTS))
+    kept = sum(states.host.values()) - gradients
+    written = 0 if any(k.startswith("parameters") for k in states.host) else shard
     rate = profile.host.memory_bandwidth_gb_s * 1e9 * profile.efficiency.memory_bandwidth / devices_on_node
-    return (2 * kept + shard) / rate
+    return (2 * kept + gradients + written) / rate
 
 
 def host_bytes_per_node(s: Problem, t, states, local: Problem, devices_on_node: int) -> int:

@@ -169,7 +169,7 @@ def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelSta
     sharded = n > 1
     resident = {"parameters" + (f" (1/{n} shard)" if z == 3 and sharded else ""): params * p / (n if z == 3 else 1)}
     forward = {}
-    if z == 3 and sharded:
+    if z == 3 and (sharded or "parameters" in t.offload):
         forward["all-gathered parameters (unit in use + prefetched)"] = max(2 * block, head + block) * p
     if s.mode != "fwdbwd":
         return ModelStates(resident, forward=forward, step_name="no optimizer step")
@@ -193,16 +193,18 @@ def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelSta
         "optimizer temporary": temporary / split,
     }
     resident, on_host = host.split(resident, t.offload)
-    step, step_on_host = host.split(step, t.offload)
+    if "optimizer" in t.offload:  # DeepSpeed's CPU Adam updates in place (no temporary), reading an fp32 gradient
+        del step["optimizer temporary"]  # partition in pinned host memory (deepspeed.runtime.zero.stage_1_and_2)
+        on_host[f"{host.HOST_GRADIENTS}{shard}"] = params * 4 / split
     name = "optimizer step" + (" (on the host)" if "optimizer" in t.offload else "")
-    return ModelStates(resident, step, backward, forward, name, host={**on_host, **step_on_host})
+    return ModelStates(resident, step, backward, forward, name, host=on_host)
 
 
 def model_memory(s: Problem, profile: HardwareProfile, t: Training, device_type: str) -> LayerMemory:
     """Peak bytes per device of one training step of `s` laid out by `t`, itemised for the peak phase."""
     check_layout(s, t)
     check_recompute(s, t.recompute)
-    host.check(s, t.offload, t.zero, profile.host is not None, profile.name)
+    host.check(s, t, profile.host is not None, profile.name)
     states = model_states(s, t, device_type)
     options = StepOptions(t.loss, t.recompute == "selective", "activations" in t.offload)
     return layer_memory(s, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel, options)
@@ -361,7 +363,8 @@ def _host_side(s: Problem, profile: HardwareProfile, t: Training, compute: tuple
     local = local_part(s, t.sequence_parallel)
     copies = [Collective(**c, link="host") for c in host.transfers(s, t, profile, shard, compute, local)]
     if "optimizer" in t.offload:
-        step_s = host.host_step_seconds(profile, model_states(s, t), shard, min(t.devices, profile.devices_per_node))
+        states = model_states(s, t, "cuda")
+        step_s = host.host_step_seconds(profile, states, shard, min(t.devices, profile.devices_per_node))
     return copies, step_s
 
 

@@ -204,13 +204,13 @@ def _model_plan(s: Problem, profile: HardwareProfile, training: Training) -> Pla
 def _host_checked(result: Plan, s: Problem, profile: HardwareProfile, training: Training) -> Plan:
     """An offloading plan with its host bytes per node; it does not fit where they exceed the host's memory."""
     node = min(training.devices, profile.devices_per_node)
-    states = model_states(s, training)
+    states = model_states(s, training, _device_type(profile))
     local = local_part(s, training.sequence_parallel)
     need = host_bytes_per_node(s, training, states, local, node)
     update = {"host_bytes": need}
     if need > (has := profile.host.memory_gib_per_node * 2**30):
-        reason = f"does not fit: the host needs {need / 2**30:,.1f} GiB per node ({node} devices), "
-        reason += f"has {has / 2**30:,.1f} GiB"
+        host = f"the host needs {need / 2**30:,.1f} GiB per node ({node} devices), has {has / 2**30:,.1f} GiB"
+        reason = f"{result.reason}; {host}" if not result.fits else f"does not fit: {host}"
         update.update(fits=False, feasible=False, reason=reason)
     return result.model_copy(update=update)
 

@@ -156,6 +156,30 @@ def test_a_chunk_whose_rows_attend_all_its_keys_equals_dense(causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+def test_head_slices_of_a_batch_accumulate_their_key_shares_out_of_place(monkeypatch, causal):
+    """B > 1 with parts of 2 of a branch's 3 heads: the dK/dV share slices do not flatten to one batch, and
+    _add_product's out-of-place sum must give the dense gradients too (GQA on top)."""
+    flattened = []
+    add_product = reference_local._add_product
+
+    def spy(target, a, b):
+        try:
+            target.view(-1, *target.shape[2:])
+            flattened.append(True)
+        except RuntimeError:
+            flattened.append(False)
+        add_product(target, a, b)
+
+    monkeypatch.setattr(reference_local, "_add_product", spy)
+    q, k, v, up = draw(3, 60, 6, 2)
+    args = ([20, 60], [1, 2], causal, "longnet")  # rate 2: 3 heads per offset
+    dense = outputs(dilated_attention_reference, q, k, v, up, *args)
+    local = outputs(dilated_attention_local, q, k, v, up, *args, max_chunk_elements=3 * 2 * 30 * 30)
+    assert_same(dense, local)
+    assert not all(flattened) and any(flattened)
+
+
+@pytest.mark.parametrize("causal", [False, True])
 def test_blocks_with_like_rows_share_a_chunk_and_equal_dense(causal):
     """A dilated-like table repeats each row every other block: those blocks are one chunk (their keys gathered
     once), its rows not one range; ragged N, GQA and key padding on top."""

@@ -42,6 +42,9 @@ def test_optimizer_offload_moves_states_and_master_copy_to_the_host():
     shard = next(v for k, v in states.resident.items() if k.startswith("parameters"))  # P x 2 / 8
     assert states.host["optimizer states (1/8 shard)"] == pytest.approx(4 * shard)
     assert states.host["fp32 master weights (1/8 shard)"] == pytest.approx(2 * shard)
+    # CPU Adam reads an fp32 gradient partition on the host and updates in place: no temporary anywhere
+    assert states.host[offload.HOST_GRADIENTS + " (1/8 shard)"] == pytest.approx(2 * shard)
+    assert "optimizer temporary" not in states.step and len(states.host) == 3
     assert moved.memory.total < base.memory.total
     assert moved.host_bytes == pytest.approx(8 * host, rel=1e-9)
     names = [c.name for c in moved.time.collectives if c.link == "host"]
@@ -79,10 +82,14 @@ def test_parameter_offload_needs_zero_3_and_moves_the_shard():
 
 def test_host_memory_is_a_capacity_too():
     small = H100.model_copy(update={"host": H100.host.model_copy(update={"memory_gib_per_node": 8})})
-    s = llama()
+    s = llama(8192)
+    fits = solve.plan(s, H100, training=Training(devices=8, zero=3, offload=("optimizer",)))
+    assert fits.fits  # on the device, and on a 2 TB host
     result = solve.plan(s, small, training=Training(devices=8, zero=3, offload=("optimizer",)))
     assert not result.fits and not result.feasible
-    assert "the host needs" in result.reason and "has 8.0" in result.reason
+    assert result.reason.startswith("does not fit: the host needs") and "has 8.0" in result.reason
+    both = solve.plan(llama(1 << 20), small, training=Training(devices=8, zero=3, offload=("optimizer",)))
+    assert both.reason.startswith("does not fit: needs") and "; the host needs" in both.reason  # device and host
 
 
 @pytest.mark.parametrize(
@@ -97,7 +104,7 @@ def test_host_memory_is_a_capacity_too():
 def test_preconditions_are_refused_naming_the_way_out(kinds, zero, checkpointing, profile, message):
     s = llama(checkpointing=checkpointing)
     with pytest.raises(ValueError, match=message):
-        offload.check(s, kinds, zero, profile.host is not None, profile.name)
+        offload.check(s, Training(devices=8, zero=zero, offload=kinds), profile.host is not None, profile.name)
 
 
 def test_cli_offload_json_and_bad_input(capsys):
@@ -109,5 +116,25 @@ def test_cli_offload_json_and_bad_input(capsys):
     assert data["training"]["offload"] == ["activations", "optimizer"] and data["host_bytes"] > 0
     code, out, err = run_cli([*base, "--offload", "gpu"], capsys)
     assert code == 2 and "--offload 'gpu'" in err and not out
-    code, _, err = run_cli([*base, "--target", "layer", "--offload", "optimizer"], capsys)
-    assert code == 2
+    code, _, err = run_cli(["plan", "--seq-len", "4096", "--offload", "optimizer"], capsys)  # an attention call
+    assert code == 2 and "--offload" in err, err
+    code, _, err = run_cli([*base, "--offload", "optimizer", "--optimizer", "adam8bit"], capsys)
+    assert code == 2 and "use --optimizer adamw or sgd" in err, err
+
+
+def test_one_device_zero3_still_gathers_offloaded_parameters():
+    s = llama()
+    one = solve.plan(s, H100, training=Training(devices=1, zero=3, offload=("optimizer", "parameters")))
+    assert not any(k.startswith("parameters") for k in one.memory.items)
+    assert one.memory.items["all-gathered parameters (unit in use + prefetched)"] > 0
+
+
+def test_copies_of_one_direction_share_the_pass_they_hide_under():
+    s = llama()
+    t = Training(devices=8, zero=3, offload=("activations", "parameters"))
+    shard, window = 1e9, 0.05  # 2 x 32 copies into the device during a 50 ms backward
+    copies = {c["name"]: c for c in offload.transfers(s, t, H100, shard, (1.0, window), s)}
+    back = [copies["checkpointed inputs back to the device"], copies["parameter shard to the device (backward)"]]
+    assert sum(c["seconds"] - c["exposed_s"] for c in back) == pytest.approx(window)  # hidden once, not twice
+    assert sum(c["exposed_s"] for c in back) == pytest.approx(sum(c["seconds"] for c in back) - window)
+    assert copies["checkpointed inputs to the host"]["exposed_s"] == 0.0  # the other direction: its own room
