@@ -46,12 +46,13 @@ def agreed_exit_code(world: World | None, code: int, timeout_s: float = 60.0) ->
     through the store: a rank that died earlier makes it 1 here instead of a collective that never completes."""
     if world is None or world.world_size == 1:
         return code
-    from ..runtime.attach import RankSilent, exchange
+    from ..runtime.attach import RankSilent, exchange, leave
     from ..runtime.heartbeat import current
 
     codes = exchange("exit", code, world, timeout_s)
     if (watch := current()) is not None:
         watch.stop()
+    leave()
     return max(1 if isinstance(c, RankSilent) else int(c) for c in codes)
 
 

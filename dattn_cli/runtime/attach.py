@@ -138,6 +138,20 @@ def local_ranks() -> int:
     return 1
 
 
+_JOINED: list[World] = []  # the world this process's join initialised (not a library caller's), left by leave()
+
+
+def leave() -> None:
+    """Destroy the process group this process's join made, once every rank agreed to end (torch asks for it
+    before exit; a gloo group left to the interpreter's teardown aborted a rank of the CI's srun step once:
+    "terminate called without an active exception", exit 134)."""
+    import torch.distributed as dist
+
+    if _JOINED and dist.is_initialized():
+        dist.destroy_process_group()
+    _JOINED.clear()
+
+
 def join(world: World, cuda: bool, timeout_s: float) -> None:
     """init_process_group for `world` (a no-op when this process already is in one, e.g. a library caller's)."""
     import torch
@@ -176,6 +190,7 @@ def join(world: World, cuda: bool, timeout_s: float) -> None:
             f"{text}; check MASTER_ADDR/MASTER_PORT (--master-addr/--master-port) and that every rank "
             "started"
         ) from None
+    _JOINED.append(world)
 
 
 def _attempt_store(world: World, timeout: timedelta) -> Any:

@@ -139,6 +139,8 @@ class Watch:
         """This rank is done (its exit code agreed): peers stop watching it, and it stops watching them."""
         self._set(self.key("left", self.world.rank), "done")
         self.stopped.set()
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout=4 * BEAT_S)  # out of its store call before the process group goes
         if threading.current_thread() is threading.main_thread():
             signal.set_wakeup_fd(self.previous_fd)
             for s, handler in self.previous.items():
