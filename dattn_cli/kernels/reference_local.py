@@ -33,9 +33,10 @@ from .reference import check_block_table
 from .reference_layouts import ALL, Blocks, Budget, Chunk, Dilated, Rows, Window
 from .validation import check_key_padding_mask, check_qkv
 
-# scores (B x H x rows x keys) per chunk: 8 MiB in float64, within the caches and the heap (larger ones are
-# mmapped and page-faulted anew each time: 4M elements took 1.3x the time of 1M at N = 16K on 2 cores)
-DEFAULT_CHUNK_ELEMENTS = 1 << 20
+# scores (B x H x rows x keys) per part: 32 MiB in float64. With freed memory kept in the heap (verify's
+# runtime.measure.reuse_freed_memory) a part of a block table's 8,192 keys holds 4 heads of 128 rows, not 1: a
+# batch of heads per product for 2 threads, 12-25% less time than 1M elements (block tables at N = 16K on 2 cores)
+DEFAULT_CHUNK_ELEMENTS = 1 << 22
 NEG_INF = float("-inf")
 
 
@@ -252,7 +253,7 @@ def _add_key_shares(chunk: Chunk, q, k, grads, shares) -> None:
         if kv_of is not None:  # sum each kv head's query heads
             summed = torch.zeros(*share.shape[:2], k.shape[2], share.shape[3], dtype=grad.dtype, device=grad.device)
             share = summed.index_add_(2, kv_of, share)
-        grad.index_add_(1, chunk.keys, share)
+        grad.index_add_(1, chunk.keys, share.contiguous())  # from strided rows: 1.6x the time of copy and add
 
 
 def _attend(q, k, v, layout_of, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens, upstream):
