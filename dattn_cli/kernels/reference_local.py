@@ -2,19 +2,18 @@
 (attention restricted by a block table; the token sliding window), computed a chunk of query rows at a time
 over only the keys that chunk can attend.
 
-A chunk (reference_layouts.py) is a set of query rows, the keys they may attend, and the heads it computes. The
-dilated definition weighs exp by the pair count c_h(t, u), a sum of one indicator per pair, so a row's softmax
-numerator and denominator are sums of one term per pair: each chunk is one pair's kept rows of one segment
-(for the heads with one offset) against that segment's kept keys, and the chunks of a row merge by their
-log-sum-exp, the same function as the dense reference's one softmax with a log c bias. A block table or a
-window gives one chunk per row range, masked where the table or window forbids. The backward is written out
+A chunk (reference_layouts.py) is a set of query rows, every key they may attend, and the heads it computes:
+each row's softmax is whole in one chunk. The dilated definition weighs exp by the pair count c_h(t, u): a
+chunk is a class of rows that the same pairs keep in the same segments, against the union of those pairs'
+kept keys, its scores biased by log c (the dense reference's own form). A block table or a window gives one
+chunk per row range, masked where the table or window forbids. The backward is written out
 (FlashAttention's recomputation: each chunk's probabilities again from the row's final lse), so memory is q,
 k, v, out, lse and the gradients, O(B x N x H x D), plus one chunk's scores (`max_chunk_elements`), not
-O(N^2) and not O(N x window x H). Where a row's keys are all in its one chunk (the block table, the window)
-and the caller passes the upstream gradient it will backpropagate (verify's core checks), the forward pass
-computes the gradients as well, from the probabilities it holds: six products per score instead of seven,
-no second exponential. Work is sum over pairs of (N / r) x (w / r) per head for the dilated
-pattern, N x (left + right + chunk) for the window, the table's key blocks for a block table.
+O(N^2) and not O(N x window x H). Where the caller passes the upstream gradient it will backpropagate
+(verify's float64 core checks), the forward pass computes the gradients as well, from the probabilities it
+holds: six products per score instead of seven, no second exponential. Work per head: each row class's rows x
+the union of its pairs' kept keys for the dilated pattern (at most the sum over pairs of (N / r) x (w / r)),
+N x (left + right + chunk) for the window, the table's key blocks for a block table.
 
 Written from the documents, not from kernels/pattern.py or the engine; the dense references stay the
 definitions, and tests/kernels/test_reference_local.py proves these equal to them on the awkward cases.
@@ -59,10 +58,13 @@ class _Keys:
         self.kt, self.vt = (_heads(_at(x, chunk.keys), kv_of).permute(0, 2, 3, 1).contiguous() for x in (k, v))
         self.mask = None if key_mask is None else _at(key_mask, chunk.keys).view(q.shape[0], 1, 1, -1)
         self.positions = torch.arange(self.n, device=q.device)[chunk.keys] if chunk.rule is not None else None
+        self.bias = None if chunk.bias is None else chunk.bias.to(q.dtype)
 
     def scores(self, qs: torch.Tensor, rows: Rows, upto: int, hs: slice) -> torch.Tensor:
         """qs (B, heads hs of the chunk's, R, D, scaled) against the first `upto` keys, -inf where forbidden."""
         scores = torch.matmul(qs, self.kt[:, hs, :, :upto])
+        if self.bias is not None:
+            scores += self.bias[:upto]
         if self.chunk.rule is not None:
             allowed = self.chunk.rule(torch.arange(self.n, device=qs.device)[rows], self.positions[:upto])
             scores.masked_fill_(~allowed, NEG_INF)
@@ -92,7 +94,12 @@ def _heads(x: torch.Tensor, heads: torch.Tensor | slice | None) -> torch.Tensor:
 
 def _put(target: torch.Tensor, rows: Rows, heads: torch.Tensor | slice | None, value: torch.Tensor, add=False):
     """target[:, rows] (at `heads`) = value, or += value."""
-    if isinstance(rows, torch.Tensor):  # the rows of a Blocks chunk of like blocks: its heads a range
+    if isinstance(rows, torch.Tensor):
+        if isinstance(heads, torch.Tensor):  # indexed rows and heads: through a copy of the rows
+            at_rows = target.index_select(1, rows)
+            _put(at_rows, ALL, heads, value, add)
+            target.index_copy_(1, rows, at_rows)
+            return
         view = target if heads is None else target[:, :, heads]
         view.index_add_(1, rows, value) if add else view.index_copy_(1, rows, value)
         return
@@ -121,7 +128,7 @@ class _LocalAttention(torch.autograd.Function):
         out = torch.zeros(q.shape, dtype=acc, device=q.device)
         lse = torch.full((batch, n, heads), NEG_INF, dtype=acc, device=q.device)
         ctx.layout, ctx.scale, ctx.given = layout, scale, None
-        if upstream is not None and layout.complete:  # the gradients too, with no recomputation
+        if upstream is not None:  # the gradients too, with no recomputation
             grads = tuple(torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q, k, v))
             for chunk in layout.chunks():
                 _whole_chunk(ctx, q, k, v, key_mask, chunk, (out, lse, upstream.to(q.dtype)), grads)
@@ -131,7 +138,7 @@ class _LocalAttention(torch.autograd.Function):
                 keys = _Keys(q, k, v, key_mask, chunk)
                 for rows, upto, hs in chunk.parts:
                     qs = _scaled_rows(q, rows, _part_heads(chunk.heads, hs), scale)
-                    _merge_part(out, lse, keys, rows, upto, hs, qs)
+                    _forward_part(out, lse, keys, rows, upto, hs, qs)
         ctx.save_for_backward(q, k, v, out, lse, key_mask)
         ctx.mark_non_differentiable(lse)
         return out.to(q.dtype), lse
@@ -151,24 +158,23 @@ class _LocalAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
-def _merge_part(out, lse, keys: _Keys, rows: Rows, upto: int, hs: slice, qs: torch.Tensor) -> None:
-    """One part's softmax numerator and denominator, merged into its rows' out and lse by log-sum-exp."""
-    heads, acc = _part_heads(keys.chunk.heads, hs), out.dtype
-    scores = keys.scores(qs, rows, upto, hs)
+def _softmax(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probabilities of a part's scores (in place) and their rows' lse; a row with no key: 0 and -inf."""
     top = scores.amax(dim=-1, keepdim=True)
-    top = top.masked_fill_(top == NEG_INF, 0.0)  # rows with no key here: weights 0, lse -inf
-    weights = scores.sub_(top).exp_()
-    part_lse = (top + torch.log(weights.sum(dim=-1, keepdim=True))).squeeze(-1).transpose(1, 2).to(acc)
-    old_lse = _heads(_at(lse, rows), heads)
-    new_lse = torch.logaddexp(old_lse, part_lse)
-    shift = new_lse.masked_fill(new_lse == NEG_INF, 0.0)
-    part = (
-        torch.matmul(weights, keys.vt[:, hs, :, :upto].transpose(-1, -2)).transpose(1, 2).to(acc)
-        * (top.squeeze(-1).transpose(1, 2) - shift).exp()[..., None]
-    )
-    merged = _heads(_at(out, rows), heads) * (old_lse - shift).exp()[..., None] + part
-    _put(out, rows, heads, merged)
-    _put(lse, rows, heads, new_lse)
+    top = top.masked_fill_(top == NEG_INF, 0.0)
+    probs = scores.sub_(top).exp_()
+    total = probs.sum(dim=-1, keepdim=True)
+    probs.mul_(total.reciprocal().masked_fill_(total == 0, 0.0))
+    return probs, top + total.log()
+
+
+def _forward_part(out, lse, keys: _Keys, rows: Rows, upto: int, hs: slice, qs: torch.Tensor) -> None:
+    """One part's out and lse at its rows and heads (a row's keys are all in its chunk: its softmax is whole)."""
+    heads = _part_heads(keys.chunk.heads, hs)
+    probs, part_lse = _softmax(keys.scores(qs, rows, upto, hs))
+    part_out = torch.matmul(probs, keys.vt[:, hs, :, :upto].transpose(-1, -2))
+    _put(out, rows, heads, part_out.transpose(1, 2).to(out.dtype))
+    _put(lse, rows, heads, part_lse.squeeze(-1).transpose(1, 2).to(lse.dtype))
 
 
 def _accumulate(ctx, q, k, v, key_mask, chunk, saved, grads):
@@ -191,26 +197,21 @@ def _accumulate(ctx, q, k, v, key_mask, chunk, saved, grads):
 
 
 def _whole_chunk(ctx, q, k, v, key_mask, chunk, state, grads):
-    """A chunk that holds every key of its rows (a complete layout), forward and backward in one pass under a
-    known upstream gradient: its softmax is final here, so out, lse and the probabilities are the rows' own,
-    and dS = P (dP - rowsum(dO o O)) needs no recomputation (six products per score, not seven)."""
+    """A chunk's forward and backward in one pass under a known upstream gradient: its rows' softmax is whole
+    here, so out, lse and the probabilities are the rows' own, and dS = P (dP - rowsum(dO o O)) needs no
+    recomputation (six products per score, not seven)."""
     (out, lse, dout), dq = state, grads[0]
     keys = _Keys(q, k, v, key_mask, chunk)
     shares = [torch.zeros(keys.kt.shape, dtype=dq.dtype, device=dq.device) for _ in range(2)]  # dk, dv (D x K)
     for rows, upto, hs in chunk.parts:
         heads = _part_heads(chunk.heads, hs)
         qs = _scaled_rows(q, rows, heads, ctx.scale)
-        scores = keys.scores(qs, rows, upto, hs)
-        top = scores.amax(dim=-1, keepdim=True)
-        top = top.masked_fill_(top == NEG_INF, 0.0)  # rows with no key: probabilities 0, lse -inf
-        probs = scores.sub_(top).exp_()
-        total = probs.sum(dim=-1, keepdim=True)
-        probs.mul_(total.reciprocal().masked_fill_(total == 0, 0.0))
+        probs, part_lse = _softmax(keys.scores(qs, rows, upto, hs))
         part_out = torch.matmul(probs, keys.vt[:, hs, :, :upto].transpose(-1, -2)).to(out.dtype)
         do = _heads(_at(dout, rows), heads).transpose(1, 2).contiguous()
         rows_delta = (do.to(out.dtype) * part_out).sum(dim=-1, keepdim=True).to(q.dtype)
         _put(out, rows, heads, part_out.transpose(1, 2))
-        _put(lse, rows, heads, (top + total.log()).squeeze(-1).transpose(1, 2).to(lse.dtype))
+        _put(lse, rows, heads, part_lse.squeeze(-1).transpose(1, 2).to(lse.dtype))
         _part_grads(ctx.scale, keys, (rows, upto, hs), qs, probs, do, rows_delta, dq, shares)
     _add_key_shares(chunk, q, k, grads, shares)
 
@@ -308,9 +309,8 @@ def dilated_attention_local(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference.dilated_attention_reference`, block-local: (out in q's dtype, lse float32), differentiable;
     cu_seqlens: packed documents, each attended on its own. upstream: the gradient of out the caller will
-    backpropagate, where known (a complete layout, each row's keys in one chunk, then computes the gradients
-    in its forward pass, without recomputation; a backward with any other gradient recomputes; the dilated
-    layout, whose rows span several chunks, ignores it)."""
+    backpropagate, where known (then the gradients are computed in the forward pass, without recomputation; a
+    backward with any other gradient recomputes)."""
     segs, rates = _check_pattern(segment_lengths, dilation_rates, semantics, q.shape[2] if q.dim() == 4 else 0)
     layout = lambda n, h, rows: Dilated(n, h, segs, rates, semantics, is_causal, rows, q.device)
     return _attend(q, k, v, layout, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens, upstream)

@@ -53,7 +53,7 @@ def uses_local_reference(p: Problem) -> bool:
 
 def reference_scores(case) -> int:
     """Scores the float64 reference of a check of `case` (a cases.Case) computes: B x H x N^2 dense; block-local
-    (N above LOCAL_REFERENCE_ABOVE), B x H x N x the widest segment."""
+    (N above LOCAL_REFERENCE_ABOVE), about B x H x N x the widest segment."""
     p = case.problem
     keys = min(p.seq_len, max(p.segment_lengths)) if uses_local_reference(p) else p.seq_len
     return p.batch * p.heads * p.seq_len * keys

@@ -75,7 +75,9 @@ def reference_items(p: Problem, local: bool, chunk_elements: int, compute: str =
         items["projections"] = MULTIHEAD_ACTIVATIONS * x * e
     if local:
         items["one chunk"] = LOCAL_CHUNK_TENSORS * chunk_elements * e
-        keys = p.seq_len if p.spec.block_sparse else min(p.seq_len, max(p.segment_lengths))  # a table row: any
+        # a table row: any; a dilated row class: the union of its pairs' kept keys
+        pairs = zip(p.segment_lengths, p.dilation_rates)
+        keys = p.seq_len if p.spec.block_sparse else min(p.seq_len, sum(-(-min(w, p.seq_len) // r) for w, r in pairs))
         items["one chunk's K, V, dK, dV"] = 4 * p.batch * keys * p.heads * p.head_dim * e
         rows = p.batch * p.seq_len * p.heads  # lse, and rowsum(dO o O) of the backward
         if fwdbwd:

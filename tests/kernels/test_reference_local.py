@@ -3,6 +3,7 @@ gradients: w > N, w % r != 0, causal, head_groups, GQA/MQA, packed documents, ke
 much smaller than a segment; and the naive half computation stays as close to float64 as the dense one."""
 
 import contextlib
+import itertools
 from unittest import mock
 
 import pytest
@@ -58,8 +59,10 @@ def test_dilated_local_equals_dense(case, semantics, causal):
     mask = torch.rand(batch, n, generator=torch.Generator().manual_seed(1)) < 0.2
     args = (segs, rates, causal, semantics)
     dense = outputs(dilated_attention_reference, q, k, v, up, *args, key_padding_mask=mask)
-    for chunk in (1 << 22, 100, 7):  # one chunk; many; chunks of single rows
-        local = outputs(dilated_attention_local, q, k, v, up, *args, key_padding_mask=mask, max_chunk_elements=chunk)
+    for chunk, given in itertools.product((1 << 22, 100, 7), (False, True)):  # one chunk; many; single rows
+        local = outputs(
+            dilated_attention_local, q, k, v, up, *args, key_padding_mask=mask, max_chunk_elements=chunk, given=given
+        )
         assert_same(dense, local)
 
 
@@ -157,7 +160,7 @@ def test_a_chunk_whose_rows_attend_all_its_keys_equals_dense(causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_slices_of_a_batch_accumulate_their_key_shares_out_of_place(monkeypatch, causal):
-    """B > 1 with parts of 2 of a branch's 3 heads: the dK/dV share slices do not flatten to one batch, and
+    """B > 1 with parts of 2 of a row class's 3 heads: the dK/dV share slices do not flatten to one batch, and
     _add_product's out-of-place sum must give the dense gradients too (GQA on top)."""
     flattened = []
     add_product = reference_local._add_product
@@ -174,7 +177,8 @@ def test_head_slices_of_a_batch_accumulate_their_key_shares_out_of_place(monkeyp
     q, k, v, up = draw(3, 60, 6, 2)
     args = ([20, 60], [1, 2], causal, "longnet")  # rate 2: 3 heads per offset
     dense = outputs(dilated_attention_reference, q, k, v, up, *args)
-    local = outputs(dilated_attention_local, q, k, v, up, *args, max_chunk_elements=3 * 2 * 30 * 30)
+    # classes of 10 rows: against 40 keys in parts of 2 heads (3 x 2 x 10 x 40 <= 3000), against 20 all 3 at once
+    local = outputs(dilated_attention_local, q, k, v, up, *args, max_chunk_elements=3000)
     assert_same(dense, local)
     assert not all(flattened) and any(flattened)
 
@@ -207,9 +211,9 @@ def test_blocks_with_like_rows_share_a_chunk_and_equal_dense(causal):
 
 
 def test_a_given_upstream_gradient_is_used_once_and_only_for_itself(monkeypatch):
-    """With the upstream gradient given, a complete layout computes the gradients in its forward pass (no
-    recomputing backward runs); a backward with another gradient recomputes and is right for that one; the
-    dilated layout (a row's keys in several chunks) ignores what it is given."""
+    """With the upstream gradient given, the gradients are computed in the forward pass (no recomputing
+    backward runs), the dilated layout's too; a backward with another gradient recomputes and is right for
+    that one."""
     import dattn_cli.kernels.reference_local as local
 
     q, k, v, up = draw(2, 40, 4, 2)
@@ -231,9 +235,10 @@ def test_a_given_upstream_gradient_is_used_once_and_only_for_itself(monkeypatch)
     assert recomputing and all((a - b).abs().max() < 1e-12 for a, b in zip(first, again))
     recomputing.clear()
     xs = [x.clone().requires_grad_() for x in (q, k, v)]
-    out, _ = dilated_attention_local(*xs, [8, 16], [1, 2], upstream=up)
-    torch.autograd.grad(out, xs, up)
-    assert recomputing  # a row's keys in several chunks: recomputed whatever it is given
+    out, lse = dilated_attention_local(*xs, [8, 16], [1, 2], upstream=up)
+    given = torch.autograd.grad(out, xs, up)
+    assert not recomputing
+    assert_same(outputs(dilated_attention_reference, q, k, v, up, [8, 16], [1, 2]), [out.detach(), lse, *given])
 
 
 def test_the_naive_bfloat16_computation_with_its_gradient_given_stays_bfloat16_sized():
