@@ -61,22 +61,19 @@ class Dilated:
     def _classes(self, pairs) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """(rows, keys, c per key) of each row class: rows whose pairs keep them in the same segments."""
         t = torch.arange(self.n, device=self.device)
-        # per pair, 1 + the segment that keeps t (0: not kept), as digits of one number: a class is one value
+        # per pair, 1 + the segment that keeps t (0: not kept), folded into one class number per row, renumbered
+        # after each pair so that it stays below N (no overflow however many pairs)
         code = torch.zeros_like(t)
         for w, r, o in pairs:
-            code = code * (self.n // w + 2) + torch.where((t % w) % r == o, t // w + 1, 0)
-        codes, inverse = torch.unique(code, return_inverse=True)
-        order = torch.sort(inverse, stable=True).indices
-        sizes = torch.bincount(inverse, minlength=len(codes)).tolist()
-        for value, rows in zip(codes.tolist(), order.split(sizes)):
-            segments = []
-            for w, _, _ in reversed(pairs):
-                value, digit = divmod(value, self.n // w + 2)
-                segments.append(digit - 1)
+            digit = torch.where((t % w) % r == o, t // w + 1, 0)
+            code = torch.unique(code * (self.n // w + 2) + digit, return_inverse=True)[1]
+        order = torch.sort(code, stable=True).indices
+        for rows in order.split(torch.bincount(code).tolist()):
+            first = int(rows[0])  # every row of a class is kept by the same pairs in the same segments as this one
             kept = [
-                torch.arange(s * w + o, min(self.n, s * w + w), r, device=self.device)
-                for s, (w, r, o) in zip(reversed(segments), pairs)
-                if s >= 0
+                torch.arange(first // w * w + o, min(self.n, first // w * w + w), r, device=self.device)
+                for w, r, o in pairs
+                if (first % w) % r == o
             ]
             if kept:
                 keys, counts = torch.unique(torch.cat(kept), return_counts=True)

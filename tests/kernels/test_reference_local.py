@@ -254,3 +254,13 @@ def test_the_naive_bfloat16_computation_with_its_gradient_given_stays_bfloat16_s
         scale = r.abs().max().item()
         errors = [(x.double() - r).abs().max().item() / scale for x in (a, b)]
         assert 0 < errors[1] <= 3 * errors[0] + 1e-3, errors
+
+
+@pytest.mark.parametrize(
+    "segs, rates", [([8] * 41, [1] * 41), ([8 + i for i in range(41)], [1 + i % 3 for i in range(41)])]
+)
+def test_many_pairs_classify_rows_without_overflow(segs, rates):
+    """41 pairs: a class number built from one digit per pair would pass 2^63 (3^41); renumbered, it does not."""
+    q, k, v, up = draw(1, 8, 2, 1, dim=4)
+    dense = outputs(dilated_attention_reference, q, k, v, up, segs, rates)
+    assert_same(dense, outputs(dilated_attention_local, q, k, v, up, segs, rates))
