@@ -121,9 +121,10 @@ def _run(sweep, o: SimpleNamespace, world):
 
 def _exit(world, result, code: int, timeout_s: float) -> None:
     """Exit with `code`, agreed over an attached world's ranks; there a point a rank failed is exit 1 on every
-    rank, the rank named (the world is not trusted after it: bench.attached)."""
+    rank, the rank named (the world is not trusted after it: bench.attached); rank 0 alone says so."""
     if world is not None and (failed := next((r for r in result.rows if r.status == "error"), None)):
-        note(f"dattn: error: {failed.error}", style="red")
+        if world.rank == 0:
+            note(f"dattn: error: {failed.error}", style="red")
         code = max(code, 1)
     if (code := agreed_exit_code(world, code, timeout_s)) != 0:
         raise typer.Exit(code=code)

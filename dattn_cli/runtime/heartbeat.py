@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from .signals import STOPPING
+from .signals import STOPPING, Interrupted
 
 BEAT_S = 0.5
 DEAD_AFTER_S = 10.0  # a beat that has not moved for this long: the rank is dead or stopped
@@ -136,15 +136,17 @@ class Watch:
             self._set(self.key("left", self.world.rank), "ended before the others")
 
     def stop(self) -> None:
-        """This rank is done (its exit code agreed): peers stop watching it, and it stops watching them."""
+        """This rank is done (its exit code agreed): peers stop watching it, and it stops watching them.
+        The signal handlers go back before the thread stops: a signal parked after that would have no one to end
+        the process (the launcher's SIGTERM, sent as a peer leaves, then waited its 30 s for SIGKILL)."""
         self._set(self.key("left", self.world.rank), "done")
+        if threading.current_thread() is threading.main_thread():
+            for s, handler in self.previous.items():  # before the wakeup fd: a signal between is still seen
+                signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+            signal.set_wakeup_fd(self.previous_fd)
         self.stopped.set()
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join(timeout=4 * BEAT_S)  # out of its store call before the process group goes
-        if threading.current_thread() is threading.main_thread():
-            signal.set_wakeup_fd(self.previous_fd)
-            for s, handler in self.previous.items():
-                signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         Watch.current = None
 
     def _set(self, key: str, value: str) -> bool:
@@ -280,7 +282,6 @@ class Watch:
     def leave(self, code: int, reason: str | None, dead: list[int]) -> None:
         """End this process: the lowest surviving rank says why and what was kept."""
         said = f"terminated ({reason})" if code > 128 else f"exit {code}: {reason or 'a peer died'}"
-        self._set(self.key("left", self.world.rank), said[:300])
         alive = [r for r in range(self.world.world_size) if r not in dead]
         if self.world.rank == min(alive):
             if dead:
@@ -293,6 +294,7 @@ class Watch:
                 first = f"dattn: error: {reason}"
             _say(first)
             _say(f"dattn: {self._kept()}")
+        self._set(self.key("left", self.world.rank), said[:300])  # after the lines: a peer that sees it may print
         os._exit(code)
 
     def _kept(self) -> str:
@@ -311,10 +313,12 @@ def _signal_read(fd: int) -> int | None:
     return signals[0] if signals else None
 
 
-def _park(_signum: int, _frame: object) -> None:
-    """The main thread's handler while watched: it stops here, and the watch thread ends the process."""
-    while True:
-        time.sleep(1)
+def _park(signum: int, _frame: object) -> None:
+    """The main thread's handler while watched: it stops here, and the watch thread ends the process (a watch
+    that is no longer running cannot: the signal is then the Interrupted of runtime.signals)."""
+    while (watch := Watch.current) is not None and watch.thread.is_alive() and not watch.stopped.is_set():
+        time.sleep(0.2)
+    raise Interrupted(signum)
 
 
 def _say(line: str) -> None:
