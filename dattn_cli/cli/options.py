@@ -31,7 +31,7 @@ from ..workload.option import (
 )
 from ..workload.parse import check_number, parse_seq_lens
 
-__all__ = ["OPTIONS", "ORDER", "Cli", "check_ranks", "finite", "one_of", "typed"]
+__all__ = ["OPTIONS", "ORDER", "Cli", "finite", "one_of", "typed"]
 
 
 def one_of(option: str, choices: tuple[str, ...]) -> Callable[[str | None], str | None]:
@@ -57,18 +57,6 @@ def finite(option: str, low: float, high: float, low_open: bool = False) -> Call
 
 def _zero_stage(value: int) -> int:
     return value if value in (0, 1, 2, 3) else int(one_of("--zero", ("0", "1", "2", "3"))(str(value)))
-
-
-def check_ranks(impls: list[str], ranks: int, option: str) -> None:
-    """More than one rank takes distributed implementations only: refused naming this command's option."""
-    from ..kernels.registry import REGISTRY, names
-
-    single = [i for i in impls if i in REGISTRY and not REGISTRY[i].distributed]
-    if ranks > 1 and single:
-        raise ValueError(
-            f"{option} {ranks} runs distributed implementations only; {', '.join(single)} is not one: "
-            f"use {', '.join(names(lambda s: s.distributed))}, or {option} 1"
-        )
 
 
 def typed(key: str, cli: Cli, annotation: Any = None, default: Any = None) -> tuple[Any, Any]:
@@ -138,6 +126,14 @@ OPTIONS: dict[str, Cli] = {
         LAYER,
         ("plan",),
         **FLAG,
+    ),
+    "fp8": Cli(
+        "plan --model/--model-config: the blocks' linear layers in FP8, as TransformerEngine (te: FP8 copies of "
+        "inputs and weights saved) or torchao (torchtitan's float8: float8 FSDP all-gathers) run them (docs/plan.md).",
+        LAYER,
+        ("plan",),
+        choices=("te", "torchao"),
+        **UNSET,
     ),
     "offload": Cli(
         "plan --target model: kept in host memory, comma-separated: activations (--recompute full), optimizer "

@@ -9,8 +9,8 @@ from typing import Any
 
 import typer
 
+from ..kernels.registry import check_ranks
 from .build import generated, model_values
-from .options import check_ranks
 from .render.common import emit_files, machine_output, note, stdout
 from .render.plan import check_table, layout_table, plan_table
 
@@ -200,8 +200,13 @@ def _lengths(values: dict, devices: int, max_seq: bool, min_devices: bool) -> di
 def _named_model(o: SimpleNamespace) -> dict | None:
     """The Problem fields of --model or --model-config (workload/model_presets.py), or None; sets the target."""
     if o.model is None and o.model_config is None:
-        if o.tiled_mlp:
-            raise ValueError("--tiled-mlp tiles a named model's MLP: give --model or --model-config")
+        if o.tiled_mlp or o.fp8:
+            which = (
+                "--tiled-mlp tiles a named model's MLP"
+                if o.tiled_mlp
+                else f"--fp8 {o.fp8} runs a named model's linears"
+            )
+            raise ValueError(f"{which}: give --model or --model-config")
         o.target = o.target or "attention"
         return None
     if o.model is not None and o.model_config is not None:
@@ -221,8 +226,9 @@ def _named_model(o: SimpleNamespace) -> dict | None:
             "core --impl (e.g. RingDilatedAttention) with its --segments and --dilations"
         )
     o.impl = o.impl or "sdpa"  # the dense baseline (kernels/registry.py); --kernel picks its efficiency curve
-    if o.tiled_mlp:
-        fields["architecture"] = fields["architecture"].model_copy(update={"tiled_mlp": True})
+    if o.tiled_mlp or o.fp8:
+        update = {"tiled_mlp": bool(o.tiled_mlp), "fp8": o.fp8}
+        fields["architecture"] = fields["architecture"].model_copy(update=update)
     return fields
 
 
@@ -272,6 +278,9 @@ def plan(**given: Any) -> None:
     if o.check is not None:
         return _check(hw, o.check, o.json_out, o.csv_out)
     problem, training = _problem(o)
+    from ..plan import fp8
+
+    fp8.check(problem, hw)
     if training is not None and training.offload:
         from ..plan.offload import check as check_offload
 

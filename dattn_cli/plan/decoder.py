@@ -29,15 +29,19 @@ from __future__ import annotations
 
 from ..workload.architecture import block_matmul_parameters
 from ..workload.problem import ELEMENT_BYTES, Problem
+from . import fp8
 
 NORM_ITEM = "norm inputs (fp32), normalized and outputs"
 
 
-def norm_saved(s: Problem, consumers: int = 1) -> int:
-    """One norm's saved tensors (module docstring), its output as kept by the `consumers` linears it feeds."""
+def norm_saved(s: Problem, consumers: int = 1, fp8_linears: bool = False) -> int:
+    """One norm's saved tensors (module docstring), its output as kept by the `consumers` linears it feeds (FP8
+    linears of a block under --fp8 te: each its own FP8 copy)."""
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens = s.batch * s.seq_len
     outputs = (consumers if s.amp else 1) * tokens * s.width * c
+    if fp8_linears and fp8.saves_fp8(s):  # each linear its own FP8 copy (plan/fp8.py)
+        outputs = consumers * tokens * s.width
     if s.arch.norm == "rmsnorm":
         return tokens * s.width * (4 + p) + outputs + 4 * tokens
     return tokens * s.width * p + outputs + 8 * tokens
@@ -46,7 +50,7 @@ def norm_saved(s: Problem, consumers: int = 1) -> int:
 def _block_norms(s: Problem) -> tuple[int, int]:
     """(the attention's norm, the MLP's norm): q, k and v read the first, gate and up (or fc1) the second (a tiled
     MLP reads it once)."""
-    return norm_saved(s, 3), norm_saved(s, 2 if s.arch.gated and not s.arch.tiled_mlp else 1)
+    return norm_saved(s, 3, True), norm_saved(s, 2 if s.arch.gated and not s.arch.tiled_mlp else 1, True)
 
 
 def mlp_shards(s: Problem) -> int:
@@ -59,7 +63,8 @@ def mlp_saved(s: Problem, rows: int | None = None) -> int:
     if rows is None and s.arch.tiled_mlp:
         return 0
     c = ELEMENT_BYTES[s.compute_dtype]
-    return (4 if s.arch.gated else 2) * (s.batch * s.seq_len if rows is None else rows) * s.hidden * c
+    kept = (4 if s.arch.gated else 2) * c - (c - 1 if fp8.saves_fp8(s) else 0)  # down's input in FP8 (plan/fp8.py)
+    return kept * (s.batch * s.seq_len if rows is None else rows) * s.hidden
 
 
 def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
@@ -71,7 +76,11 @@ def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
         "rotated q and k, v, attention output and lse": core,
         "MLP: gate, up, activation and product" if s.arch.gated else "MLP hidden (fc1 and GELU outputs)": mlp_saved(s),
     }
-    if c != ELEMENT_BYTES[s.dtype]:
+    if fp8.saves_fp8(s):  # plan/fp8.py: o_proj's FP8 input, the FP8 weights and transposes (no autocast copies)
+        items["FP8 copies: o_proj input, weights and transposes"] = (
+            s.batch * s.seq_len * s.attention_width + fp8.weight_copies(s)
+        )
+    elif c != ELEMENT_BYTES[s.dtype]:
         items["autocast weight copies"] = block_matmul_parameters(s) * c
     items["attention accumulator"] = attention.get("fp32 accumulator", 0)
     return items

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from ..workload.architecture import block_parameters_of, end_parameters
 from ..workload.counts import linear_flops, shard_of
 from ..workload.problem import ELEMENT_BYTES, Problem
-from . import decoder
+from . import decoder, fp8
 from .loss import Loss, loss_items
 from .memory import MemoryBreakdown, estimate_memory
 from .offload import DEVICE_CHECKPOINTS
@@ -370,7 +370,9 @@ def matmul_key(s: Problem) -> str:
 
 
 def linear_seconds(s: Problem, profile: HardwareProfile, flops: float) -> float:
-    """The linear layers' FLOPs at the profile's peak rate for the compute dtype times the matmul efficiency."""
+    """The linear layers' FLOPs at the compute dtype's peak x the matmul efficiency (--fp8: plan/fp8.py)."""
+    if fp8.kind(s) is not None:
+        return fp8.linear_seconds(s, profile, flops, lambda key: profile.efficiency.compute_for(key, s.mode))
     peak = profile.required_peak(s.compute_dtype, "pick another --dtype or --amp")
     return flops / (peak * profile.efficiency.compute_for(matmul_key(s), s.mode))
 

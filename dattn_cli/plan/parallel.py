@@ -31,10 +31,10 @@ from typing import Literal
 from pydantic import BaseModel, field_validator, model_validator
 
 from ..kernels.registry import names
-from ..workload.architecture import block_parameters_of
+from ..workload.architecture import block_matmul_parameters, block_parameters_of
 from ..workload.counts import linear_flops
 from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
-from . import offload as host
+from . import fp8, nccl, offload as host
 from .layers import (
     LayerMemory,
     ModelStates,
@@ -150,6 +150,13 @@ def _units(s: Problem) -> tuple[int, int]:
     return block_parameters_of(s), s.vocab_size * s.width
 
 
+def _gathered(s: Problem, block: int) -> float:
+    """Bytes of a block's parameters in an FSDP all-gather: p each, its matmuls' 1 with torchao's float8
+    all-gather (plan/fp8.py)."""
+    matmul = block_matmul_parameters(s)
+    return (block - matmul) * ELEMENT_BYTES[s.dtype] + matmul * fp8.gathered_matmul_bytes(s)
+
+
 def step_temporary(optimizer: str, state_bytes: float, params: float, largest: float, device_type: str) -> float:
     """What torch's AdamW step allocates on top of its states, per device: the for-loop step (torch's choice on CPU)
     one temporary of the largest parameter, the foreach step (its default on CUDA) a tensor list of every one:
@@ -170,7 +177,8 @@ def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelSta
     resident = {"parameters" + (f" (1/{n} shard)" if z == 3 and sharded else ""): params * p / (n if z == 3 else 1)}
     forward = {}
     if z == 3 and (sharded or "parameters" in t.offload):
-        forward["all-gathered parameters (unit in use + prefetched)"] = max(2 * block, head + block) * p
+        gathered = _gathered(s, block)
+        forward["all-gathered parameters (unit in use + prefetched)"] = max(2 * gathered, head * p + gathered)
     if s.mode != "fwdbwd":
         return ModelStates(resident, forward=forward, step_name="no optimizer step")
     states, master = optimizer_bytes(t.optimizer, p)
@@ -206,6 +214,9 @@ def model_memory(s: Problem, profile: HardwareProfile, t: Training, device_type:
     check_recompute(s, t.recompute)
     host.check(s, t, profile.host is not None, profile.name)
     states = model_states(s, t, device_type)
+    if device_type == "cuda":
+        buffers, name = nccl.buffer_bytes(t.devices, t.sequence_parallel, s.spec.strategy, profile.devices_per_node)
+        states.resident.update({name: buffers} if buffers else {})
     options = StepOptions(t.loss, t.recompute == "selective", "activations" in t.offload)
     return layer_memory(s, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel, options)
 
@@ -261,8 +272,8 @@ def data_parallel_collectives(
     messages = (s.layers + 1) * (n - 1)  # one collective per unit: every block, and the embedding/head
     unit = profile.transfer_seconds(n, n - 1, share * max(block, head) * ELEMENT_BYTES[s.dtype])
 
-    def timed(name: str, overlap: str, exposed: Callable) -> Collective:
-        return _timed(name, share * total, messages, profile, n, overlap, exposed)
+    def timed(name: str, overlap: str, exposed: Callable, nbytes: float = total) -> Collective:
+        return _timed(name, share * nbytes, messages, profile, n, overlap, exposed)
 
     if z < 3:  # ZeRO-1/2: gradients reduce-scattered during the backward, updated parameters all-gathered after
         return [
@@ -277,11 +288,13 @@ def data_parallel_collectives(
                 lambda sec: sec,
             ),
         ]
+    gathered = total - s.layers * (block * ELEMENT_BYTES[s.dtype] - _gathered(s, block))  # torchao fp8: less
     out = [
         timed(
             "FSDP all-gather (forward)",
             "prefetched one unit ahead under the forward; the first unit's gather exposed",
             lambda sec: max(0.0, sec - forward_s) + unit,
+            gathered,
         )
     ]
     if s.mode != "fwdbwd":
@@ -290,6 +303,7 @@ def data_parallel_collectives(
         "FSDP all-gather (backward)",
         "prefetched one unit ahead under the backward",
         lambda sec: max(0.0, sec - backward_s),
+        gathered,
     )
     room = max(0.0, backward_s - gather.seconds)
     reduce = timed(

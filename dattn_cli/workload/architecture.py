@@ -48,6 +48,8 @@ class Architecture(BaseModel):
     # plan --tiled-mlp: ALST's TiledMLP (DeepSpeed's ulysses_sp.TiledMLP), the MLP run in sequence shards and
     # recomputed shard by shard in the backward (plan/decoder.py)
     tiled_mlp: bool = False
+    # plan --fp8: the blocks' linear layers in FP8, as TransformerEngine (te) or torchao run them (plan/fp8.py)
+    fp8: Literal["te", "torchao"] | None = None
 
     @field_validator("intermediate_size")
     @classmethod
