@@ -1,6 +1,6 @@
 """The options that are not Problem fields (measurement, distributed, plan and output settings), each declared
 once as a `Cli` (workload/option.py) naming the commands that take it; the Problem's own options are declared on
-its fields. `typed` turns one into a Typer parameter type; cli/build.py gives each command its options.
+its fields. cli/params.py's `typed` turns one into a Typer parameter type; cli/build.py gives each command its options.
 
 The key of an option is its parameter name, and where the option fills a field of a command's settings
 (Sweep, ProfileSettings) that field's name: --start-seq-len fills Sweep.start.
@@ -8,17 +8,12 @@ The key of an option is its parameter name, and where the option fills a field o
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
-
-import typer
 
 from ..workload.option import (
     ALL,
     BLOCK,
     DIST,
-    FIELD,
     IMPL,
     LAYER,
     MEASURE,
@@ -27,57 +22,15 @@ from ..workload.option import (
     PLAN,
     SHAPE,
     Cli,
-    literal_values,
 )
-from ..workload.parse import check_number, parse_seq_lens
+from ..workload.parse import parse_seq_lens
+from .params import finite, one_of, typed
 
 __all__ = ["OPTIONS", "ORDER", "Cli", "finite", "one_of", "typed"]
 
 
-def one_of(option: str, choices: tuple[str, ...]) -> Callable[[str | None], str | None]:
-    """A callback refusing values outside `choices` with one sentence naming the option and the fix."""
-
-    def check(value: str | None) -> str | None:
-        if value is not None and value not in choices:
-            raise ValueError(f"{option} {value!r}: use {', '.join(choices[:-1])} or {choices[-1]}")
-        return value
-
-    return check
-
-
-def finite(option: str, low: float, high: float, low_open: bool = False) -> Callable[[float | None], float | None]:
-    """A callback refusing NaN, infinities and values outside [low, high] ((low, high] with `low_open`), naming
-    the option and the range (click's own ranges let NaN through)."""
-
-    def check(value: float | None) -> float | None:
-        return value if value is None else check_number(option, value, low, high, low_open=low_open)
-
-    return check
-
-
 def _zero_stage(value: int) -> int:
     return value if value in (0, 1, 2, 3) else int(one_of("--zero", ("0", "1", "2", "3"))(str(value)))
-
-
-def typed(key: str, cli: Cli, annotation: Any = None, default: Any = None) -> tuple[Any, Any]:
-    """(Annotated[type, typer.Option], default) of option `key` as one command takes it (`cli`: its form there);
-    `annotation` and `default`: its model field's, where it is one."""
-    if cli.default is not FIELD:
-        default = cli.default
-    elif isinstance(default, list) and cli.parse is not None:  # a comma-separated list's default, as typed
-        default = ",".join(map(str, default))
-    choices = (literal_values(annotation) if cli.choices is True else cli.choices) or ()
-    base = str if choices else cli.type or annotation
-    kind = list[base] | None if cli.many else base | None if default is None else base
-    option = typer.Option(
-        *(cli.names or ("--" + key.replace("_", "-"),)),
-        help=cli.help,
-        metavar=cli.metavar or ("|".join(choices) if choices else None),
-        callback=one_of(cli.option(key), choices) if choices else cli.check,
-        show_default=cli.show_default,
-        rich_help_panel=cli.panel,
-    )
-    return Annotated[kind, option], default
 
 
 FLAG, PATH, FILE = (
@@ -263,6 +216,14 @@ OPTIONS: dict[str, Cli] = {
         ("plan",),
         type=int,
         default=1,
+    ),
+    "gpus_per_node": Cli(
+        "plan --target model: devices per node, overriding the profile's devices_per_node: a group inside a node "
+        "talks over the intra-node link, one across nodes over the inter-node link (sequence parallel innermost).",
+        DIST,
+        ("plan",),
+        type=int,
+        **UNSET,
     ),
     "zero": Cli(
         "--target model over --devices: 0 DDP (replicated, gradients all-reduced), 1 ZeRO-1 (optimizer states "

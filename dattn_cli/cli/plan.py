@@ -22,13 +22,17 @@ DEFAULT_IMPL = {
 }
 
 
-def _hardware(profile: str, memory: str | None):
+def _hardware(profile: str, memory: str | None, per_node: int | None = None):
     from ..plan.profiles import load_profile
     from ..workload import parse_size
 
     hw = load_profile(profile)
     if memory is not None:
         hw = hw.model_copy(update={"memory_gib": parse_size(memory, "--max-memory") / 2**30})
+    if per_node is not None:
+        if not 1 <= per_node <= 4096:
+            raise ValueError(f"--gpus-per-node must be from 1 to 4,096, got {per_node:,}")
+        hw = hw.model_copy(update={"devices_per_node": per_node})
     return hw
 
 
@@ -268,7 +272,7 @@ def plan(**given: Any) -> None:
     _check_files(o)
     from ..plan import solve
 
-    hw = _hardware(o.profile, o.max_memory)
+    hw = _hardware(o.profile, o.max_memory, o.gpus_per_node)
     if o.world_size < 1:
         raise ValueError(f"--world-size must be >= 1, got {o.world_size}")
     if o.save is not None and o.calibrate is None:
