@@ -217,6 +217,14 @@ OPTIONS: dict[str, Cli] = {
         type=int,
         default=1,
     ),
+    "tensor_parallel": Cli(
+        "--model/--model-config over --devices: Megatron tensor parallelism with sequence parallelism over T "
+        "devices, innermost (devices = data parallel x --sequence-parallel x T; docs/plan.md).",
+        DIST,
+        ("plan",),
+        type=int,
+        default=1,
+    ),
     "gpus_per_node": Cli(
         "plan --target model: devices per node, overriding the profile's devices_per_node: a group inside a node "
         "talks over the intra-node link, one across nodes over the inter-node link (sequence parallel innermost).",

@@ -169,12 +169,13 @@ def _training(o: SimpleNamespace):
 
     recompute = _recompute(o)
     given = dict(sequence_parallel=o.sequence_parallel, zero=o.zero, optimizer=o.optimizer, loss=o.loss)
+    given["tensor_parallel"] = o.tensor_parallel
     if o.target != "model":
-        unset = dict(sequence_parallel=1, zero=0, optimizer="adamw", loss="standard")
+        unset = dict(sequence_parallel=1, zero=0, optimizer="adamw", loss="standard", tensor_parallel=1)
         if given != unset or recompute == "selective" or o.offload:
             raise ValueError(
-                "--sequence-parallel, --zero, --optimizer, --loss, --offload and --recompute selective apply to "
-                "--target model"
+                "--sequence-parallel, --tensor-parallel, --zero, --optimizer, --loss, --offload and --recompute "
+                "selective apply to --target model"
             )
         return None
     from ..plan.offload import parse

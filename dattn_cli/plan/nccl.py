@@ -12,8 +12,10 @@ what a job runs is connected. Per communicator, as this planner counts it (NCCL 
   nodes the send/recv pool is shared: 2 x 2 channels (NCCL_NCHANNELS_PER_NET_PEER, "typically 2", nccl#1424) x 16
   x 128 KiB (NCCL_P2P_NET_CHUNKSIZE) = 8 MiB.
 Communicators per device (PyTorch: one per process group, made at its first collective): the world's; the
-data-parallel group's and the sequence-parallel group's where both exist (dp > 1 and sp > 1). The sequence-parallel
-group is the innermost (inside a node while sp <= devices per node); its kind says what it runs: ring
+data-parallel group's and the sequence-parallel group's where both exist (dp > 1 and sp > 1); the tensor-parallel
+group's and that of the devices sharing its shard (ZeRO's) where tensor parallelism is not the whole world
+(collectives). The sequence-parallel group is the innermost (inside a node while sp <= devices per node); its
+kind says what it runs: ring
 (RingDilatedAttention...) send/recv with its two neighbours, allgather collectives, head_parallel all-to-all with
 every peer, hybrid both.
 Not counted: NVLink SHARP buffers on NVSwitch systems (256 MiB a GPU with NCCL >= 2.22, 768 MiB with 2.21, 1.5 GiB
@@ -30,13 +32,13 @@ P2P_ACROSS_NODES = 2 * 2 * 16 * 128 * 1024
 ITEM = "NCCL buffers"
 
 
-def buffer_bytes(devices: int, sequence_parallel: int, strategy: str, devices_per_node: int) -> tuple[int, str]:
-    """(bytes per device, what they are) of the communicators a layout of `devices` = dp x sp makes (module
+def buffer_bytes(devices: int, sp: int, tp: int, strategy: str, devices_per_node: int) -> tuple[int, str]:
+    """(bytes per device, what they are) of the communicators a layout of `devices` = dp x sp x tp makes (module
     docstring); (0, '') on one device."""
     if devices == 1:
         return 0, ""
-    sp, dp = sequence_parallel, devices // sequence_parallel
-    communicators = 1 + (2 if sp > 1 and dp > 1 else 0)
+    dp = devices // (sp * tp)
+    communicators = 1 + (2 if sp > 1 and dp > 1 else 0) + (2 if 1 < tp < devices else 0)
     total, said = communicators * COLLECTIVES, [f"{communicators} communicator(s) x collectives"]
     if sp > 1 and strategy in ("ring", "head_parallel", "hybrid"):
         peers = min(2, sp - 1) if strategy == "ring" else sp - 1

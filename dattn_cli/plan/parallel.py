@@ -1,11 +1,13 @@
 """Whole-model training plans across devices (`plan --target model --devices N`): data parallel (DDP),
-ZeRO stages 1-3 / FSDP, sequence parallel attention and their product, the optimizer's states, and the
-gradient and parameter collectives with their overlap (docs/plan.md, "Whole-model plans across devices").
+ZeRO stages 1-3 / FSDP, sequence parallel attention, tensor parallelism (plan/tensor.py) and their product, the
+optimizer's states, and the gradient and parameter collectives with their overlap (plan/collectives.py;
+docs/plan.md, "Whole-model plans across devices").
 
-Layout: N devices = dp x sp. A data-parallel replica of sp devices shares each of its --batch sequences,
-each device holding L = N/sp positions (the attention's shard rule, registry.shard_length); every device
-holds the same weights, so ZeRO shards over all N (sequence-parallel ranks share the shards, as
-DeepSpeed-Ulysses does) and gradients are reduced over all N.
+Layout: N devices = dp x sp x tp, tensor parallel innermost. A data-parallel replica of sp x tp devices shares each
+of its --batch sequences, each device holding L = N/sp positions (the attention's shard rule,
+registry.shard_length) and 1/tp of each block's weights; the dp x sp devices holding the same tensor shard hold the
+same weights, so ZeRO shards over them (sequence-parallel ranks share the shards, as DeepSpeed-Ulysses does) and
+gradients are reduced over them. Below, N counts those devices.
 
 Model states per device, P parameters, p bytes per weight (--dtype), Ψ as in the ZeRO paper
 (Rajbhandari et al. 2020, arXiv:1910.02054, §3.1: mixed-precision Adam holds 2Ψ + 2Ψ + 12Ψ):
@@ -16,25 +18,23 @@ Model states per device, P parameters, p bytes per weight (--dtype), Ψ as in th
   docs): P·p more, allocated when DDP is built
 * ZeRO-3/FSDP: the unit in use and the prefetched one all-gathered (p bytes): max(2 blocks, head + block);
   ZeRO-2/3: the unsharded gradient of the unit being reduce-scattered
-Collectives (ring algorithms; bytes each device sends, NCCL's bus-bandwidth convention, nccl-tests
-doc/PERFORMANCE.md): all-reduce 2(N-1)/N·G, all-gather and reduce-scatter (N-1)/N·G, at the profile's
-intra-node link while N <= devices_per_node, else inter-node. DDP: one all-reduce of the gradients; ZeRO-1/2:
+Collectives (plan/collectives.py): DDP: one all-reduce of the gradients; ZeRO-1/2:
 a reduce-scatter of the gradients and an all-gather of the updated parameters; ZeRO-3: all-gathers in the
 forward and in the backward and a reduce-scatter of the gradients (3Ψ against DDP's 2Ψ, ZeRO paper §7.2).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, field_validator, model_validator
 
 from ..kernels.registry import names
-from ..workload.architecture import block_matmul_parameters, block_parameters_of
+from ..workload.architecture import block_parameters_of
 from ..workload.counts import linear_flops
 from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
-from . import fp8, nccl, offload as host
+from . import fp8, nccl, offload as host, tensor
+from .collectives import Collective, Group, Sharded, data_parallel, tensor_parallel
 from .layers import (
     LayerMemory,
     ModelStates,
@@ -62,7 +62,6 @@ OPTIMIZERS: dict[str, tuple[float | None, str]] = {
     "sgd": (4.0, "SGD: one fp32 momentum buffer"),
     "torch-adamw": (None, "torch AdamW on the weights as they are: two states in the weight dtype, no master copy"),
 }
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default
 ZERO_NAMES = {
     0: "DDP (replicated)",
     1: "ZeRO-1 (optimizer states sharded)",
@@ -76,6 +75,7 @@ class Training(BaseModel):
 
     devices: int = 1
     sequence_parallel: int = 1
+    tensor_parallel: int = 1  # plan/tensor.py
     zero: Literal[0, 1, 2, 3] = 0
     optimizer: Optimizer = "adamw"
     loss: Loss = "standard"  # plan/loss.py
@@ -83,30 +83,39 @@ class Training(BaseModel):
     recompute: Recompute | None = None
     offload: tuple[host.Offload, ...] = ()  # plan/offload.py: what lives in host memory
 
-    @field_validator("devices", "sequence_parallel")
+    @field_validator("devices", "sequence_parallel", "tensor_parallel")
     @classmethod
     def _count(cls, value: int, info) -> int:
-        option = "--devices" if info.field_name == "devices" else "--sequence-parallel"
+        option = "--" + info.field_name.replace("_", "-")
         if not 1 <= value <= SIZE_LIMITS["world_size"]:
             raise ValueError(f"{option} must be from 1 to {SIZE_LIMITS['world_size']:,}, got {value:,}")
         return value
 
     @model_validator(mode="after")
     def _layout(self) -> Training:
-        if self.devices % self.sequence_parallel:
+        if self.devices % (self.sequence_parallel * self.tensor_parallel):
+            tp = self.tensor_parallel > 1
             raise ValueError(
-                f"--sequence-parallel {self.sequence_parallel} does not divide --devices {self.devices}: "
-                "devices = data parallel x sequence parallel"
+                f"--sequence-parallel {self.sequence_parallel}"
+                + (f" x --tensor-parallel {self.tensor_parallel}" if tp else "")
+                + f" does not divide --devices {self.devices}: devices = data parallel x sequence parallel"
+                + (" x tensor parallel" if tp else "")
             )
         return self
 
     @property
     def data_parallel(self) -> int:
-        return self.devices // self.sequence_parallel
+        return self.devices // (self.sequence_parallel * self.tensor_parallel)
+
+    @property
+    def replicas(self) -> int:
+        """The devices holding the same tensor-parallel shard (dp x sp): what ZeRO shards over."""
+        return self.devices // self.tensor_parallel
 
     def describe(self) -> str:
+        tp = f" x tp {self.tensor_parallel}" if self.tensor_parallel > 1 else ""
         return (
-            f"{self.devices} devices = dp {self.data_parallel} x sp {self.sequence_parallel}; "
+            f"{self.devices} devices = dp {self.data_parallel} x sp {self.sequence_parallel}{tp}; "
             f"{ZERO_NAMES[self.zero] if self.devices > 1 else 'one device'}; {OPTIMIZERS[self.optimizer][1]}"
             + ("; chunked loss (no full logits)" if self.loss == "chunked" else "")
             + ("; selective recompute (matmul and attention outputs kept)" if self.recompute == "selective" else "")
@@ -115,7 +124,9 @@ class Training(BaseModel):
 
 
 def check_impl(s: Problem, t: Training) -> None:
-    """A sequence-parallel layout needs a distributed multihead attention (bad input: the CLI exits 2)."""
+    """A sequence-parallel layout needs a distributed multihead attention, a tensor-parallel one a named model's
+    dense block (plan/tensor.py) (bad input: the CLI exits 2)."""
+    tensor.check(s, t.tensor_parallel, t.sequence_parallel)
     if t.sequence_parallel > 1 and not s.spec.distributed:
         raise ValueError(
             f"--sequence-parallel {t.sequence_parallel} needs a distributed multihead --impl, not "
@@ -145,16 +156,21 @@ def optimizer_bytes(optimizer: str, weight_bytes: int) -> tuple[float, float]:
     return states, 4.0 if weight_bytes < 4 else 0.0
 
 
-def _units(s: Problem) -> tuple[int, int]:
-    """(parameters of the largest block, of the tied embedding/head): FSDP's wrapping units."""
-    return block_parameters_of(s), s.vocab_size * s.width
+def _units(s: Problem, tp: int = 1) -> tuple[float, float]:
+    """(parameters of the largest block, of the embedding/head) on one device: FSDP's wrapping units."""
+    return tensor.block_unit(s, block_parameters_of(s), tp)[0], s.vocab_size * s.width / tp
 
 
-def _gathered(s: Problem, block: int) -> float:
-    """Bytes of a block's parameters in an FSDP all-gather: p each, its matmuls' 1 with torchao's float8
-    all-gather (plan/fp8.py)."""
-    matmul = block_matmul_parameters(s)
+def _gathered(s: Problem, tp: int = 1) -> float:
+    """Bytes of a block's parameters on one device in an FSDP all-gather: p each, its matmuls' 1 with torchao's
+    float8 all-gather (plan/fp8.py)."""
+    block, matmul = tensor.block_unit(s, block_parameters_of(s), tp)
     return (block - matmul) * ELEMENT_BYTES[s.dtype] + matmul * fp8.gathered_matmul_bytes(s)
+
+
+def device_parameters(s: Problem, t: Training) -> float:
+    """The parameters one device holds before ZeRO: tensor parallelism splits all but the norms (plan/tensor.py)."""
+    return tensor.device_parameters(s, model_parameters(s), t.tensor_parallel)
 
 
 def step_temporary(optimizer: str, state_bytes: float, params: float, largest: float, device_type: str) -> float:
@@ -171,13 +187,13 @@ def step_temporary(optimizer: str, state_bytes: float, params: float, largest: f
 def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelStates:
     """The weights, gradients and optimizer of one device, by phase (module docstring); `device_type` decides
     torch's AdamW implementation (step_temporary)."""
-    p, params, n, z = ELEMENT_BYTES[s.dtype], model_parameters(s), t.devices, t.zero
-    block, head = _units(s)
+    p, params, n, z = ELEMENT_BYTES[s.dtype], device_parameters(s, t), t.replicas, t.zero
+    block, head = _units(s, t.tensor_parallel)
     sharded = n > 1
     resident = {"parameters" + (f" (1/{n} shard)" if z == 3 and sharded else ""): params * p / (n if z == 3 else 1)}
     forward = {}
     if z == 3 and (sharded or "parameters" in t.offload):
-        gathered = _gathered(s, block)
+        gathered = _gathered(s, t.tensor_parallel)
         forward["all-gathered parameters (unit in use + prefetched)"] = max(2 * gathered, head * p + gathered)
     if s.mode != "fwdbwd":
         return ModelStates(resident, forward=forward, step_name="no optimizer step")
@@ -215,19 +231,16 @@ def model_memory(s: Problem, profile: HardwareProfile, t: Training, device_type:
     host.check(s, t, profile.host is not None, profile.name)
     states = model_states(s, t, device_type)
     if device_type == "cuda":
-        buffers, name = nccl.buffer_bytes(t.devices, t.sequence_parallel, s.spec.strategy, profile.devices_per_node)
+        layout = (t.devices, t.sequence_parallel, t.tensor_parallel)
+        buffers, name = nccl.buffer_bytes(*layout, s.spec.strategy, profile.devices_per_node)
         states.resident.update({name: buffers} if buffers else {})
+    if (tp := t.tensor_parallel) > 1:  # plan/tensor.py: the column-parallel matmuls' all-gathered input
+        gathered = s.batch * (s.seq_len // t.sequence_parallel) * s.width * ELEMENT_BYTES[s.compute_dtype]
+        for phase in (states.forward, states.backward):
+            phase["tensor-parallel all-gathered input"] = gathered
     options = StepOptions(t.loss, t.recompute == "selective", "activations" in t.offload)
-    return layer_memory(s, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel, options)
-
-
-class Collective(BaseModel):
-    name: str
-    bytes: int  # sent per device
-    seconds: float
-    exposed_s: float  # the part not hidden under compute
-    overlap: str  # the overlap assumption
-    link: str = "intra-node"
+    mine = tensor.token_share(s, tp)
+    return layer_memory(mine, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel, options)
 
 
 class StepTime(TimeBreakdown):
@@ -235,101 +248,28 @@ class StepTime(TimeBreakdown):
     optimizer_s: float = 0.0
 
 
-def _timed(
-    name: str, nbytes: float, messages: int, profile: HardwareProfile, n: int, overlap: str, exposed: Callable
-) -> Collective:
-    """One collective over n devices; `exposed(seconds)` is the part of its time not hidden under compute."""
-    seconds, link = profile.transfer_seconds(n, messages, nbytes), profile.link(n)[0]
-    return Collective(
-        name=name, bytes=int(nbytes), seconds=seconds, exposed_s=exposed(seconds), overlap=overlap, link=link
-    )
-
-
-def _ddp_all_reduce(total: int, profile: HardwareProfile, n: int, backward_s: float) -> Collective:
-    share = (n - 1) / n
-    buckets = max(1, -(-total // DDP_BUCKET_BYTES))
-    last = profile.transfer_seconds(n, 2 * (n - 1), 2 * share * min(total, DDP_BUCKET_BYTES))
-    overlap = (
-        "25 MiB buckets all-reduced during the backward; what exceeds the backward compute and the last bucket "
-        "are exposed"
-    )
-    exposed = lambda sec: max(0.0, sec - backward_s) + last
-    return _timed("DDP all-reduce of gradients", 2 * share * total, buckets * 2 * (n - 1), profile, n, overlap, exposed)
-
-
-def data_parallel_collectives(
-    s: Problem, profile: HardwareProfile, t: Training, forward_s: float, backward_s: float
-) -> list[Collective]:
-    """The gradient and parameter collectives of one step and what of each is exposed (module docstring)."""
-    n, z = t.devices, t.zero
-    if n == 1 or (s.mode != "fwdbwd" and z != 3):
-        return []
-    total = model_parameters(s) * ELEMENT_BYTES[s.dtype]
-    if s.mode == "fwdbwd" and z == 0:
-        return [_ddp_all_reduce(total, profile, n, backward_s)]
-    block, head = _units(s)
-    share = (n - 1) / n
-    messages = (s.layers + 1) * (n - 1)  # one collective per unit: every block, and the embedding/head
-    unit = profile.transfer_seconds(n, n - 1, share * max(block, head) * ELEMENT_BYTES[s.dtype])
-
-    def timed(name: str, overlap: str, exposed: Callable, nbytes: float = total) -> Collective:
-        return _timed(name, share * nbytes, messages, profile, n, overlap, exposed)
-
-    if z < 3:  # ZeRO-1/2: gradients reduce-scattered during the backward, updated parameters all-gathered after
-        return [
-            timed(
-                "ZeRO reduce-scatter of gradients",
-                "per unit during the backward; what exceeds the backward and the last unit exposed",
-                lambda sec: max(0.0, sec - backward_s) + unit,
-            ),
-            timed(
-                "ZeRO all-gather of updated parameters",
-                "after the optimizer step, nothing to hide under: exposed",
-                lambda sec: sec,
-            ),
-        ]
-    gathered = total - s.layers * (block * ELEMENT_BYTES[s.dtype] - _gathered(s, block))  # torchao fp8: less
-    out = [
-        timed(
-            "FSDP all-gather (forward)",
-            "prefetched one unit ahead under the forward; the first unit's gather exposed",
-            lambda sec: max(0.0, sec - forward_s) + unit,
-            gathered,
-        )
-    ]
-    if s.mode != "fwdbwd":
-        return out
-    gather = timed(
-        "FSDP all-gather (backward)",
-        "prefetched one unit ahead under the backward",
-        lambda sec: max(0.0, sec - backward_s),
-        gathered,
-    )
-    room = max(0.0, backward_s - gather.seconds)
-    reduce = timed(
-        "FSDP reduce-scatter of gradients",
-        "per unit under the backward compute left after the all-gathers; the last unit exposed",
-        lambda sec: max(0.0, sec - room) + unit,
-    )
-    return [*out, gather, reduce]
-
-
 def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
     """Time per training step per device: compute of the local positions (attention at its sequence-parallel
     layout, linear layers at the matmul efficiency), the attention's exposed communication, the data-parallel
     collectives' exposed part, and the optimizer step at memory bandwidth."""
-    sp = t.sequence_parallel
-    call, local = attention_call(s, sp), local_part(s, sp)
+    sp, tp = t.sequence_parallel, t.tensor_parallel
+    call, local = attention_call(tensor.head_share(s, tp), sp), local_part(s, sp)
     attention = estimate_time(call, profile)
     recompute_attention, recompute_linear = recompute_factors(s, t.recompute == "selective")
     attention_compute = (attention.compute_s + attention.memory_s) * s.layers * recompute_attention
     sp_exposed = max(0.0, attention.total_s - attention.compute_s - attention.memory_s) * s.layers * recompute_attention
-    linear_s = linear_seconds(s, profile, linear_flops(local) * recompute_linear)
+    linear_s = linear_seconds(s, profile, linear_flops(local) / tp * recompute_linear)
     compute = attention_compute + linear_s
     train = s.mode == "fwdbwd"
     forward_s = compute / 3 if train else compute  # linear fwd is 1/3 of fwd+bwd, attention 1/3.5: about a third
     link = profile.link(t.devices)[0]
-    collectives = data_parallel_collectives(s, profile, t, forward_s, compute - forward_s)
+    p, block, head = ELEMENT_BYTES[s.dtype], *_units(s, tp)
+    total = device_parameters(s, t) * p
+    params = Sharded(total, max(block, head) * p, total - s.layers * (block * p - _gathered(s, tp)))
+    collectives = data_parallel(
+        s, profile, t.zero, Group(t.replicas, t.devices), params, (forward_s, compute - forward_s)
+    )
+    collectives += tensor_parallel(s, profile, tp, s.batch * (s.seq_len // sp), s.checkpointing)
     optimizer_s = _optimizer_seconds(s, profile, t) if train else 0.0
     if t.offload:
         copies, optimizer_s = _host_side(s, profile, t, (forward_s, compute - forward_s), optimizer_s)
@@ -353,7 +293,7 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
         f"{optimizer_s * 1e3:.1f} ms at {'host ' if 'optimizer' in t.offload else ''}memory bandwidth; "
         f"communication exposed {exposed * 1e3:.1f} ms"
     )
-    flops = attention.flops * s.layers + linear_flops(local)
+    flops = attention.flops * s.layers + linear_flops(local) / tp
     return StepTime(
         flops=flops,
         compute_s=compute,
@@ -373,7 +313,7 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
 def _host_side(s: Problem, profile: HardwareProfile, t: Training, compute: tuple[float, float], step_s: float):
     """plan/offload.py: the host copies of a step (as collectives over the host link) and the optimizer step's
     seconds (on the host's CPUs where the optimizer is offloaded, else `step_s`)."""
-    shard = model_parameters(s) * ELEMENT_BYTES[s.dtype] / t.devices
+    shard = device_parameters(s, t) * ELEMENT_BYTES[s.dtype] / t.replicas
     local = local_part(s, t.sequence_parallel)
     copies = [Collective(**c, link="host") for c in host.transfers(s, t, profile, shard, compute, local)]
     if "optimizer" in t.offload:
@@ -388,6 +328,7 @@ def _optimizer_seconds(s: Problem, profile: HardwareProfile, t: Training) -> flo
     states = model_states(s, t)
     resident = sum(v for k, v in states.resident.items() if not k.startswith("DDP"))
     gradients = sum(v for k, v in states.step.items() if k.startswith("gradients"))
-    if t.zero < 3 and t.zero >= 1 and t.devices > 1:  # only this device's shard of the weights is updated
-        resident -= sum(v for k, v in states.resident.items() if k.startswith("parameters")) * (1 - 1 / t.devices)
-    return profile.memory_seconds(2 * resident + gradients / (t.devices if 1 <= t.zero < 2 else 1))
+    n = t.replicas
+    if t.zero < 3 and t.zero >= 1 and n > 1:  # only this device's shard of the weights is updated
+        resident -= sum(v for k, v in states.resident.items() if k.startswith("parameters")) * (1 - 1 / n)
+    return profile.memory_seconds(2 * resident + gradients / (n if 1 <= t.zero < 2 else 1))

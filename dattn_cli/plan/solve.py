@@ -259,6 +259,8 @@ def max_seq_search(
     if training is not None and s.target == "model":
         devices = training.sequence_parallel  # the sequence is shared by the sp devices of a replica
     granule = _granule(attention_call(s, devices) if devices > 1 and s.target != "attention" else s, devices)
+    if training is not None and s.target == "model":  # tensor parallelism splits each sp shard T ways
+        granule = math.lcm(granule, training.sequence_parallel * training.tensor_parallel)
     if granule > SEQ_SEARCH_CAP:
         return SeqSearch(seq_len=0, plan=None, capped=False)
     n, best, capped = _largest_fitting(s, "seq_len", granule, SEQ_SEARCH_CAP, profile, devices, training)
@@ -291,10 +293,10 @@ def min_devices(s: Problem, profile: HardwareProfile, limit: int = DEVICE_SEARCH
 def min_model_devices(
     s: Problem, profile: HardwareProfile, training: Training, limit: int = DEVICE_SEARCH_CAP
 ) -> tuple[int | None, Plan | None]:
-    """Fewest devices (multiples of the sequence-parallel degree: doubling, then refined) on which a model's step
-    fits with `training`'s ZeRO stage and optimizer; (None, None) if none up to `limit`. Memory per device never
-    grows with more devices under ZeRO (DDP keeps every state on every device: only one device or none)."""
-    sp = training.sequence_parallel
+    """Fewest devices (multiples of the sequence- times tensor-parallel degree: doubling, then refined) on which a
+    model's step fits with `training`'s ZeRO stage and optimizer; (None, None) if none up to `limit`. Memory per
+    device never grows with more devices under ZeRO (DDP keeps every state on every device: only one or none)."""
+    sp = training.sequence_parallel * training.tensor_parallel
 
     def at(replicas: int) -> Plan:
         return plan(s, profile, training=training.model_copy(update={"devices": replicas * sp}))

@@ -8,7 +8,7 @@ import pytest
 from dattn_cli.plan import decoder, fp8
 from dattn_cli.plan.layers import linear_seconds
 from dattn_cli.plan.memory import estimate_memory
-from dattn_cli.plan.parallel import Training, data_parallel_collectives, model_states
+from dattn_cli.plan.parallel import Training, model_states, model_time
 from dattn_cli.plan.profiles import load_profile
 from dattn_cli.workload import Problem
 from dattn_cli.workload.architecture import Architecture, block_matmul_parameters
@@ -72,9 +72,7 @@ def test_torchao_keeps_the_saved_set_and_gathers_matmul_weights_in_one_byte():
     gathered = {s.arch.fp8: model_states(s, t).forward[unit] for s in (base, ao)}
     assert gathered[None] - gathered["torchao"] == 2 * block_matmul_parameters(base) * (2 - 1)  # two blocks
     profile = load_profile("h100-sxm-80gb")
-    sent = {
-        s.arch.fp8: {c.name: c.bytes for c in data_parallel_collectives(s, profile, t, 1.0, 2.0)} for s in (base, ao)
-    }
+    sent = {s.arch.fp8: {c.name: c.bytes for c in model_time(s, profile, t).collectives} for s in (base, ao)}
     fewer = 7 / 8 * LAYERS * block_matmul_parameters(base)
     assert sent[None]["FSDP all-gather (forward)"] - sent["torchao"]["FSDP all-gather (forward)"] == pytest.approx(
         fewer, abs=2

@@ -24,7 +24,12 @@ MiB = 2**20
     ],
 )
 def test_buffer_bytes_by_layout(devices, sp, strategy, per_node, expected):
-    assert nccl.buffer_bytes(devices, sp, strategy, per_node)[0] == expected
+    assert nccl.buffer_bytes(devices, sp, 1, strategy, per_node)[0] == expected
+
+
+def test_tensor_parallel_adds_its_group_and_its_shard_group():
+    assert nccl.buffer_bytes(16, 1, 8, "dense", 8)[0] == 3 * 320 * MiB
+    assert nccl.buffer_bytes(8, 1, 8, "dense", 8)[0] == 320 * MiB  # tensor parallel over the whole world
 
 
 def test_a_gpu_plan_over_devices_holds_them_a_cpu_or_single_device_plan_does_not():
