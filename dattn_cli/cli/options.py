@@ -227,7 +227,8 @@ OPTIONS: dict[str, Cli] = {
     ),
     "gpus_per_node": Cli(
         "plan --target model: devices per node, overriding the profile's devices_per_node: a group inside a node "
-        "talks over the intra-node link, one across nodes over the inter-node link (sequence parallel innermost).",
+        "talks over the intra-node link, one across nodes over the inter-node link (tensor parallel innermost, then "
+        "sequence parallel).",
         DIST,
         ("plan",),
         type=int,

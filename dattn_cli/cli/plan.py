@@ -172,10 +172,10 @@ def _training(o: SimpleNamespace):
     given["tensor_parallel"] = o.tensor_parallel
     if o.target != "model":
         unset = dict(sequence_parallel=1, zero=0, optimizer="adamw", loss="standard", tensor_parallel=1)
-        if given != unset or recompute == "selective" or o.offload:
+        if given != unset or recompute == "selective" or o.offload or o.sp_kind:
             raise ValueError(
-                "--sequence-parallel, --tensor-parallel, --zero, --optimizer, --loss, --offload and --recompute "
-                "selective apply to --target model"
+                "--sequence-parallel, --sp-kind, --tensor-parallel, --zero, --optimizer, --loss, --offload and "
+                "--recompute selective apply to --target model"
             )
         return None
     from ..plan.offload import parse
@@ -225,12 +225,8 @@ def _named_model(o: SimpleNamespace) -> dict | None:
     if o.target == "attention":
         raise ValueError(f"{which} plans a model: drop --target attention (--target layer plans one block)")
     o.target = o.target or "model"
-    if o.impl is None and o.sequence_parallel > 1:
-        raise ValueError(
-            f"{which} with --sequence-parallel: dense context parallelism is not planned yet; give a distributed "
-            "core --impl (e.g. RingDilatedAttention) with its --segments and --dilations"
-        )
-    o.impl = o.impl or "sdpa"  # the dense baseline (kernels/registry.py); --kernel picks its efficiency curve
+    # the dense baseline (kernels/registry.py); --kernel picks its efficiency curve, --sp-kind its split
+    o.impl = o.impl or "sdpa"
     if o.tiled_mlp or o.fp8:
         update = {"tiled_mlp": bool(o.tiled_mlp), "fp8": o.fp8}
         fields["architecture"] = fields["architecture"].model_copy(update=update)
@@ -247,7 +243,10 @@ def _problem(o: SimpleNamespace):
     training = _training(o)
     if training is not None:
         o.world_size = 1  # training.devices carries the layout
-        o.impl = o.impl or ("RingMultiheadDilatedAttention" if o.sequence_parallel > 1 else None)
+        if o.impl is None and o.sequence_parallel > 1:  # dattn's LongNet block: the multihead class of the kind
+            from ..plan.context import MULTIHEAD_IMPLS
+
+            o.impl = MULTIHEAD_IMPLS[o.sp_kind or "ring"]
     o.impl = o.impl or DEFAULT_IMPL[o.target]
     values = _lengths(model_values("plan", vars(o), Problem), o.world_size, o.max_seq, o.min_devices)
     problem = Problem(**{**values, **(named or {})})

@@ -91,20 +91,21 @@ def mlp_half(s: Problem) -> int:
     return _block_norms(s)[1] + mlp_saved(s)
 
 
-def mlp_backward(s: Problem) -> int:
+def mlp_backward(s: Problem, tp: int = 1) -> int:
     """Transients of the MLP's backward beyond the upstream gradient: down's input and weight gradients, and for a
     gated MLP the product's backward, which holds its upstream gradient and the gradients of both factors. Tiled:
-    the input's gradient, and one shard's recomputed tensors and these transients."""
+    the input's gradient, and one shard's recomputed tensors and these transients. `tp`: tensor parallelism splits
+    the weight gradient (the rows are already the device's, plan/tensor.py)."""
     c, tokens = ELEMENT_BYTES[s.compute_dtype], s.batch * s.seq_len
     if s.arch.tiled_mlp:
         rows = -(-tokens // mlp_shards(s))
         return tokens * s.width * c + mlp_saved(s, rows) + _mlp_transients(s, rows)
-    return _mlp_transients(s, tokens)
+    return _mlp_transients(s, tokens, tp)
 
 
-def _mlp_transients(s: Problem, rows: int) -> int:
+def _mlp_transients(s: Problem, rows: int, tp: int = 1) -> int:
     c, hidden = ELEMENT_BYTES[s.compute_dtype], s.hidden
-    down = rows * hidden * c + s.width * hidden * c
+    down = rows * hidden * c + s.width * hidden * c // tp
     return max(down, 2 * rows * hidden * c) if s.arch.gated else down
 
 

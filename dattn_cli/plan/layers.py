@@ -29,12 +29,10 @@ The peak is the largest of these phases (the breakdown printed is the peak phase
   parameter's size (torch's foreach AdamW, measured)
 AdamW's moments exist from the first step on; gradients are freed by zero_grad(set_to_none=True) between
 steps (model). A layer bench accumulates parameter gradients over its calls, so they are always there.
-
 Time: the attention's FLOPs at the attention efficiency (plan/time.py) plus the linear layers' FLOPs,
 2·T·(4E² + 2EF) per block (and 2·T·E·V for the head), x3 with backward (workload/counts.py), at the profile's fitted
-`matmul:<dtype>/<mode>` efficiency (falls back to the attention prior); checkpointing adds the recomputed
-forward (x4/3 linear, x4.5/3.5 attention) to the time, not to the FLOPs.
-"""
+`matmul:<dtype>/<mode>` efficiency (falls back to the attention prior; --fp8: plan/fp8.py); checkpointing adds
+the recomputed forward (x4/3 linear, x4.5/3.5 attention) to the time, not to the FLOPs."""
 
 from __future__ import annotations
 
@@ -43,7 +41,7 @@ from dataclasses import dataclass, field
 from ..workload.architecture import block_parameters_of, end_parameters
 from ..workload.counts import linear_flops, shard_of
 from ..workload.problem import ELEMENT_BYTES, Problem
-from . import decoder, fp8
+from . import context, decoder, fp8
 from .loss import Loss, loss_items
 from .memory import MemoryBreakdown, estimate_memory
 from .offload import DEVICE_CHECKPOINTS
@@ -61,12 +59,12 @@ CPU_RUNTIME_MIB = {"block": 15, "autocast": 23, "checkpointing": 38, "model": 28
 
 @dataclass(frozen=True)
 class StepOptions:
-    """How a model's step runs beyond what the Problem says: plan --loss (plan/loss.py) and --recompute selective
-    (plan/recompute.py; --recompute full is the Problem's checkpointing)."""
+    """A model step beyond the Problem: --loss (plan/loss.py), --recompute selective (plan/recompute.py)."""
 
     loss: Loss = "standard"
     selective: bool = False
     offload_activations: bool = False  # plan/offload.py: the checkpointed inputs in host memory
+    tensor_parallel: int = 1  # plan/tensor.py: the weight-shaped transients divided by T
 
     def recomputing(self, s: Problem) -> bool:
         return s.checkpointing or self.selective
@@ -112,17 +110,18 @@ def bench_states(s: Problem) -> ModelStates:
 
 
 def attention_call(s: Problem, sequence_parallel: int = 1) -> Problem:
-    """One block's attention call, its sequence sharded over `sequence_parallel` devices (the block's impl
-    must then be a distributed one: plan/parallel.py checks)."""
+    """One block's attention call, its sequence sharded over `sequence_parallel` devices (a distributed impl, or
+    a dense one split by s.sp_kind: plan/context.py)."""
     attention = s.attention_problem()
+    if sequence_parallel > 1 and attention.spec.strategy == "dense":
+        attention = context.dense_context(attention, s.sp_kind)
     return attention.model_copy(update={"world_size": sequence_parallel}) if sequence_parallel > 1 else attention
 
 
 def local_part(s: Problem, sequence_parallel: int = 1) -> Problem:
     """The positions one device holds: N, or the sequence shard L of the attention's layout."""
-    if sequence_parallel == 1:
-        return s
-    return s.model_copy(update={"seq_len": shard_of(attention_call(s, sequence_parallel))})
+    sharded = sequence_parallel > 1
+    return s.model_copy(update={"seq_len": shard_of(attention_call(s, sequence_parallel))}) if sharded else s
 
 
 class _Phase:
@@ -153,11 +152,13 @@ def model_parameters(s: Problem) -> int:
 def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
     """What one block keeps for its backward, itemised (module docstring); `attention`: the items of
     plan/memory.py's model of the block's attention call; a named architecture's: plan/decoder.py."""
-    if s.architecture is not None:
-        items = decoder.block_saved_bytes(s, attention)
-        if attention.get(KEPT_COMM):
-            items[KEPT_COMM] = attention[KEPT_COMM]
-        return items
+    items = decoder.block_saved_bytes(s, attention) if s.architecture is not None else _longnet_saved(s, attention)
+    if attention.get(KEPT_COMM):
+        items[KEPT_COMM] = attention[KEPT_COMM]
+    return items
+
+
+def _longnet_saved(s: Problem, attention: dict[str, int]) -> dict[str, int]:
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
     items = {
@@ -171,8 +172,6 @@ def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
         kv = s.kv_head_count * s.head_dim
         items["autocast weight copies"] = (2 * width * width + 2 * width * kv + 2 * width * hidden) * c
     items["attention accumulator"] = attention.get("fp32 accumulator", 0)
-    if attention.get(KEPT_COMM):
-        items[KEPT_COMM] = attention[KEPT_COMM]
     return items
 
 
@@ -306,7 +305,8 @@ def _loss_phases(s: Problem, common: dict, states: ModelStates, residual: int, s
     if c != ELEMENT_BYTES[s.dtype]:
         tied = "tied" if s.arch.tie_word_embeddings else "untied"
         loss.add(f"autocast copy of the {tied} head weight", s.vocab_size * width * c)
-    return [loss.update(loss_items(s, how.loss, train=True)), _Phase(states.step_name, common).update(states.step)]
+    loss.update(loss_items(s, how.loss, train=True, tp=how.tensor_parallel))
+    return [loss, _Phase(states.step_name, common).update(states.step)]
 
 
 def _training_phases(
@@ -318,7 +318,7 @@ def _training_phases(
     saved = sum(block_saved_bytes(s, attention).values())
     model = s.target == "model"
     upstream = residual + (tokens * width * c if c != p else 0)
-    mlp_backward = tokens * hidden * c + width * hidden * c if s.architecture is None else decoder.mlp_backward(s)
+    mlp_backward = decoder.mlp_backward(s, options.tensor_parallel)  # LongNet's GELU MLP: the same form
     phases = _loss_phases(s, common, states, residual, saved, options) if model else []
     name = "last block's backward (MLP)" if model else "block backward (MLP)"
     block = _kept(s, _Phase(name, common), saved, residual, saved, options)

@@ -30,8 +30,8 @@ def chunk_rows(s: Problem) -> int:
     return min(tokens, 1 << (-(-tokens // factor) - 1).bit_length())
 
 
-def loss_items(s: Problem, loss: Loss, train: bool) -> dict[str, int]:
-    """The loss's own tensors at its peak (module docstring), itemised."""
+def loss_items(s: Problem, loss: Loss, train: bool, tp: int = 1) -> dict[str, int]:
+    """The loss's own tensors at its peak (module docstring), itemised; `tp`: a vocabulary-parallel head's share."""
     c, p = ELEMENT_BYTES[s.compute_dtype], ELEMENT_BYTES[s.dtype]
     tokens, vocab = s.batch * s.seq_len, s.vocab_size
     if loss == "standard":
@@ -44,6 +44,6 @@ def loss_items(s: Problem, loss: Loss, train: bool) -> dict[str, int]:
         "chunked loss: hidden-state gradient (made in the forward)": tokens * s.width * c,
     }
     if train:
-        items["chunked loss: head weight gradient"] = vocab * s.width * p
+        items["chunked loss: head weight gradient"] = vocab * s.width * p // tp
     items["chunked loss: per-token loss"] = 4 * tokens
     return items

@@ -33,7 +33,7 @@ from ..kernels.registry import names
 from ..workload.architecture import block_parameters_of
 from ..workload.counts import linear_flops
 from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
-from . import fp8, nccl, offload as host, tensor
+from . import context, fp8, nccl, offload as host, tensor
 from .collectives import Collective, Group, Sharded, data_parallel, tensor_parallel
 from .layers import (
     LayerMemory,
@@ -124,10 +124,11 @@ class Training(BaseModel):
 
 
 def check_impl(s: Problem, t: Training) -> None:
-    """A sequence-parallel layout needs a distributed multihead attention, a tensor-parallel one a named model's
-    dense block (plan/tensor.py) (bad input: the CLI exits 2)."""
+    """A sequence-parallel layout needs a distributed attention or a dense one split by --sp-kind (plan/context.py),
+    a tensor-parallel one a named model's dense block (plan/tensor.py) (bad input: the CLI exits 2)."""
     tensor.check(s, t.tensor_parallel, t.sequence_parallel)
-    if t.sequence_parallel > 1 and not s.spec.distributed:
+    context.check(s, t.sequence_parallel)
+    if t.sequence_parallel > 1 and not s.spec.distributed and s.spec.strategy != "dense":
         raise ValueError(
             f"--sequence-parallel {t.sequence_parallel} needs a distributed multihead --impl, not "
             f"{s.impl}: use " + ", ".join(names(lambda x: x.distributed and x.kind == "multihead"))
@@ -142,8 +143,8 @@ def check_layout(s: Problem, t: Training) -> None:
         return
     if sp > s.seq_len:
         raise ValueError(f"--sequence-parallel {sp} is more than N={s.seq_len:,}: use fewer devices per sequence")
-    if reason := s.spec.shard_rule(attention_call(s, sp), sp):
-        raise ValueError(f"{s.impl} cannot shard N={s.seq_len:,} over --sequence-parallel {sp}: {reason}")
+    if reason := (call := attention_call(s, sp)).spec.shard_rule(call, sp):
+        raise ValueError(f"{call.impl} cannot shard N={s.seq_len:,} over --sequence-parallel {sp}: {reason}")
 
 
 def optimizer_bytes(optimizer: str, weight_bytes: int) -> tuple[float, float]:
@@ -205,7 +206,7 @@ def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelSta
         resident[f"fp32 master weights{shard}"] = params * master / split
     if z == 0 and sharded:
         resident["DDP gradient buckets (all-reduce copies)"] = params * p
-    backward = dict(forward)
+    backward = {}  # the backward phases hold the forward's items too (plan/layers.py)
     if z >= 2 and sharded:
         backward["unsharded gradient of the unit being reduce-scattered"] = max(block, head) * p
     else:
@@ -232,13 +233,13 @@ def model_memory(s: Problem, profile: HardwareProfile, t: Training, device_type:
     states = model_states(s, t, device_type)
     if device_type == "cuda":
         layout = (t.devices, t.sequence_parallel, t.tensor_parallel)
-        buffers, name = nccl.buffer_bytes(*layout, s.spec.strategy, profile.devices_per_node)
+        per_node = tensor.outer(profile, t.tensor_parallel).devices_per_node
+        buffers, name = nccl.buffer_bytes(*layout, attention_call(s, t.sequence_parallel).strategy, per_node)
         states.resident.update({name: buffers} if buffers else {})
     if (tp := t.tensor_parallel) > 1:  # plan/tensor.py: the column-parallel matmuls' all-gathered input
         gathered = s.batch * (s.seq_len // t.sequence_parallel) * s.width * ELEMENT_BYTES[s.compute_dtype]
-        for phase in (states.forward, states.backward):
-            phase["tensor-parallel all-gathered input"] = gathered
-    options = StepOptions(t.loss, t.recompute == "selective", "activations" in t.offload)
+        states.forward["tensor-parallel all-gathered input"] = gathered  # the backward phases hold it too
+    options = StepOptions(t.loss, t.recompute == "selective", "activations" in t.offload, tp)
     mine = tensor.token_share(s, tp)
     return layer_memory(mine, framework_bytes(profile, s.mode), device_type, states, t.sequence_parallel, options)
 
@@ -254,7 +255,7 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
     collectives' exposed part, and the optimizer step at memory bandwidth."""
     sp, tp = t.sequence_parallel, t.tensor_parallel
     call, local = attention_call(tensor.head_share(s, tp), sp), local_part(s, sp)
-    attention = estimate_time(call, profile)
+    attention = estimate_time(call, tensor.outer(profile, tp))
     recompute_attention, recompute_linear = recompute_factors(s, t.recompute == "selective")
     attention_compute = (attention.compute_s + attention.memory_s) * s.layers * recompute_attention
     sp_exposed = max(0.0, attention.total_s - attention.compute_s - attention.memory_s) * s.layers * recompute_attention
@@ -263,13 +264,7 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
     train = s.mode == "fwdbwd"
     forward_s = compute / 3 if train else compute  # linear fwd is 1/3 of fwd+bwd, attention 1/3.5: about a third
     link = profile.link(t.devices)[0]
-    p, block, head = ELEMENT_BYTES[s.dtype], *_units(s, tp)
-    total = device_parameters(s, t) * p
-    params = Sharded(total, max(block, head) * p, total - s.layers * (block * p - _gathered(s, tp)))
-    collectives = data_parallel(
-        s, profile, t.zero, Group(t.replicas, t.devices), params, (forward_s, compute - forward_s)
-    )
-    collectives += tensor_parallel(s, profile, tp, s.batch * (s.seq_len // sp), s.checkpointing)
+    collectives = _weight_and_tensor_collectives(s, profile, t, (forward_s, compute - forward_s))
     optimizer_s = _optimizer_seconds(s, profile, t) if train else 0.0
     if t.offload:
         copies, optimizer_s = _host_side(s, profile, t, (forward_s, compute - forward_s), optimizer_s)
@@ -310,11 +305,22 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
     )
 
 
+def _weight_and_tensor_collectives(s: Problem, profile: HardwareProfile, t: Training, passes) -> list[Collective]:
+    """The data-parallel collectives of the weights (over the devices sharing a tensor shard, across all devices)
+    and the tensor-parallel ones (plan/collectives.py)."""
+    p, tp, (block, head) = ELEMENT_BYTES[s.dtype], t.tensor_parallel, _units(s, t.tensor_parallel)
+    total = device_parameters(s, t) * p
+    params = Sharded(total, max(block, head) * p, total - s.layers * (block * p - _gathered(s, tp)))
+    out = data_parallel(s, profile, t.zero, Group(t.replicas, t.devices), params, passes)
+    tokens = s.batch * (s.seq_len // t.sequence_parallel)
+    return out + tensor_parallel(s, profile, tp, tokens, s.checkpointing and s.mode == "fwdbwd")
+
+
 def _host_side(s: Problem, profile: HardwareProfile, t: Training, compute: tuple[float, float], step_s: float):
     """plan/offload.py: the host copies of a step (as collectives over the host link) and the optimizer step's
     seconds (on the host's CPUs where the optimizer is offloaded, else `step_s`)."""
     shard = device_parameters(s, t) * ELEMENT_BYTES[s.dtype] / t.replicas
-    local = local_part(s, t.sequence_parallel)
+    local = local_part(tensor.token_share(s, t.tensor_parallel), t.sequence_parallel)
     copies = [Collective(**c, link="host") for c in host.transfers(s, t, profile, shard, compute, local)]
     if "optimizer" in t.offload:
         states = model_states(s, t, "cuda")

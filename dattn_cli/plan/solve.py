@@ -12,6 +12,7 @@ from pydantic import BaseModel, SerializeAsAny
 from ..workload.counts import FWD_BWD_FACTOR, shard_of, spanning_pairs
 from ..workload.parse import MAX_SEQ_LEN
 from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
+from . import tensor
 from .layers import attention_call, estimate_layer_time, layer_memory, local_part
 from .memory import MemoryBreakdown, estimate_memory, framework_bytes, reserved_bytes
 from .offload import host_bytes_per_node
@@ -205,7 +206,7 @@ def _host_checked(result: Plan, s: Problem, profile: HardwareProfile, training: 
     """An offloading plan with its host bytes per node; it does not fit where they exceed the host's memory."""
     node = min(training.devices, profile.devices_per_node)
     states = model_states(s, training, _device_type(profile))
-    local = local_part(s, training.sequence_parallel)
+    local = local_part(tensor.token_share(s, training.tensor_parallel), training.sequence_parallel)
     need = host_bytes_per_node(s, training, states, local, node)
     update = {"host_bytes": need}
     if need > (has := profile.host.memory_gib_per_node * 2**30):
@@ -295,7 +296,8 @@ def min_model_devices(
 ) -> tuple[int | None, Plan | None]:
     """Fewest devices (multiples of the sequence- times tensor-parallel degree: doubling, then refined) on which a
     model's step fits with `training`'s ZeRO stage and optimizer; (None, None) if none up to `limit`. Memory per
-    device never grows with more devices under ZeRO (DDP keeps every state on every device: only one or none)."""
+    device does not grow with more devices under ZeRO beyond the NCCL buffers of the groups a second replica adds
+    (DDP keeps every state on every device: only one or none)."""
     sp = training.sequence_parallel * training.tensor_parallel
 
     def at(replicas: int) -> Plan:

@@ -19,8 +19,13 @@ LongNet's own block (no named model).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..workload.architecture import block_matmul_parameters, norm_parameters
 from ..workload.problem import Problem
+
+if TYPE_CHECKING:
+    from .profiles import HardwareProfile
 
 
 def check(s: Problem, tp: int, sp: int) -> None:
@@ -28,6 +33,12 @@ def check(s: Problem, tp: int, sp: int) -> None:
         return
     if s.architecture is None:
         raise ValueError("--tensor-parallel splits a named model's projections: give --model or --model-config")
+    if s.amp or s.arch.fp8:
+        which = "--amp" if s.amp else f"--fp8 {s.arch.fp8}"
+        raise ValueError(
+            f"--tensor-parallel with {which} is not modelled (its weight copies are not split yet): give --dtype "
+            f"bfloat16{'' if s.amp else ' without --fp8'}"
+        )
     if s.spec.memory_model != "dense":
         raise ValueError(
             f"--tensor-parallel with --impl {s.impl} is not modelled: give a dense attention kernel (sdpa, the "
@@ -49,9 +60,10 @@ def device_parameters(s: Problem, total: int, tp: int) -> float:
 
 
 def block_unit(s: Problem, block: int, tp: int) -> tuple[float, float]:
-    """(one block's parameters on a device, its matmuls' share of them) under T."""
-    matmul = block_matmul_parameters(s) / tp
-    return block - block_matmul_parameters(s) + matmul, matmul
+    """(one block's parameters on a device, its matmuls' share of them) under T: all but its two norms split, as
+    device_parameters counts them."""
+    norms = 2 * norm_parameters(s)
+    return (block - norms) / tp + norms, block_matmul_parameters(s) / tp
 
 
 def token_share(s: Problem, tp: int) -> Problem:
@@ -64,3 +76,11 @@ def head_share(s: Problem, tp: int) -> Problem:
     if tp == 1:
         return s
     return s.model_copy(update={"heads": s.heads // tp, "kv_heads": s.kv_head_count // tp})
+
+
+def outer(profile: HardwareProfile, tp: int) -> HardwareProfile:
+    """The profile as a group outside the tensor-parallel one sees it: its ranks are T apart, so a node holds
+    devices_per_node / T of them (a sequence-parallel group of C crosses nodes once C x T exceeds a node)."""
+    return (
+        profile if tp == 1 else profile.model_copy(update={"devices_per_node": max(1, profile.devices_per_node // tp)})
+    )

@@ -36,6 +36,7 @@ from .problem_options import (
     SEGMENT_LENGTHS_OPTION,
     SEMANTICS_OPTION,
     SEQ_LEN_OPTION,
+    SP_KIND_OPTION,
     TARGET_OPTION,
     UNSET_IN_VERIFY,
     WORLD_SIZE_OPTION,
@@ -106,6 +107,8 @@ class Problem(BaseModel):
     layout: Annotated[Literal["contiguous", "zigzag", "documents"], LAYOUT_OPTION] = "contiguous"
     # the hybrid classes' ranks per head group (h of h x ring); None: 2 where it fits (distributed/hybrid.py)
     head_parallel_size: Annotated[int | None, HEAD_PARALLEL_SIZE_OPTION] = None
+    # plan: how a dense attention is split over --sequence-parallel devices (plan/context.py)
+    sp_kind: Annotated[Literal["ring", "allgather", "head_parallel", "hybrid"] | None, SP_KIND_OPTION] = None
     backend: Annotated[str, BACKEND_OPTION] = "auto"  # attention backend of the dilated implementations' blocks
     # block-sparse implementations only
     pattern: Annotated[str, PATTERN_OPTION] = "dilated"

@@ -249,3 +249,11 @@ DOCUMENTS_OPTION = Cli(
     parse=parse_int_list,
     metavar="L[,L...]",
 )
+
+SP_KIND_OPTION = Cli(
+    "plan --target model with --sequence-parallel C and a dense --impl: how the sequence is split (ring, default; "
+    "allgather; head_parallel, Ulysses; hybrid, USP). A distributed --impl is its own kind.",
+    DIST,
+    ("plan",),
+    choices=True,
+)

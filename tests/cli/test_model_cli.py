@@ -44,7 +44,7 @@ def test_plan_a_config_file(tmp_path, capsys):
         (["--model", "llama-3.1-8b", "--heads", "8", "--vocab-size", "10"], "drop --heads, --vocab-size"),
         (["--model", "llama-3.1-8b", "--target", "attention"], "drop --target attention"),
         (["--model", "llama-3.1-8b", "--impl", "ImprovedMultiheadDilatedAttention"], "own q/k/v/o projections"),
-        (["--model", "llama-3.1-8b", "--devices", "8", "--sequence-parallel", "2"], "dense context parallelism"),
+        (["--model", "llama-3.1-8b", "--devices", "2", "--sequence-parallel", "2", "--sp-kind", "x"], "--sp-kind"),
         (["--model", "mistral-7b", "--model-config", "c.json"], "give one"),
         (["--model-config", "/nonexistent/config.json"], "cannot read"),
     ],

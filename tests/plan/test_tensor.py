@@ -83,8 +83,52 @@ MODEL = ["plan", "--model", "llama-3.1-8b", "--seq-len", "8192", "--dtype", "bfl
         (["plan", "--target", "model", "--seq-len", "8192", "--devices", "2", "--tensor-parallel", "2"], "named model"),
         (["plan", "--seq-len", "8192", "--tensor-parallel", "2"], "apply to --target model"),
         ([*MODEL, "--tensor-parallel", "0"], "--tensor-parallel must be from 1"),
+        ([*MODEL, "--devices", "4", "--tensor-parallel", "4", "--amp", "bf16", "--dtype", "float32"], "with --amp"),
+        ([*MODEL, "--devices", "4", "--tensor-parallel", "4", "--fp8", "te"], "with --fp8 te is not modelled"),
     ],
 )
 def test_bad_tensor_parallel_input_is_one_line(args, message, capsys):
     code, _, err = run_cli(args, capsys)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_sequence_parallel_group_outside_tensor_parallel_crosses_nodes_at_c_x_t():
+    """Ranks of the sp group are T apart: sp 4 x tp 2 fits an 8-GPU node, sp 4 x tp 8 spans four."""
+    s = llama8b(131072, checkpointing=True)
+    ring = lambda tp: next(
+        c
+        for c in model_time(s, H100, Training(devices=4 * tp, sequence_parallel=4, tensor_parallel=tp)).collectives
+        if c.name.startswith("attention ring")
+    )
+    assert ring(2).link == "intra-node" and ring(8).link == "inter-node"
+
+
+def test_a_backward_peak_holds_each_gathered_buffer_once():
+    """The gathered input and ZeRO-3's gathered units are forward items the backward phases hold too: once."""
+    s = llama8b(65536, checkpointing=True)
+    t = Training(devices=16, tensor_parallel=4, zero=3, recompute="full", loss="chunked")
+    memory = model_memory(s, H100, t, "cuda")
+    assert "backward" in memory.phase, memory.phase
+    assert memory.items["tensor-parallel all-gathered input"] == 65536 * 4096 * 2
+    block, _ = tensor.block_unit(s, 218_112_000, 4)  # 218,103,808 in matmuls, two RMSNorms of 4,096
+    assert memory.items["all-gathered parameters (unit in use + prefetched)"] == max(
+        2 * block * 2, 128256 * 4096 / 4 * 2 + block * 2
+    )
+
+
+def test_forward_only_recomputes_nothing():
+    s = llama8b(8192, checkpointing=True, mode="fwd")
+    assert collectives.tensor_parallel(s, H100, 4, 8192, False)[0].bytes == int(4 * 32 * 3 / 4 * 8192 * 4096 * 2)
+    names = {c.name: c.bytes for c in model_time(s, H100, Training(devices=4, tensor_parallel=4)).collectives}
+    assert names["tensor-parallel all-gathers and reduce-scatters (32 blocks)"] == int(4 * 32 * 3 / 4 * 8192 * 4096 * 2)
+
+
+def test_offloaded_activations_are_the_devices_share():
+
+    s = llama8b(131072, checkpointing=True)
+    host = {}
+    for tp in (1, 4):
+        t = Training(devices=8, tensor_parallel=tp, zero=3, recompute="full", offload=("activations",))
+        host[tp] = model_time(s, H100, t).collectives
+    copies = lambda tp: sum(c.bytes for c in host[tp] if c.link == "host")
+    assert copies(4) == pytest.approx(copies(1) / 4, rel=0.01)

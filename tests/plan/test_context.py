@@ -1,0 +1,89 @@
+"""Dense context parallelism (plan/context.py, plan --sp-kind): a named model's dense attention split over the
+sequence-parallel devices by the kind's own distributed core over one segment of N, at the dense kernel's curve."""
+
+import json
+
+import pytest
+
+from dattn_cli.plan import solve
+from dattn_cli.plan.layers import attention_call
+from dattn_cli.plan.parallel import Training
+from dattn_cli.plan.profiles import load_profile
+from dattn_cli.workload import Problem
+from dattn_cli.workload.model_presets import load_preset
+from tests.cli.test_verify_env import run_cli
+
+H100 = load_profile("h100-sxm-80gb")
+
+
+def llama8b(n: int = 131072, **options) -> Problem:
+    fields = {"impl": "sdpa", "target": "model", "seq_len": n, "dtype": "bfloat16", "mode": "fwdbwd", **options}
+    return Problem(**{**fields, **load_preset("llama-3.1-8b")})
+
+
+@pytest.mark.parametrize(
+    "kind, impl",
+    [
+        (None, "RingDilatedAttention"),
+        ("ring", "RingDilatedAttention"),
+        ("allgather", "DistributedImprovedDilatedAttention"),
+        ("head_parallel", "HeadParallelDilatedAttention"),
+        ("hybrid", "HybridDilatedAttention"),
+    ],
+)
+def test_a_dense_attention_is_split_by_its_kind_over_one_segment_of_n(kind, impl):
+    call = attention_call(llama8b(sp_kind=kind), 8)
+    assert (call.impl, call.segment_lengths, call.dilation_rates, call.world_size) == (impl, [131072], [1], 8)
+    assert call.backend == "sdpa" and call.heads == 32 and call.kv_heads == 8  # the --impl's kernel and the GQA
+    assert attention_call(llama8b(impl="flash", sp_kind=kind), 8).backend == "flash"
+    assert attention_call(llama8b(sp_kind=kind), 1).impl == "sdpa"  # one device: the dense kernel itself
+
+
+def test_the_segment_follows_n_as_max_seq_searches():
+    t = Training(devices=8, sequence_parallel=8, zero=3, recompute="full", loss="chunked")
+    s = llama8b(checkpointing=True)
+    n, found = solve.max_seq(s, H100, training=t)
+    assert n > 131072 and found.fits and n % 8 == 0
+    assert attention_call(found.problem, 8).segment_lengths == [n]
+
+
+def test_plan_dense_context_parallelism_from_the_cli(capsys):
+    args = ["plan", "--model", "llama-3.1-8b", "--profile", "h100-sxm-80gb", "--seq-len", "128k", "--dtype"]
+    args += ["bfloat16", "--checkpointing", "--loss", "chunked", "--devices", "32", "--sequence-parallel", "8"]
+    found = {}
+    for kind in ("ring", "allgather", "head_parallel"):
+        code, stdout, err = run_cli([*args, "--zero", "3", "--sp-kind", kind, "--json", "-"], capsys)
+        assert code == 0, err
+        found[kind] = json.loads(stdout)
+        assert found[kind]["problem"]["sp_kind"] == kind and found[kind]["fits"]
+        names = [c["name"] for c in found[kind]["time"]["collectives"]]
+        assert any(name.startswith(f"attention {kind} (sequence parallel") for name in names), names
+    # all-gather holds every K/V of the sequence: more memory than the ring's two chunks (NCCL's buffers apart:
+    # the ring's send/recv has its own)
+    held = lambda kind: sum(v for k, v in found[kind]["memory"]["items"].items() if not k.startswith("NCCL"))
+    assert held("allgather") > held("ring")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "llama-3.1-8b", "--sp-kind", "ring"], "--sp-kind ring splits the sequence over"),
+        (["--seq-len", "8192", "--sp-kind", "ring"], "apply to --target model"),
+        (
+            ["--target", "model", "--devices", "2", "--sequence-parallel", "2", "--sp-kind", "allgather"]
+            + ["--impl", "RingMultiheadDilatedAttention"],
+            "is a ring implementation: drop --sp-kind allgather, or give --impl "
+            "DistributedImprovedMultiheadDilatedAttention",
+        ),
+    ],
+)
+def test_bad_sp_kind_input_is_one_line(args, message, capsys):
+    code, _, err = run_cli(["plan", *args], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_longnet_model_takes_the_multihead_class_of_the_kind(capsys):
+    args = ["plan", "--target", "model", "--seq-len", "8192", "--devices", "2", "--sequence-parallel", "2"]
+    code, stdout, err = run_cli([*args, "--sp-kind", "allgather", "--json", "-"], capsys)
+    assert code == 0, err
+    assert json.loads(stdout)["problem"]["impl"] == "DistributedImprovedMultiheadDilatedAttention"
