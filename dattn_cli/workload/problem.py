@@ -261,7 +261,8 @@ class Problem(BaseModel):
         if layout == "documents":
             return self._documents_refusal()
         zigzag = lambda s: s.strategy in ZIGZAG_STRATEGIES  # noqa: E731
-        if not zigzag(self.spec):
+        split = self.spec.strategy == "dense" and (self.sp_kind or "ring") in ZIGZAG_STRATEGIES  # plan/context.py
+        if not zigzag(self.spec) and not (split and self.target == "model"):
             return (
                 f"--layout {layout}: {self.impl} holds contiguous shards only; use one of "
                 f"{', '.join(names(zigzag))}, or --layout contiguous"

@@ -87,3 +87,10 @@ def test_longnet_model_takes_the_multihead_class_of_the_kind(capsys):
     code, stdout, err = run_cli([*args, "--sp-kind", "allgather", "--json", "-"], capsys)
     assert code == 0, err
     assert json.loads(stdout)["problem"]["impl"] == "DistributedImprovedMultiheadDilatedAttention"
+
+
+def test_zigzag_is_a_layout_of_the_ring_and_allgather_kinds_only():
+    assert llama8b(sp_kind="allgather", layout="zigzag").layout == "zigzag"
+    assert attention_call(llama8b(layout="zigzag"), 8).layout == "zigzag"
+    with pytest.raises(ValueError, match="--layout zigzag"):
+        llama8b(sp_kind="head_parallel", layout="zigzag")
