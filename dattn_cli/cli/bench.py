@@ -10,13 +10,13 @@ from typing import Any
 
 import typer
 
-from ..kernels.registry import check_ranks
 from ..runtime.heartbeat import current
 from ..runtime.signals import Interrupted
 from ..workload.problem_options import DEFAULT_MODE
 from .attach import agreed_exit_code, attached_resume, joined
 from .bench_files import check_outputs, command_line, fail, gate, interrupted, points_kept, show
 from .build import generated, model_values
+from .options import check_ranks
 from .render.bench import point_line
 from .render.common import machine_output, note, progress, set_quiet
 

@@ -26,11 +26,23 @@ from ..workload.option import (
 from ..workload.parse import parse_seq_lens
 from .params import finite, one_of, typed
 
-__all__ = ["OPTIONS", "ORDER", "Cli", "finite", "one_of", "typed"]
+__all__ = ["OPTIONS", "ORDER", "Cli", "check_ranks", "finite", "one_of", "typed"]
 
 
 def _zero_stage(value: int) -> int:
     return value if value in (0, 1, 2, 3) else int(one_of("--zero", ("0", "1", "2", "3"))(str(value)))
+
+
+def check_ranks(impls: list[str], ranks: int, option: str) -> None:
+    """More than one rank takes distributed implementations only: refused naming this command's option."""
+    from ..kernels.registry import REGISTRY, names  # where used: the command line imports without torch
+
+    single = [i for i in impls if i in REGISTRY and not REGISTRY[i].distributed]
+    if ranks > 1 and single:
+        raise ValueError(
+            f"{option} {ranks} runs distributed implementations only; {', '.join(single)} is not one: "
+            f"use {', '.join(names(lambda s: s.distributed))}, or {option} 1"
+        )
 
 
 FLAG, PATH, FILE = (

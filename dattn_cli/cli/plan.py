@@ -9,8 +9,8 @@ from typing import Any
 
 import typer
 
-from ..kernels.registry import check_ranks
 from .build import generated, model_values
+from .options import check_ranks
 from .render.common import emit_files, machine_output, note, stdout
 from .render.plan import check_table, layout_table, plan_table
 

@@ -302,13 +302,3 @@ def load_plugins() -> None:
                 f"entry point {entry_point.name!r} ({ENTRY_POINT_GROUP}) failed to load: "
                 f"{type(exc).__name__}: {exc}; fix or uninstall the package that provides it"
             ) from exc
-
-
-def check_ranks(impls: list[str], ranks: int, option: str) -> None:
-    """More than one rank takes distributed implementations only: refused naming this command's option."""
-    single = [i for i in impls if i in REGISTRY and not REGISTRY[i].distributed]
-    if ranks > 1 and single:
-        raise ValueError(
-            f"{option} {ranks} runs distributed implementations only; {', '.join(single)} is not one: "
-            f"use {', '.join(names(lambda s: s.distributed))}, or {option} 1"
-        )
