@@ -197,7 +197,7 @@ def _model_plan(s: Problem, profile: HardwareProfile, training: Training) -> Pla
     except ValueError as exc:
         return _built(s, profile, training.devices, str(exc), training=training)
     sp = training.sequence_parallel
-    shard = shard_of(s.attention_problem().model_copy(update={"world_size": sp})) if sp > 1 else None
+    shard = shard_of(attention_call(s, sp)) if sp > 1 else None
     result = _built(s, profile, training.devices, None, memory, time, shard, training)
     return _host_checked(result, s, profile, training) if training.offload else result
 
