@@ -67,8 +67,9 @@ def mlp_saved(s: Problem, rows: int | None = None) -> int:
     return kept * (s.batch * s.seq_len if rows is None else rows) * s.hidden
 
 
-def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
-    """One decoder layer's saved set, itemised; `attention`: plan/memory.py's items of its attention call."""
+def block_saved_bytes(s: Problem, attention: dict[str, int], tp: int = 1) -> dict[str, int]:
+    """One decoder layer's saved set, itemised; `attention`: plan/memory.py's items of its attention call. Under
+    tensor parallelism `s` is one device's token share and the weight copies are 1/T (plan/tensor.py)."""
     c = ELEMENT_BYTES[s.compute_dtype]
     core = sum(attention.get(k, 0) for k in ("inputs q, k, v", "output", "lse"))
     items = {
@@ -78,10 +79,10 @@ def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
     }
     if fp8.saves_fp8(s):  # plan/fp8.py: o_proj's FP8 input, the FP8 weights and transposes (no autocast copies)
         items["FP8 copies: o_proj input, weights and transposes"] = (
-            s.batch * s.seq_len * s.attention_width + fp8.weight_copies(s)
+            s.batch * s.seq_len * s.attention_width + fp8.weight_copies(s) // tp
         )
     elif c != ELEMENT_BYTES[s.dtype]:
-        items["autocast weight copies"] = block_matmul_parameters(s) * c
+        items["autocast weight copies"] = block_matmul_parameters(s) * c // tp
     items["attention accumulator"] = attention.get("fp32 accumulator", 0)
     return items
 

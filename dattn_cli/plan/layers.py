@@ -149,10 +149,10 @@ def model_parameters(s: Problem) -> int:
     return s.layers * block_parameters_of(s) + (end_parameters(s) if s.target == "model" else 0)
 
 
-def block_saved_bytes(s: Problem, attention: dict[str, int]) -> dict[str, int]:
-    """What one block keeps for its backward, itemised (module docstring); `attention`: the items of
-    plan/memory.py's model of the block's attention call; a named architecture's: plan/decoder.py."""
-    items = decoder.block_saved_bytes(s, attention) if s.architecture is not None else _longnet_saved(s, attention)
+def block_saved_bytes(s: Problem, attention: dict[str, int], tp: int = 1) -> dict[str, int]:
+    """What one block keeps for its backward, itemised (module docstring); `attention`: the items of its attention
+    call's model (plan/memory.py); a named architecture's: plan/decoder.py (`tp`: weight copies 1/T)."""
+    items = decoder.block_saved_bytes(s, attention, tp) if s.architecture is not None else _longnet_saved(s, attention)
     if attention.get(KEPT_COMM):
         items[KEPT_COMM] = attention[KEPT_COMM]
     return items
@@ -304,7 +304,7 @@ def _loss_phases(s: Problem, common: dict, states: ModelStates, residual: int, s
         loss.add("final norm: " + decoder.NORM_ITEM, decoder.norm_saved(s))
     if c != ELEMENT_BYTES[s.dtype]:
         tied = "tied" if s.arch.tie_word_embeddings else "untied"
-        loss.add(f"autocast copy of the {tied} head weight", s.vocab_size * width * c)
+        loss.add(f"autocast copy of the {tied} head weight", s.vocab_size * width * c // how.tensor_parallel)
     loss.update(loss_items(s, how.loss, train=True, tp=how.tensor_parallel))
     return [loss, _Phase(states.step_name, common).update(states.step)]
 
@@ -315,7 +315,7 @@ def _training_phases(
     p, c = ELEMENT_BYTES[s.dtype], ELEMENT_BYTES[s.compute_dtype]
     tokens, width, hidden = s.batch * s.seq_len, s.width, s.hidden
     residual = tokens * width * p
-    saved = sum(block_saved_bytes(s, attention).values())
+    saved = sum(block_saved_bytes(s, attention, options.tensor_parallel).values())
     model = s.target == "model"
     upstream = residual + (tokens * width * c if c != p else 0)
     mlp_backward = decoder.mlp_backward(s, options.tensor_parallel)  # LongNet's GELU MLP: the same form

@@ -33,12 +33,6 @@ def check(s: Problem, tp: int, sp: int) -> None:
         return
     if s.architecture is None:
         raise ValueError("--tensor-parallel splits a named model's projections: give --model or --model-config")
-    if s.amp or s.arch.fp8:
-        which = "--amp" if s.amp else f"--fp8 {s.arch.fp8}"
-        raise ValueError(
-            f"--tensor-parallel with {which} is not modelled (its weight copies are not split yet): give --dtype "
-            f"bfloat16{'' if s.amp else ' without --fp8'}"
-        )
     if s.spec.memory_model != "dense":
         raise ValueError(
             f"--tensor-parallel with --impl {s.impl} is not modelled: give a dense attention kernel (sdpa, the "

@@ -37,6 +37,30 @@ def test_a_devices_activations_are_the_blocks_on_n_over_t_positions():
     assert with_tp.items["tensor-parallel all-gathered input"] == 65536 * 4096 * 2  # N x E in bf16
 
 
+@pytest.mark.parametrize(
+    "fields, item",
+    [
+        ({"fp8": "te"}, "FP8 copies: o_proj input, weights and transposes"),
+        ({"amp": "bf16", "dtype": "float32"}, "autocast weight copies"),
+    ],
+)
+def test_a_devices_weight_copies_are_its_shard(fields, item):
+    """TransformerEngine's FP8 weights and autocast's half copies are made of the weight a device holds: 1/T."""
+    from dattn_cli.plan.layers import block_saved_bytes
+
+    arch = {**load_preset("llama-3.1-8b")}
+    if "fp8" in fields:
+        arch["architecture"] = arch["architecture"].model_copy(update={"fp8": "te"})
+    s = Problem(
+        **{**arch, "impl": "sdpa", "target": "model", "seq_len": 16384, "mode": "fwdbwd", "dtype": "bfloat16"}
+        | {k: v for k, v in fields.items() if k != "fp8"}
+    )
+    matmuls = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    per_param = 2
+    one, four = block_saved_bytes(s, {}, 1)[item], block_saved_bytes(s, {}, 4)[item]
+    assert one - four == per_param * matmuls - per_param * matmuls // 4
+
+
 @pytest.mark.parametrize("checkpointing, exposed", [(False, 8), (True, 12)])
 def test_tensor_parallel_collectives(checkpointing, exposed):
     s = llama8b(8192, checkpointing=checkpointing)
@@ -83,8 +107,6 @@ MODEL = ["plan", "--model", "llama-3.1-8b", "--seq-len", "8192", "--dtype", "bfl
         (["plan", "--target", "model", "--seq-len", "8192", "--devices", "2", "--tensor-parallel", "2"], "named model"),
         (["plan", "--seq-len", "8192", "--tensor-parallel", "2"], "apply to --target model"),
         ([*MODEL, "--tensor-parallel", "0"], "--tensor-parallel must be from 1"),
-        ([*MODEL, "--devices", "4", "--tensor-parallel", "4", "--amp", "bf16", "--dtype", "float32"], "with --amp"),
-        ([*MODEL, "--devices", "4", "--tensor-parallel", "4", "--fp8", "te"], "with --fp8 te is not modelled"),
     ],
 )
 def test_bad_tensor_parallel_input_is_one_line(args, message, capsys):
