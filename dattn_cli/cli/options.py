@@ -92,6 +92,13 @@ OPTIONS: dict[str, Cli] = {
         ("plan",),
         **FLAG,
     ),
+    "fused_norm": Cli(
+        "plan --model/--model-config: the norms as fused kernels (Liger, TransformerEngine, apex or compiled: each "
+        "keeps its input and a per-token statistic) instead of transformers' eager RMSNorm (an fp32 input copy).",
+        LAYER,
+        ("plan",),
+        **FLAG,
+    ),
     "fp8": Cli(
         "plan --model/--model-config: the blocks' linear layers in FP8, as TransformerEngine (te: FP8 copies of "
         "inputs and weights saved) or torchao (torchtitan's float8: float8 FSDP all-gathers) run them (docs/plan.md).",

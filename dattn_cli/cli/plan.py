@@ -205,11 +205,13 @@ def _lengths(values: dict, devices: int, max_seq: bool, min_devices: bool) -> di
 def _named_model(o: SimpleNamespace) -> dict | None:
     """The Problem fields of --model or --model-config (workload/model_presets.py), or None; sets the target."""
     if o.model is None and o.model_config is None:
-        if o.tiled_mlp or o.fp8:
+        if o.tiled_mlp or o.fp8 or o.fused_norm:
             which = (
                 "--tiled-mlp tiles a named model's MLP"
                 if o.tiled_mlp
                 else f"--fp8 {o.fp8} runs a named model's linears"
+                if o.fp8
+                else "--fused-norm fuses a named model's norms"
             )
             raise ValueError(f"{which}: give --model or --model-config")
         o.target = o.target or "attention"
@@ -227,8 +229,8 @@ def _named_model(o: SimpleNamespace) -> dict | None:
     o.target = o.target or "model"
     # the dense baseline (kernels/registry.py); --kernel picks its efficiency curve, --sp-kind its split
     o.impl = o.impl or "sdpa"
-    if o.tiled_mlp or o.fp8:
-        update = {"tiled_mlp": bool(o.tiled_mlp), "fp8": o.fp8}
+    if o.tiled_mlp or o.fp8 or o.fused_norm:
+        update = {"tiled_mlp": bool(o.tiled_mlp), "fp8": o.fp8, "fused_norm": bool(o.fused_norm)}
         fields["architecture"] = fields["architecture"].model_copy(update=update)
     return fields
 

@@ -11,7 +11,11 @@ sdpa attention), and checked to the byte against LlamaDecoderLayer, MistralDecod
   T·E·p, its output T·E·c (the next linears' input) and the rsqrt, T·4. Under autocast the fp32 output is not
   kept but each linear it feeds keeps its own half copy (autocast caches the casts of weights, not of
   activations): q, k and v three, a gated MLP's gate and up two. A LayerNorm keeps its input T·E·p, its
-  output and mean and rstd, 8·T.
+  output and mean and rstd, 8·T. With `--fused-norm` (Liger's LigerRMSNorm, TransformerEngine's RMSNorm, apex or a
+  compiled norm: one kernel that saves its input and the per-token rstd) an RMSNorm keeps T·E·p, its output and
+  T·4: no fp32 copy, no normalized tensor.
+* qwen3's q_norm and k_norm (RMSNorm over each head's D): as a norm of width H·D + K, before the rotary; their
+  outputs feed only the rotary, which keeps none of them.
 * the attention: the rotated q (T·H·D·c), the rotated k and the v projection (T·K·c each) and the core's output
   (T·H·D·c, also o_proj's input) and lse: the core's inputs and output in plan/memory.py's model. Rotary's
   `q * cos` keeps cos and sin, not q: the un-rotated q and k are not kept. Biases keep nothing.
@@ -43,8 +47,17 @@ def norm_saved(s: Problem, consumers: int = 1, fp8_linears: bool = False) -> int
     if fp8_linears and fp8.saves_fp8(s):  # each linear its own FP8 copy (plan/fp8.py)
         outputs = consumers * tokens * s.width
     if s.arch.norm == "rmsnorm":
-        return tokens * s.width * (4 + p) + outputs + 4 * tokens
+        return tokens * s.width * (p if s.arch.fused_norm else 4 + p) + outputs + 4 * tokens
     return tokens * s.width * p + outputs + 8 * tokens
+
+
+def qk_norm_saved(s: Problem) -> int:
+    """qwen3's q_norm and k_norm (module docstring): their inputs as a norm's, per head a per-token rstd."""
+    if not s.arch.qk_norm:
+        return 0
+    tokens, p = s.batch * s.seq_len, ELEMENT_BYTES[s.dtype]
+    width = s.attention_width + s.kv_head_count * s.head_dim
+    return tokens * width * (p if s.arch.fused_norm else 4 + p) + 4 * tokens * (s.heads + s.kv_head_count)
 
 
 def _block_norms(s: Problem) -> tuple[int, int]:
@@ -73,7 +86,7 @@ def block_saved_bytes(s: Problem, attention: dict[str, int], tp: int = 1) -> dic
     c = ELEMENT_BYTES[s.compute_dtype]
     core = sum(attention.get(k, 0) for k in ("inputs q, k, v", "output", "lse"))
     items = {
-        NORM_ITEM: sum(_block_norms(s)),
+        NORM_ITEM: sum(_block_norms(s)) + qk_norm_saved(s),
         "rotated q and k, v, attention output and lse": core,
         "MLP: gate, up, activation and product" if s.arch.gated else "MLP hidden (fc1 and GELU outputs)": mlp_saved(s),
     }

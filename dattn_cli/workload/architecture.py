@@ -48,6 +48,11 @@ class Architecture(BaseModel):
     # plan --tiled-mlp: ALST's TiledMLP (DeepSpeed's ulysses_sp.TiledMLP), the MLP run in sequence shards and
     # recomputed shard by shard in the backward (plan/decoder.py)
     tiled_mlp: bool = False
+    # qwen3's RMSNorm of each head's queries and keys (q_norm, k_norm: head_dim weights each)
+    qk_norm: bool = False
+    # plan --fused-norm: fused norm kernels (Liger, TransformerEngine, apex, compiled) keep their input in the
+    # weight dtype and a per-token statistic, not transformers' eager fp32 copy (plan/decoder.py)
+    fused_norm: bool = False
     # plan --fp8: the blocks' linear layers in FP8, as TransformerEngine (te) or torchao run them (plan/fp8.py)
     fp8: Literal["te", "torchao"] | None = None
 
@@ -101,7 +106,8 @@ def block_bias_parameters(p: Problem) -> int:
 
 def block_parameters_of(p: Problem) -> int:
     """All parameters of one block: matmul weights, biases and its two norms."""
-    return block_matmul_parameters(p) + block_bias_parameters(p) + 2 * norm_parameters(p)
+    qk_norms = 2 * p.head_dim if p.arch.qk_norm else 0
+    return block_matmul_parameters(p) + block_bias_parameters(p) + 2 * norm_parameters(p) + qk_norms
 
 
 def end_parameters(p: Problem) -> int:

@@ -6,11 +6,12 @@ Problem's fields: the sizes (embed_dim, heads, kv_heads, head_dim, layers, vocab
 Honoured: hidden_size, intermediate_size, num_attention_heads, num_key_value_heads (default: the heads),
 head_dim (default hidden_size / heads), num_hidden_layers, vocab_size, tie_word_embeddings (default false, as
 LlamaConfig, MistralConfig and Qwen2Config have it), hidden_act (silu/swish: SwiGLU; a gelu: the same gated MLP
-with GELU), attention_bias (llama: q, k, v and o; qwen2 has q, k, v biases by its model_type; mistral none) and
-llama's mlp_bias. Refused, in one line naming the field: another model_type, mixture-of-experts fields, a sliding
-window where it applies (qwen2's use_sliding_window true; mistral's sliding_window unless null, its default being
-4096), and rope scaling types other than the frequency rescalings (linear, dynamic, yarn, longrope, llama3), which
-change neither FLOPs nor memory.
+with GELU), attention_bias (llama, qwen3: q, k, v and o; qwen2 has q, k, v biases by its model_type; mistral none;
+qwen3 adds RMSNorms of each head's queries and keys) and llama's mlp_bias. Refused, in one line naming the field:
+another model_type, mixture-of-experts fields, a sliding window where it applies (qwen2's and qwen3's
+use_sliding_window true; mistral's sliding_window unless null, its default being 4096), and rope scaling types
+other than the frequency rescalings (linear, dynamic, yarn, longrope, llama3), which change neither FLOPs nor
+memory.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .architecture import Architecture
 from .parse import clip
 from .yaml_input import load_yaml
 
-FAMILIES = ("llama", "mistral", "qwen2")  # transformers model_types whose decoder layer plan/decoder.py models
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # transformers model_types whose decoder layer plan/decoder.py models
 MOE_FIELDS = (
     *("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok"),
     *("n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace", "decoder_sparse_step"),
@@ -105,8 +106,9 @@ def _refusals(config: dict, family: str, where: str) -> None:
         if config.get(key) not in (None, 0, False):
             raise ValueError(f"{where}: {key} makes it a mixture-of-experts model, which dattn does not plan yet")
     window = config.get("sliding_window", 4096 if family == "mistral" else None)  # MistralConfig's default
-    if (family == "mistral" and window is not None) or (family == "qwen2" and config.get("use_sliding_window")):
-        field = "use_sliding_window" if family == "qwen2" else "sliding_window"
+    qwen = family in ("qwen2", "qwen3")
+    if (family == "mistral" and window is not None) or (qwen and config.get("use_sliding_window")):
+        field = "use_sliding_window" if qwen else "sliding_window"
         raise ValueError(
             f"{where}: {field} (a sliding window of {clip(json.dumps(window))} tokens) changes the attention; "
             "dattn plans dense causal attention: use a config without it"
@@ -146,7 +148,8 @@ def from_hf_config(config: dict, where: str, name: str, source: str) -> dict[str
         intermediate_size=_integer(config, "intermediate_size", where),
         mlp=ACTIVATIONS[act],
         tie_word_embeddings=_flag(config, "tie_word_embeddings", where),
-        attention_bias="qkv" if family == "qwen2" else "qkvo" if bias and family == "llama" else "none",
+        attention_bias="qkv" if family == "qwen2" else "qkvo" if bias and family in ("llama", "qwen3") else "none",
+        qk_norm=family == "qwen3",
         mlp_bias=_flag(config, "mlp_bias", where) and family == "llama",
     )
     return dict(

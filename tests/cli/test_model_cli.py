@@ -39,7 +39,7 @@ def test_plan_a_config_file(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--model", "llama-9"], "use one of llama-3.1-405b"),
+        (["--model", "llama-9"], "use one of llama-2-7b, llama-3.1-405b"),
         (["--model", "llama-3.1-8b", "--layers", "4"], "drop --layers"),
         (["--model", "llama-3.1-8b", "--heads", "8", "--vocab-size", "10"], "drop --heads, --vocab-size"),
         (["--model", "llama-3.1-8b", "--target", "attention"], "drop --target attention"),

@@ -18,6 +18,7 @@ FAMILIES = {  # model_type: (config class, decoder layer, the planner's attentio
     "llama": ("LlamaConfig", "LlamaDecoderLayer", "none"),
     "mistral": ("MistralConfig", "MistralDecoderLayer", "none"),
     "qwen2": ("Qwen2Config", "Qwen2DecoderLayer", "qkv"),
+    "qwen3": ("Qwen3Config", "Qwen3DecoderLayer", "none"),
 }
 
 
@@ -38,7 +39,11 @@ def hf_config(family: str, kv_heads: int, layers: int = 1, vocab: int = 100):
 
 def problem(family: str, kv_heads: int, dtype: str, target: str = "layer", **options) -> Problem:
     architecture = Architecture(
-        name=f"tiny {family}", family=family, intermediate_size=F, attention_bias=FAMILIES[family][2]
+        name=f"tiny {family}",
+        family=family,
+        intermediate_size=F,
+        attention_bias=FAMILIES[family][2],
+        qk_norm=family == "qwen3",
     )
     return Problem(
         impl="sdpa",
@@ -92,6 +97,8 @@ CASES = [  # (family, kv heads, dtype, autocast)
     ("mistral", 2, "bfloat16", False),
     ("qwen2", 2, "bfloat16", False),
     ("qwen2", 1, "float32", False),
+    ("qwen3", 2, "bfloat16", False),
+    ("qwen3", 1, "float32", False),
 ]
 
 
@@ -223,3 +230,34 @@ def test_a_tiled_mlp_keeps_its_input_only_and_its_peak_is_predicted(dtype, monke
     predicted = layer_memory(s, 0, "cuda")
     measured = layer_peak("llama", 2, getattr(torch, dtype), False, False)
     assert abs(predicted.total - measured) <= 0.10 * measured, (predicted.phase, predicted.total, measured)
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    """What a fused RMSNorm kernel saves (Liger's LigerRMSNormFunction: X, W and the fp32 rstd per row)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x.float() * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.float() * rstd
+        g = grad.float() * weight.float()
+        dx = rstd * (g - normed * (g * normed).mean(-1, keepdim=True))
+        return dx.to(x.dtype), (grad.float() * normed).sum(tuple(range(grad.dim() - 1))).to(weight.dtype), None
+
+
+@pytest.mark.parametrize("family, kv_heads", [("llama", 2), ("qwen3", 2)])
+def test_fused_norms_keep_their_input_and_rstd(family, kv_heads, monkeypatch):
+    """--fused-norm: every RMSNorm (qwen3's q_norm and k_norm too) as one kernel saving its input and rstd."""
+    module = __import__(f"transformers.models.{family}.modeling_{family}", fromlist=["x"])
+    norm = getattr(module, f"{FAMILIES[family][0][: -len('Config')]}RMSNorm")
+    monkeypatch.setattr(norm, "forward", lambda self, x: _FusedRMSNorm.apply(x, self.weight, self.variance_epsilon))
+    s = problem(family, kv_heads, "bfloat16")
+    s = s.model_copy(update={"architecture": s.arch.model_copy(update={"fused_norm": True})})
+    attention = estimate_memory(s.attention_problem(), 0, "cuda").items
+    predicted = sum(decoder.block_saved_bytes(s, attention).values())
+    assert predicted == saved_bytes(family, kv_heads, torch.bfloat16, False)

@@ -14,6 +14,7 @@ PUBLISHED = {  # parameters as the model cards and the configs' safetensors indi
     "llama-3.1-70b": 70_553_706_496,
     "mistral-7b": 7_248_023_552,
     "qwen2.5-7b": 7_615_616_512,
+    "llama-2-7b": 6_738_415_616,  # the fp16 checkpoint's 13,476,839,424 bytes less 8,192 of rotary buffers, / 2
 }
 LLAMA = {
     "model_type": "llama",
@@ -43,7 +44,7 @@ def test_parameters_equal_the_published_sizes(name, count):
     assert model_parameters(model(load_preset(name))) == count
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED) + ["llama-3.1-405b", "qwen2.5-72b"])
+@pytest.mark.parametrize("name", sorted(PUBLISHED) + ["llama-3.1-405b", "qwen2.5-72b", "qwen2.5-14b", "qwen3-32b"])
 def test_parameters_equal_transformers_models_built_on_the_meta_device(name):
     transformers = pytest.importorskip("transformers")
     import torch
