@@ -155,6 +155,7 @@ def predict(cell, hw: HardwareProfile) -> float:
             cell.direction,
             cell.seq_len,
             cell.batch * cell.heads,
+            hw.ridge(cell.dtype),
         )
         return float("nan") if eff is None else eff * hw.peak_flops(cell.dtype) / 1e12
     impl, backend = IMPL.get(cell.kernel, ("flash", cell.kernel))

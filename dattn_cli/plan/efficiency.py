@@ -12,9 +12,13 @@ of the blocks in flight, from curves fitted to published figures (the profile's 
   leaves SMs idle when few (batch x heads, or short segments) are in flight. The published cells are fitted
   with this factor in, so e_inf and n_half are what is left after wave quantization.
 * fwdbwd without its own curve but with fwd and bwd curves: the FLOP-weighted harmonic mean
-  (fwd+bwd FLOPs = 1 + 2.5 of the forward's, workload/counts.py); else fwd <-> fwdbwd stand in for each other,
-  and sdpa takes cuDNN's or else flash's curves (FALLBACK_KERNEL), each substitution named in the source the plan
-  prints.
+  (fwd+bwd FLOPs = 1 + 2.5 of the forward's, workload/counts.py). bwd without its own curve: from fwd and fwdbwd
+  curves, that mean inverted; else from the fwd curve plus the backward's memory-bound passes outside its main
+  kernel (FlashAttention-2/3's bwd preprocess reads O and dO for rowsum(dO o O), the fp32 dq accumulator is zeroed,
+  then read and converted to the input dtype: 3e + 8 bytes an element of B·H·N·D, BWD_PASS_BYTES) at the profile's
+  memory bandwidth, which shrink against the O(N^2) work as 1/N; fwdbwd with a fwd curve only combines the two
+  likewise. fwd without a curve takes the fwdbwd one. sdpa takes cuDNN's or else flash's curves, flex flash's
+  (FALLBACK_KERNEL), each substitution named in the source the plan prints.
 * scale: `efficiency.kernel_scale["kernel/mode"]` (or `["kernel"]`), fitted by `plan --calibrate` on GPU
   bench rows; 1 without one.
 
@@ -33,14 +37,22 @@ KERNELS = ("flash", "flash3", "cudnn", "sdpa", "flex", "math")
 # sm100 torch >= 2.11 (bundled cuDNN > 9.15) tries cuDNN attention first (aten/src/ATen/native/transformers/cuda/
 # sdp_utils.cpp, check_prefer_cudnn_attention), so cuDNN's curves where the profile has them (Hopper); else its
 # flash backend, FlashAttention-2 (PyTorch 2.2 release notes).
-FALLBACK_KERNEL = {"sdpa": ("cudnn", "flash")}
+FALLBACK_KERNEL = {"sdpa": ("cudnn", "flash"), "flex": ("flash",)}
 FALLBACK_WHY = {
     ("sdpa", "cudnn"): "torch >= 2.11 SDPA prefers cuDNN attention on sm90/sm100 (sdp_utils.cpp "
     "check_prefer_cudnn_attention)",
     ("sdpa", "flash"): "SDPA's flash backend is FlashAttention-2 (PyTorch 2.2 release notes)",
+    ("flex", "flash"): "FlexAttention's generated Triton kernel tiles as FlashAttention-2 does (the FlexAttention "
+    "paper, arXiv:2412.05496)",
 }
 TILE = 128  # query rows per thread block of FlashAttention-2/3 forward kernels (kBlockM = 128 for d <= 128)
 BWD_SHARE = 2.5  # backward FLOPs per forward FLOP (fwd+bwd = 3.5 x fwd, workload/counts.py)
+
+
+def bwd_pass_bytes(element: int) -> int:
+    """Bytes per element of B·H·N·D the backward's passes outside its main kernel move (module docstring): O and
+    dO read, the fp32 dq accumulator zeroed, read and written back in the input dtype."""
+    return 3 * element + 8
 
 
 @dataclass(frozen=True)
@@ -103,13 +115,17 @@ def _route(eff: Efficiency, kernel: str, dtype: str, causal: bool, direction: st
     start far lower. None: no curve, the prior applies."""
     for name in (kernel, *FALLBACK_KERNEL.get(kernel, ())):
         via = "" if name == kernel else f"; {kernel} has no curve here, {name}'s: {FALLBACK_WHY[kernel, name]}"
-        if _matching(eff, name, dtype, causal, direction):
+        has = {d: bool(_matching(eff, name, dtype, causal, d)) for d in ("fwd", "bwd", "fwdbwd")}
+        if has[direction]:
             return name, direction, via
-        if direction == "fwdbwd" and all(_matching(eff, name, dtype, causal, d) for d in ("fwd", "bwd")):
+        if direction == "fwdbwd" and has["fwd"] and has["bwd"]:
             return name, "fwd+bwd", via
-        other = {"fwd": "fwdbwd", "fwdbwd": "fwd"}.get(direction)
-        if other and _matching(eff, name, dtype, causal, other):
-            return name, other, f"{via}; no {direction} curve, the {other} one"
+        if direction == "bwd" and has["fwd"] and has["fwdbwd"]:
+            return name, "fwdbwd-fwd", f"{via}; bwd from the fwdbwd and fwd curves"
+        if direction in ("bwd", "fwdbwd") and has["fwd"]:
+            return name, "fwd+passes", f"{via}; no {direction} curve: the fwd one, the bwd's memory-bound passes added"
+        if direction == "fwd" and has["fwdbwd"]:
+            return name, "fwdbwd", f"{via}; no fwd curve, the fwdbwd one"
     return None
 
 
@@ -130,19 +146,39 @@ def _unscaled(
 
 
 def curve_efficiency(
-    eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal: bool, direction: str, n: int, in_flight: int
+    eff: Efficiency,
+    kernel: str,
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    direction: str,
+    n: int,
+    in_flight: int,
+    ridge: float | None = None,
 ) -> float | None:
     """Achieved / peak FLOP/s of `kernel` on a dense (n x n) problem with `in_flight` independent (batch x head)
-    problems, times the calibrated scale of `kernel`/`direction`; None without a curve for it."""
+    problems, times the calibrated scale of `kernel`/`direction`; None without a curve for it. `ridge`: the peak
+    FLOP/s over the memory bandwidth (FLOP a byte), for a backward made from a forward curve (module docstring)."""
     route = _route(eff, kernel, dtype, causal, direction)
     if route is None:
         return None
     name, used, _ = route
+    at = {
+        d: _unscaled(eff, name, dtype, head_dim, causal, d, n, in_flight)
+        for d in used.replace("-", "+").split("+")
+        if d != "passes"
+    }
     if used == "fwd+bwd":
-        fwd, bwd = (_unscaled(eff, name, dtype, head_dim, causal, d, n, in_flight) for d in ("fwd", "bwd"))
-        value = (1 + BWD_SHARE) / (1 / fwd + BWD_SHARE / bwd)
+        value = (1 + BWD_SHARE) / (1 / at["fwd"] + BWD_SHARE / at["bwd"])
+    elif used == "fwdbwd-fwd":
+        value = BWD_SHARE / max((1 + BWD_SHARE) / at["fwdbwd"] - 1 / at["fwd"], 1e-9)
+    elif used == "fwd+passes":
+        element = {"float16": 2, "bfloat16": 2}.get(dtype, 4)
+        flops_per_element = BWD_SHARE * 4 * n / (2 if causal else 1)
+        bwd = 1 / (1 / at["fwd"] + (ridge or 0.0) * bwd_pass_bytes(element) / flops_per_element)
+        value = bwd if direction == "bwd" else (1 + BWD_SHARE) / (1 / at["fwd"] + BWD_SHARE / bwd)
     else:
-        value = _unscaled(eff, name, dtype, head_dim, causal, used, n, in_flight)
+        value = at[used]
     return min(1.0, scale_for(eff, kernel, direction) * value)
 
 
@@ -152,7 +188,7 @@ def curve_source(eff: Efficiency, kernel: str, dtype: str, head_dim: int, causal
     if route is None:
         return "no curve"
     name, used, via = route
-    parts = ("fwd", "bwd") if used == "fwd+bwd" else (used,)
+    parts = [d for d in used.replace("-", "+").split("+") if d != "passes"]
     curves = [(d, curve_at(eff, name, dtype, head_dim, causal, d)) for d in parts]
     text = " + ".join(f"{name} {d}: {c.source}" for d, c in curves)
     scale = scale_for(eff, kernel, direction)

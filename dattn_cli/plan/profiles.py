@@ -205,6 +205,11 @@ class HardwareProfile(_Strict):
         link = self.link(devices)[1]
         return messages * link.latency_us * 1e-6 + nbytes / (link.bandwidth_gb_s * 1e9 * self.efficiency.communication)
 
+    def ridge(self, dtype: str) -> float | None:
+        """FLOP per byte at which `dtype`'s peak meets the effective memory bandwidth (None without a rate)."""
+        peak = self.peak_flops(dtype)
+        return None if peak is None else peak * self.memory_seconds(1.0)
+
     def memory_seconds(self, nbytes: float) -> float:
         """Seconds to move `nbytes` at the memory bandwidth times its efficiency (a memory-bound pass)."""
         return nbytes / (self.memory_bandwidth_gb_s * 1e9 * self.efficiency.memory_bandwidth)

@@ -173,7 +173,9 @@ def compute_efficiency(s: Problem, profile: HardwareProfile) -> tuple[str | None
     blocks = kernel_blocks(s)
     weights = sum(w for _, _, w, _, _ in blocks) or 1
     inverse = sum(
-        w / curve_efficiency(eff, kernel, s.dtype, s.head_dim, s.causal, s.mode, n, k) for n, k, w, _, _ in blocks if w
+        w / curve_efficiency(eff, kernel, s.dtype, s.head_dim, s.causal, s.mode, n, k, profile.ridge(s.dtype))
+        for n, k, w, _, _ in blocks
+        if w
     )
     efficiency = weights / inverse if inverse else 1.0
     traffic = engine_traffic(s, profile, blocks)

@@ -103,6 +103,31 @@ def test_fwdbwd_from_fwd_and_bwd_curves_is_the_flop_weighted_harmonic_mean():
     )
 
 
+def test_bwd_from_fwd_and_fwdbwd_curves_inverts_that_mean():
+    curves = [
+        AttentionCurve(kernel="k", direction=d, causal=False, head_dim=64, e_inf=e, n_half=0, source="test")
+        for d, e in (("fwd", 0.6), ("fwdbwd", 3.5 / (1 / 0.6 + 2.5 / 0.3)))
+    ]
+    eff = H100.efficiency.model_copy(update={"attention_curves": curves, "compute_units": None})
+    assert curve_efficiency(eff, "k", "float16", 64, False, "bwd", 4096, 64) == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_bwd_from_the_fwd_curve_pays_the_memory_bound_passes(causal):
+    """14 bytes an element of B·H·N·D in bf16 at the ridge (peak / bandwidth), against 2.5 x 4·N FLOPs an element
+    (half of it causal): the gap to the fwd curve shrinks as 1/N."""
+    fwd = AttentionCurve(kernel="k", direction="fwd", causal=causal, head_dim=64, e_inf=0.6, n_half=0, source="t")
+    eff = H100.efficiency.model_copy(update={"attention_curves": [fwd], "compute_units": None})
+    ridge = H100.ridge("bfloat16")
+    for n in (512, 16384):
+        flops = 2.5 * 4 * n / (2 if causal else 1)
+        bwd = curve_efficiency(eff, "k", "bfloat16", 64, causal, "bwd", n, 64, ridge)
+        assert bwd == pytest.approx(1 / (1 / 0.6 + ridge * 14 / flops))
+        both = curve_efficiency(eff, "k", "bfloat16", 64, causal, "fwdbwd", n, 64, ridge)
+        assert both == pytest.approx(3.5 / (1 / 0.6 + 2.5 / bwd))
+    assert curve_efficiency(eff, "k", "bfloat16", 64, causal, "bwd", 512, 64) == pytest.approx(0.6)  # no ridge given
+
+
 def test_dilated_blocks_run_at_their_own_length_and_count():
     dilated = Problem(
         impl="ImprovedDilatedAttention",
@@ -231,7 +256,9 @@ def test_missing_curves_borrow_a_stated_one():
     cudnn = estimate_time(dense(4096, mode="fwd", backend="cudnn"), H100)
     assert hopper.efficiency == cudnn.efficiency and "check_prefer_cudnn_attention" in hopper.efficiency_source
     fa3 = estimate_time(dense(4096, backend="flash3"), H100)  # FA3 has forward curves only here
-    assert fa3.kernel == "flash3" and "no fwdbwd curve, the fwd one" in fa3.efficiency_source
+    assert fa3.kernel == "flash3" and "the bwd's memory-bound passes added" in fa3.efficiency_source
+    flex = estimate_time(dense(4096, backend="flex"), H100)  # no flex curves: FlashAttention-2's
+    assert flex.efficiency == estimate_time(dense(4096), H100).efficiency and "FlexAttention" in flex.efficiency_source
     causal_only = H100.efficiency.model_copy(
         update={"attention_curves": [c for c in H100.efficiency.attention_curves if not c.causal]}
     )
