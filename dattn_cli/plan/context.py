@@ -8,14 +8,25 @@ Ring Attention / context parallelism as Megatron and torchtitan run it), allgath
 (HeadParallelDilatedAttention: all-to-all to H/C heads over all N, DeepSpeed-Ulysses) and hybrid
 (HybridDilatedAttention: head groups x a ring, USP). Their memory and time are those kinds' models
 (plan/memory.py, plan/time.py), their blocks at the dense kernel's efficiency curve (the --impl's, or --kernel).
+
+Memory: ring, allgather and hybrid as dattn's cores hold it (the ring's K/V in flight, fp32 accumulators and block
+results are of the same size as ring-flash-attn's). head_parallel is the dense kernel itself on the head shard
+between two all-to-alls (DeepSpeed's DistributedAttention, ALST's UlyssesSPAttentionHF: `_SeqAllToAll` saves
+nothing), not dattn's blocked engine. With x the bytes of the local q (= the head shard's: N x H/C heads) and
+k_h those of a head shard's k (N x max(H_kv/C, 1) heads: kv heads are replicated when fewer than C):
+* kept until the backward: the kernel's inputs and output on the head shard, 2x + 2k_h, its lse, and the
+  output's local copy (o_proj's input), x; the local q, k, v are consumed by the all-to-all;
+* the backward: the upstream gradient x, its head-shard copy x, the head shard's dq, dk, dv x + 2k_h, and the
+  kernel's fp32 dq accumulator (plan/memory.py, FLASH_BACKWARD_DQ_ACCUMULATOR x x on a GPU in half precision).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from ..workload.problem import Problem
+from ..workload.problem import ELEMENT_BYTES, Problem
 from .efficiency import KERNELS
+from .memory import FLASH_BACKWARD_DQ_ACCUMULATOR, estimate_memory
 
 SpKind = Literal["ring", "allgather", "head_parallel", "hybrid"]
 KIND_IMPLS = {
@@ -60,3 +71,26 @@ def check(s: Problem, sequence_parallel: int) -> None:
             f"--impl {s.impl} is a {s.spec.strategy} implementation: drop --sp-kind {kind}, or give --impl "
             f"{MULTIHEAD_IMPLS[kind] if s.spec.kind == 'multihead' else KIND_IMPLS[kind]}"
         )
+
+
+def attention_items(call: Problem, device_type: str) -> dict[str, int]:
+    """The memory items of a block's attention call: plan/memory.py's, or a dense attention's split by head
+    parallelism (module docstring)."""
+    dense = call.segment_lengths == [call.seq_len] and call.dilation_rates == [1] and call.sp_kind == "head_parallel"
+    if not (dense and call.impl == KIND_IMPLS["head_parallel"] and call.world_size > 1):
+        return estimate_memory(call, 0, device_type).items
+    e, c = ELEMENT_BYTES[call.dtype], call.world_size
+    x = call.batch * call.seq_len * (call.heads // c) * call.head_dim * e
+    k_h = call.batch * call.seq_len * max(call.kv_head_count // c, 1) * call.head_dim * e
+    items = {
+        "inputs q, k, v": 0,
+        "output": x,
+        "lse": call.batch * call.seq_len * (call.heads // c) * 4,
+        "head-shard q, k, v, out": 2 * x + 2 * k_h,
+    }
+    if call.mode == "fwdbwd":
+        items["gradients (upstream, dq, dk, dv)"] = 2 * x + 2 * k_h
+        items["all-to-all copies"] = x
+        half = device_type == "cuda" and call.dtype in ("float16", "bfloat16")
+        items["kernel workspace"] = int(FLASH_BACKWARD_DQ_ACCUMULATOR * x) if half else 0
+    return items

@@ -191,7 +191,7 @@ def layer_memory(
     p = ELEMENT_BYTES[s.dtype]
     tokens, width = s.batch * s.seq_len, s.width
     train = s.mode == "fwdbwd"
-    attention = estimate_memory(call, 0, device_type).items
+    attention = context.attention_items(call, device_type)
     if sequence_parallel > 1 and train:
         attention[KEPT_COMM] = _kept_for_backward(call, device_type)
     pool = attention.get("gather buffers (memory pool)", 0)
@@ -223,13 +223,12 @@ KEPT_COMM = "sequence-parallel K/V kept for backward"
 
 
 def _kept_for_backward(call: Problem, device_type: str) -> int:
-    """What a sequence-parallel attention keeps per block until its backward: the all-gather form its gathered
-    K/V rows (the forward's comm buffers), head-parallel its head-shard q, k, v, out; the ring nothing (it
-    rotates K/V again in the backward)."""
+    """What a sequence-parallel attention keeps per block until its backward: the all-gather form its gathered K/V
+    rows (the forward's comm buffers), head-parallel its head-shard q, k, v, out; the ring nothing (it re-rotates)."""
     if call.strategy == "allgather":
         return estimate_memory(call.model_copy(update={"mode": "fwd"}), 0, device_type).items.get("comm buffers", 0)
     if call.strategy == "head_parallel":
-        return estimate_memory(call, 0, device_type).items.get("head-shard q, k, v, out", 0)
+        return context.attention_items(call, device_type).get("head-shard q, k, v, out", 0)
     return 0
 
 
@@ -269,6 +268,7 @@ CORE_BACKWARD_ITEMS = (  # the attention items alive during its backward: the co
     "comm buffers",
     "all-to-all copies",
     "head-shard q, k, v, out",
+    "kernel workspace",
 )
 
 

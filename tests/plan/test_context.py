@@ -94,3 +94,25 @@ def test_zigzag_is_a_layout_of_the_ring_and_allgather_kinds_only():
     assert attention_call(llama8b(layout="zigzag"), 8).layout == "zigzag"
     with pytest.raises(ValueError, match="--layout zigzag"):
         llama8b(sp_kind="head_parallel", layout="zigzag")
+
+
+@pytest.mark.parametrize("sp, kv_per_rank", [(8, 1), (32, 1)])
+def test_a_dense_attention_split_by_heads_is_the_kernel_on_the_head_shard(sp, kv_per_rank):
+    """head_parallel of a dense attention (DeepSpeed's DistributedAttention): no local q, k, v kept; the head shard's
+    q, k, v, out (kv heads replicated when fewer than C) and the backward's head-shard gradients, one all-to-all copy
+    and the fp32 dq accumulator; not the blocked engine's items."""
+    from dattn_cli.plan.context import attention_items
+
+    n = 262144
+    call = attention_call(llama8b(n, sp_kind="head_parallel", checkpointing=True), sp)
+    items = attention_items(call, "cuda")
+    x = n * (32 // sp) * 128 * 2  # the head shard's q = the local q, in bf16
+    k_h = n * kv_per_rank * 128 * 2
+    assert items["inputs q, k, v"] == 0 and items["output"] == x
+    assert items["head-shard q, k, v, out"] == 2 * x + 2 * k_h
+    assert items["gradients (upstream, dq, dk, dv)"] == 2 * x + 2 * k_h and items["all-to-all copies"] == x
+    assert items["kernel workspace"] == 2 * x and "block results (one-pass combine)" not in items
+    engine = attention_call(
+        llama8b(n, impl="HeadParallelDilatedAttention", segment_lengths=[n], dilation_rates=[1]), sp
+    )
+    assert "inputs q, k, v" in attention_items(engine, "cuda") and attention_items(engine, "cuda")["inputs q, k, v"]
