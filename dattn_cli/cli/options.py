@@ -70,11 +70,12 @@ OPTIONS: dict[str, Cli] = {
         default="adamw",
     ),
     "loss": Cli(
-        "plan --target model: standard (the whole logits; training holds 12 bytes per token and vocabulary entry) "
-        "or chunked (a fused linear cross-entropy, Liger's: one chunk of logits at a time, docs/plan.md).",
+        "plan --target model: standard (the whole logits; training holds 12 bytes per token and vocabulary entry), "
+        "chunked (a fused linear cross-entropy, Liger's: one chunk of logits at a time) or compiled (the standard "
+        "loss under torch.compile: the logits and their gradient in the compute dtype), docs/plan.md.",
         LAYER,
         ("plan",),
-        choices=("standard", "chunked"),
+        choices=("standard", "chunked", "compiled"),
         default="standard",
     ),
     "recompute": Cli(

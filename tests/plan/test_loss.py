@@ -2,6 +2,10 @@
 chunk, Liger's chunk rule, and `plan --loss`."""
 
 import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +81,46 @@ def test_plan_loss_option(capsys):
     )
     code, _, err = run_cli([*args, "--loss", "tiled"], capsys)
     assert code == 2 and "--loss" in err and "chunked" in err
+
+
+def test_compiled_loss_holds_the_logits_and_their_gradient():
+    s = llama(65536)
+    assert loss_items(s, "compiled", train=True) == {
+        "logits and their gradient (compiled loss)": 2 * 2 * 65536 * 128256
+    }
+    assert sum(loss_items(s, "compiled", train=False).values()) == 2 * 65536 * 128256
+
+
+PEAK_SCRIPT = """
+import gc, sys, torch
+T, V = 2048, 16384
+def ce(pred, labels):
+    return torch.nn.functional.cross_entropy(pred.float(), labels)
+fn = torch.compile(ce) if sys.argv[1] == "compiled" else ce
+labels = torch.randint(0, V, (T,))
+def status(key):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
+for _ in range(2):  # the first compiled call compiles
+    logits = torch.randn(T, V, dtype=torch.bfloat16, requires_grad=True)
+    gc.collect()
+    start = status("VmRSS")
+    open("/proc/self/clear_refs", "w").write("5")
+    fn(logits, labels).backward()
+    peak = (status("VmHWM") - start) / logits.numel()
+    del logits
+print(peak)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak RSS reset needs Linux /proc")
+@pytest.mark.parametrize("how, per_element", [("standard", 12.0), ("compiled", 2.0)])
+def test_the_loss_bytes_are_what_torch_holds(how, per_element):
+    """Beyond the live bf16 logits: eager cross_entropy(pred.float()) 12 bytes an element, compiled 2 (the gradient;
+    the graph keeps the logits themselves): loss_items' 12 and 2·c less the logits' c."""
+    if how == "compiled" and not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("torch.compile on a CPU needs a C++ compiler")
+    mode = "eager" if how == "standard" else "compiled"
+    done = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, mode], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) == pytest.approx(per_element, abs=0.5)

@@ -1,0 +1,210 @@
+"""The planner against published multi-GPU long-context training runs (issue 29 part C).
+
+    python benchmarks/plan_published.py [--jsonl benchmarks/plan_published.jsonl] [--markdown]
+
+Every row of the frozen table tests/benchmarks/data/published_runs.csv that benchmarks/published_runs_plan.yaml
+maps to `dattn plan` options is planned (`python -m dattn_cli plan ... --json -`, one process a row) and its
+published metrics compared with the prediction:
+
+- peak memory (within 10%): `reserved` rows against PyTorch's reserved peak, the tensor bytes the plan counts with
+  the allocator margin, less the CUDA context and NCCL's buffers (neither goes through the caching allocator);
+  `nvidia-smi` rows against the device total: the context, NCCL's buffers and the reserved peak;
+- tokens/s/GPU (within 20%): a replica's B x N tokens over its tp x sp devices per step; with a global batch
+  the optimizer step is counted once per A = global tokens / (replicas x B x N) micro-steps. Rows that print only
+  model TFLOP/s/GPU (NeMo, Megatron-Bridge) are compared in their own convention: NeMo's FLOPs per token
+  (nemo/utils/flops_formulas.py, `llama2`/`llama3`: 6 x the block matmuls and the head, attention as the full
+  square, no recompute) x the predicted tokens/s/GPU;
+- largest sequence (within 15%): `--max-seq`'s N.
+
+Rows named in TUNING set a constant of the planner and are reported apart from the validation rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ROOT / "tests" / "benchmarks" / "data" / "published_runs.csv"
+MAPPING = ROOT / "benchmarks" / "published_runs_plan.yaml"
+TOLERANCE = {"peak_memory": 0.10, "tokens_per_s_per_gpu": 0.20, "max_seq_len": 0.15}
+TUNING: dict[str, str] = {}  # row id -> the constant it set (none yet)
+NCCL_ITEM = "NCCL buffers"
+
+
+def mapped_rows(mapping: dict) -> list[tuple[dict, list[str] | None, str]]:
+    """(row, plan argv or None, assumption or skip reason) for every row of the frozen table."""
+    common = shlex.split(mapping.get("common", ""))
+    out = []
+    for row in pd.read_csv(ROWS, dtype=str).fillna("").to_dict("records"):
+        entry = mapping.get(row["id"])
+        if entry is None:
+            out.append((row, None, "not in published_runs_plan.yaml"))
+        elif "skip" in entry:
+            out.append((row, None, entry["skip"]))
+        else:
+            argv = shlex.split(entry["args"]) + shlex.split(entry.get("extra", "")) + common
+            out.append((row, argv, entry.get("assume", "")))
+    return out
+
+
+def run_plan(argv: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "dattn_cli", "plan", *argv, "--json", "-"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=_env())
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}")
+    return json.loads(done.stdout)
+
+
+def _env() -> dict:
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _item(plan: dict, prefix: str) -> float:
+    return sum(v for k, v in plan["memory"]["items"].items() if k.startswith(prefix))
+
+
+def predicted_memory_gib(plan: dict, kind: str) -> float | None:
+    from dattn_cli.plan.memory import ALLOCATOR_MARGIN
+
+    items = plan["memory"]["items"]
+    context, nccl = items.get("framework", 0), _item(plan, NCCL_ITEM)
+    tensors = (plan["memory"]["total"] - context - nccl) * (1 + ALLOCATOR_MARGIN)
+    if kind == "reserved":
+        return tensors / 2**30
+    if kind == "nvidia-smi":
+        return (tensors + context + nccl) / 2**30
+    return None
+
+
+def predicted_tokens_per_s(plan: dict, row: dict) -> float:
+    t, s = plan["training"], plan["problem"]
+    per_replica = t["tensor_parallel"] * t["sequence_parallel"]
+    replicas = plan["devices"] // per_replica
+    tokens = s["batch"] * s["seq_len"]
+    global_tokens = float(row["global_batch_tokens"] or 0)
+    accumulation = max(1.0, global_tokens / (replicas * tokens)) if global_tokens else 1.0
+    step = plan["time"]["total_s"] - plan["time"]["optimizer_s"] * (1 - 1 / accumulation)
+    return tokens / per_replica / step
+
+
+def nemo_flops_per_token(problem: dict) -> float:
+    """NeMo's model FLOPs per token (flops_formulas.py llama2/llama3, divided by gbs x seq_len)."""
+    a = problem["architecture"]
+    h, layers, n = problem["embed_dim"], problem["layers"], problem["seq_len"]
+    groups = (problem["kv_heads"] or problem["heads"]) / problem["heads"]
+    per_layer = (
+        12 + 12 * groups + 18 * a["intermediate_size"] / h + 12 * n / h + 6 * problem["vocab_size"] / (layers * h)
+    )
+    return layers * h * h * per_layer
+
+
+def compare(row: dict, plan: dict) -> list[dict]:
+    """One record per metric the row publishes: published, predicted, relative error."""
+    out = []
+
+    def add(metric: str, published: float, predicted: float | None, unit: str) -> None:
+        if predicted is None:
+            return
+        err = predicted / published - 1
+        within = abs(err) <= TOLERANCE[metric]
+        out.append(dict(metric=metric, unit=unit, published=published, predicted=predicted, error=err, within=within))
+
+    if row["peak_memory_gib"]:
+        add("peak_memory", float(row["peak_memory_gib"]), predicted_memory_gib(plan, row["memory_kind"]), "GiB")
+    if row["tokens_per_s_per_gpu"]:
+        add("tokens_per_s_per_gpu", float(row["tokens_per_s_per_gpu"]), predicted_tokens_per_s(plan, row), "tok/s")
+    elif row["tflops_per_gpu"]:
+        tflops = predicted_tokens_per_s(plan, row) * nemo_flops_per_token(plan["problem"]) / 1e12
+        add("tokens_per_s_per_gpu", float(row["tflops_per_gpu"]), tflops, "model TFLOP/s (NeMo)")
+    if row["max_seq_len"]:
+        add("max_seq_len", float(row["max_seq_len"]), float(plan["problem"]["seq_len"]), "tokens")
+    return out
+
+
+def evaluate() -> tuple[list[dict], list[dict]]:
+    """(records of planned rows' metrics, rows not planned with the reason)."""
+    mapping = yaml.safe_load(MAPPING.read_text())
+    records, skipped = [], []
+    for row, argv, note in mapped_rows(mapping):
+        if argv is None:
+            skipped.append(dict(id=row["id"], reason=note))
+            continue
+        print(f"plan {row['id']}", file=sys.stderr, flush=True)
+        try:
+            plan = run_plan(argv)
+        except RuntimeError as exc:
+            skipped.append(dict(id=row["id"], reason=f"the planner refused: {exc}"))
+            continue
+        role = "tuning" if row["id"] in TUNING else "validation"
+        for rec in compare(row, plan):
+            where = plan["memory"].get("phase")
+            records.append(dict(id=row["id"], role=role, **rec, phase=where, args=shlex.join(argv), assume=note))
+    return records, skipped
+
+
+def summary(records: list[dict]) -> list[dict]:
+    out = []
+    for role in ("validation", "tuning"):
+        for metric, tol in TOLERANCE.items():
+            errs = [r for r in records if r["role"] == role and r["metric"] == metric]
+            if errs:
+                within = sum(r["within"] for r in errs)
+                median = statistics.median(abs(r["error"]) for r in errs)
+                out.append(dict(role=role, metric=metric, rows=len(errs), within=within, tolerance=tol, median=median))
+    return out
+
+
+def markdown(records: list[dict], skipped: list[dict]) -> str:
+    lines = ["| row | role | metric | published | predicted | error | within |", "|---|---|---|---:|---:|---:|---|"]
+    for r in records:
+        lines.append(
+            f"| {r['id']} | {r['role']} | {r['metric']} ({r['unit']}) | {r['published']:,.4g} | {r['predicted']:,.4g} "
+            f"| {r['error']:+.1%} | {'yes' if r['within'] else 'no'} |"
+        )
+    lines += ["", "| metric | role | rows | within tolerance | median abs error |", "|---|---|---:|---:|---:|"]
+    for s in summary(records):
+        share = s["within"] / s["rows"]
+        lines.append(
+            f"| {s['metric']} (+-{s['tolerance']:.0%}) | {s['role']} | {s['rows']} | {s['within']} ({share:.0%}) "
+            f"| {s['median']:.1%} |"
+        )
+    lines += ["", "Not planned:", ""] + [f"- {s['id']}: {s['reason']}" for s in skipped]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jsonl", type=Path, default=ROOT / "benchmarks" / "plan_published.jsonl")
+    ap.add_argument("--markdown", action="store_true", help="print the tables as markdown")
+    a = ap.parse_args()
+    records, skipped = evaluate()
+    a.jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if a.markdown:
+        print(markdown(records, skipped))
+        return
+    for r in records:
+        print(
+            f"{r['id']:34s} {r['role']:10s} {r['metric']:22s} {r['published']:>12,.4g} {r['predicted']:>12,.4g} "
+            f"{r['error']:+7.1%} {'ok' if r['within'] else 'MISS'}  ({r['phase']})"
+        )
+    for s in summary(records):
+        print(
+            f"{s['role']} {s['metric']}: {s['within']}/{s['rows']} within {s['tolerance']:.0%}, "
+            f"median |error| {s['median']:.1%}"
+        )
+    print(f"not planned: {len(skipped)} rows", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
