@@ -325,11 +325,11 @@ def _training_phases(
     block.update(states.forward).update(states.backward)
     block.add("upstream gradient, fc2 input and weight gradients", upstream + mlp_backward)
     phases.append(block)
-    # the attention's backward: the MLP half of the block's saved set is gone; the core's gradients and
-    # scratch (and a sequence-parallel form's buffers) and the packed q/k/v gradient appear
+    # the attention's backward: the MLP half of the block's saved set is gone; the core's gradients and scratch (and a
+    # sequence-parallel form's buffers, less what it kept: in the saved set) and the packed q/k/v gradient appear
     mlp_half = 2 * tokens * hidden * c + tokens * width * (c + p) if s.architecture is None else decoder.mlp_half(s)
     attention_half = saved - mlp_half
-    core_backward = sum(v for k, v in attention.items() if k in CORE_BACKWARD_ITEMS)
+    core_backward = sum(v for k, v in attention.items() if k in CORE_BACKWARD_ITEMS) - attention.get(KEPT_COMM, 0)
     name = "last block's backward (attention)" if model else "block backward (attention)"
     att = _kept(s, _Phase(name, common), attention_half, residual, saved, options)
     att.update(states.forward).update(states.backward)

@@ -220,6 +220,8 @@ def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelSta
     resident, on_host = host.split(resident, t.offload)
     if "optimizer" in t.offload:  # DeepSpeed's CPU Adam updates in place (no temporary), reading an fp32 gradient
         del step["optimizer temporary"]  # partition in pinned host memory (deepspeed.runtime.zero.stage_1_and_2)
+        if z >= 2:  # each reduced gradient bucket is copied to that host partition: no device gradient shard
+            step = {}
         on_host[f"{host.HOST_GRADIENTS}{shard}"] = params * 4 / split
     name = "optimizer step" + (" (on the host)" if "optimizer" in t.offload else "")
     return ModelStates(resident, step, backward, forward, name, host=on_host)

@@ -116,3 +116,22 @@ def test_a_dense_attention_split_by_heads_is_the_kernel_on_the_head_shard(sp, kv
         llama8b(n, impl="HeadParallelDilatedAttention", segment_lengths=[n], dilation_rates=[1]), sp
     )
     assert "inputs q, k, v" in attention_items(engine, "cuda") and attention_items(engine, "cuda")["inputs q, k, v"]
+
+
+def test_what_the_head_split_keeps_is_counted_once_at_its_backward():
+    """The head shard's q, k, v, out are in the recomputed block's saved set, not again among the backward's
+    transients."""
+    from dattn_cli.plan.context import attention_items
+
+    s = llama8b(1 << 20, sp_kind="head_parallel", checkpointing=True)
+    s = s.model_copy(update={"architecture": s.arch.model_copy(update={"tiled_mlp": True})})  # the MLP off the peak
+    call = attention_call(s, 8)
+    items = attention_items(call, "cuda")
+    memory = solve.plan(s, H100, training=Training(devices=8, sequence_parallel=8, zero=3, loss="chunked")).memory
+    assert memory.phase == "last block's backward (attention)"
+    local = 1 << 17  # N / 8 positions
+    residual, packed_qkv = 2 * local * 4096 * 2, local * (4096 + 2 * 1024) * 2
+    transients = sum(items[k] for k in ("gradients (upstream, dq, dk, dv)", "all-to-all copies", "kernel workspace"))
+    key = "residual gradients, packed dq/dk/dv, attention gradients and scratch"
+    assert memory.items[key] == residual + packed_qkv + transients
+    assert memory.items["recomputed block: saved for backward"] > items["head-shard q, k, v, out"] > 0

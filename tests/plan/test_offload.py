@@ -45,6 +45,9 @@ def test_optimizer_offload_moves_states_and_master_copy_to_the_host():
     # CPU Adam reads an fp32 gradient partition on the host and updates in place: no temporary anywhere
     assert states.host[offload.HOST_GRADIENTS + " (1/8 shard)"] == pytest.approx(2 * shard)
     assert "optimizer temporary" not in states.step and len(states.host) == 3
+    # with ZeRO >= 2 each reduced bucket goes to that host partition: no gradient shard stays on the device
+    assert states.step == {}
+    assert model_states(s, Training(devices=8, zero=1, offload=("optimizer",))).step  # ZeRO-1: whole gradients
     assert moved.memory.total < base.memory.total
     assert moved.host_bytes == pytest.approx(8 * host, rel=1e-9)
     names = [c.name for c in moved.time.collectives if c.link == "host"]
