@@ -16,17 +16,20 @@ published metrics compared with the prediction:
   square, no recompute) x the predicted tokens/s/GPU;
 - largest sequence (within 15%): `--max-seq`'s N.
 
-Rows named in TUNING set a constant of the planner and are reported apart from the validation rows.
+Rows named in TUNING set a constant of the planner and are reported apart from the validation rows:
+`--fit` solves for that constant on its row (bisection; the planner as it is otherwise) and prints it; the value
+shipped in the planner is that, rounded.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import shlex
 import statistics
-import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pandas as pd
@@ -36,7 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "tests" / "benchmarks" / "data" / "published_runs.csv"
 MAPPING = ROOT / "benchmarks" / "published_runs_plan.yaml"
 TOLERANCE = {"peak_memory": 0.10, "tokens_per_s_per_gpu": 0.20, "max_seq_len": 0.15}
-TUNING: dict[str, str] = {}  # row id -> the constant it set (none yet)
+sys.path.insert(0, str(ROOT))
+# row id -> the constant it set (dattn_cli/plan/context.py), on its throughput
+TUNING: dict[str, str] = {"nemo-ls-llama2-7b-h100-256k": "CP_ATTENTION_EFFICIENCY"}
 NCCL_ITEM = "NCCL buffers"
 
 
@@ -56,18 +61,23 @@ def mapped_rows(mapping: dict) -> list[tuple[dict, list[str] | None, str]]:
     return out
 
 
+class _Text(io.StringIO):
+    encoding = "utf-8"  # the CLI reconfigures a stream whose encoding is not UTF-8
+
+
 def run_plan(argv: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "dattn_cli", "plan", *argv, "--json", "-"]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=_env())
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}")
-    return json.loads(done.stdout)
+    """`dattn plan ARGV --json -` in this process (so --fit can set a constant): its JSON, or RuntimeError."""
+    from dattn_cli.cli import main
 
-
-def _env() -> dict:
-    import os
-
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    out, err, code = _Text(), _Text(), 0
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            main(["plan", *argv, "--json", "-"])
+        except SystemExit as exc:
+            code = exc.code or 0
+    if code != 0:
+        raise RuntimeError(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"exit {code}")
+    return json.loads(out.getvalue())
 
 
 def _item(plan: dict, prefix: str) -> float:
@@ -183,11 +193,39 @@ def markdown(records: list[dict], skipped: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def fit() -> dict[str, float]:
+    """Each TUNING row's constant, solved so that its predicted throughput equals the published one."""
+    from dattn_cli.plan import context
+
+    mapping = yaml.safe_load(MAPPING.read_text())
+    fitted = {}
+    for row, argv, _ in mapped_rows(mapping):
+        if row["id"] not in TUNING:
+            continue
+        shipped, lo, hi = context.CP_ATTENTION_EFFICIENCY, 0.05, 1.0
+        try:
+            for _ in range(40):
+                context.CP_ATTENTION_EFFICIENCY = (lo + hi) / 2
+                [rec] = [r for r in compare(row, run_plan(argv)) if r["metric"] == "tokens_per_s_per_gpu"]
+                lo, hi = (
+                    (lo, context.CP_ATTENTION_EFFICIENCY) if rec["error"] > 0 else (context.CP_ATTENTION_EFFICIENCY, hi)
+                )
+        finally:
+            context.CP_ATTENTION_EFFICIENCY = shipped
+        fitted[row["id"]] = (lo + hi) / 2
+    return fitted
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jsonl", type=Path, default=ROOT / "benchmarks" / "plan_published.jsonl")
     ap.add_argument("--markdown", action="store_true", help="print the tables as markdown")
+    ap.add_argument("--fit", action="store_true", help="solve the TUNING rows' constants and print them")
     a = ap.parse_args()
+    if a.fit:
+        for row, value in fit().items():
+            print(f"{TUNING[row]} = {value:.4f}  (fitted on {row})")
+        return
     records, skipped = evaluate()
     a.jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
     if a.markdown:

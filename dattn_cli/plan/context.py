@@ -29,6 +29,12 @@ from .efficiency import KERNELS
 from .memory import FLASH_BACKWARD_DQ_ACCUMULATOR, estimate_memory
 
 SpKind = Literal["ring", "allgather", "head_parallel", "hybrid"]
+# The share of a single call's kernel rate a dense attention reaches when a ring or an all-gather splits it: each
+# step (or gathered chunk) is a call of its own, cut in two for the causal load balance, its (out, lse) merged in
+# fp32, every step waiting on its neighbours. Fitted (python benchmarks/plan_published.py --fit) on one published
+# run, nemo-ls-llama2-7b-h100-256k (NeMo's long-sequence table: Llama 2 7B on 256 H100s, TP 4 x CP 8, N = 256K),
+# and checked on the others (benchmarks/RESULTS.md). head_parallel runs one whole call per head shard: 1.
+CP_ATTENTION_EFFICIENCY = 0.59
 KIND_IMPLS = {
     "ring": "RingDilatedAttention",
     "allgather": "DistributedImprovedDilatedAttention",
@@ -73,11 +79,23 @@ def check(s: Problem, sequence_parallel: int) -> None:
         )
 
 
+def split_kind(call: Problem) -> str | None:
+    """The kind of a dense attention split over its world (dense_context's call), else None."""
+    dense = call.segment_lengths == [call.seq_len] and call.dilation_rates == [1] and call.world_size > 1
+    kind = call.sp_kind
+    return kind if dense and kind is not None and call.impl == KIND_IMPLS[kind] else None
+
+
+def split_rate(call: Problem) -> float:
+    """The share of its kernel's rate a dense attention reaches split by `call`'s kind (CP_ATTENTION_EFFICIENCY for
+    the ring, all-gather and hybrid kinds, whose calls are per step or chunk; 1 otherwise)."""
+    return CP_ATTENTION_EFFICIENCY if split_kind(call) in ("ring", "allgather", "hybrid") else 1.0
+
+
 def attention_items(call: Problem, device_type: str) -> dict[str, int]:
     """The memory items of a block's attention call: plan/memory.py's, or a dense attention's split by head
     parallelism (module docstring)."""
-    dense = call.segment_lengths == [call.seq_len] and call.dilation_rates == [1] and call.sp_kind == "head_parallel"
-    if not (dense and call.impl == KIND_IMPLS["head_parallel"] and call.world_size > 1):
+    if split_kind(call) != "head_parallel":
         return estimate_memory(call, 0, device_type).items
     e, c = ELEMENT_BYTES[call.dtype], call.world_size
     x = call.batch * call.seq_len * (call.heads // c) * call.head_dim * e

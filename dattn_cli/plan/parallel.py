@@ -259,7 +259,8 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
     call, local = attention_call(tensor.head_share(s, tp), sp), local_part(s, sp)
     attention = estimate_time(call, tensor.outer(profile, tp))
     recompute_attention, recompute_linear = recompute_factors(s, t.recompute == "selective")
-    attention_compute = (attention.compute_s + attention.memory_s) * s.layers * recompute_attention
+    rate = context.split_rate(call)  # a dense attention split by a ring or an all-gather (plan/context.py)
+    attention_compute = (attention.compute_s / rate + attention.memory_s) * s.layers * recompute_attention
     sp_exposed = max(0.0, attention.total_s - attention.compute_s - attention.memory_s) * s.layers * recompute_attention
     linear_s = linear_seconds(s, profile, linear_flops(local) / tp * recompute_linear)
     compute = attention_compute + linear_s
@@ -286,7 +287,9 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
             )
         )
     note = (
-        f"attention {attention_compute * 1e3:.1f} ms + linear layers {linear_s * 1e3:.1f} ms; optimizer step "
+        f"attention {attention_compute * 1e3:.1f} ms"
+        + (f" (split: {rate:g} of the kernel's rate, plan/context.py)" if rate < 1 else "")
+        + f" + linear layers {linear_s * 1e3:.1f} ms; optimizer step "
         f"{optimizer_s * 1e3:.1f} ms at {'host ' if 'optimizer' in t.offload else ''}memory bandwidth; "
         f"communication exposed {exposed * 1e3:.1f} ms"
     )
