@@ -8,14 +8,11 @@ The key of an option is its parameter name, and where the option fills a field o
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..workload.option import (
     ALL,
     BLOCK,
     DIST,
     IMPL,
-    LAYER,
     MEASURE,
     OUTPUT,
     PATTERN,
@@ -24,7 +21,8 @@ from ..workload.option import (
     Cli,
 )
 from ..workload.parse import parse_seq_lens
-from .params import finite, one_of, typed
+from .model_options import MODEL_OPTIONS
+from .params import FILE, FLAG, PATH, PCT, TEXT, UNSET, UNSET_INT, finite, one_of, typed
 
 __all__ = ["OPTIONS", "ORDER", "Cli", "check_ranks", "finite", "one_of", "typed"]
 
@@ -45,92 +43,12 @@ def check_ranks(impls: list[str], ranks: int, option: str) -> None:
         )
 
 
-FLAG, PATH, FILE = (
-    dict(type=bool, default=False),
-    dict(type=Path, default=None),
-    dict(type=str, metavar="FILE", default=None),
-)
-UNSET = dict(default=None, show_default=False)  # its help says what not giving it means
-UNSET_INT = dict(type=int, **UNSET)
-TEXT = dict(type=str, default=None)
-PCT = dict(type=float, metavar="PCT")  # a percentage
 OPTIONS: dict[str, Cli] = {
     # --- pattern ------------------------------------------------------------------------------------------
     "both": Cli("Causal and non-causal (the default).", PATTERN, ("verify",), **FLAG),
     # --- block-sparse -------------------------------------------------------------------------------------
     "show_pattern": Cli("Write the block mask as a PNG.", BLOCK, ("profile",), **PATH),
-    # --- layer / model ------------------------------------------------------------------------------------
-    "optimizer": Cli(
-        "plan --target model: adamw (two fp32 states; half weights also an fp32 master copy), adam8bit (two 1-byte "
-        "states + absmax per 256), sgd (fp32 momentum), torch-adamw (states in the weight dtype, no master copy: "
-        "what bench's model step runs).",
-        LAYER,
-        ("plan",),
-        choices=("adamw", "adam8bit", "sgd", "torch-adamw"),
-        default="adamw",
-    ),
-    "loss": Cli(
-        "plan --target model: standard (the whole logits; training holds 12 bytes per token and vocabulary entry), "
-        "chunked (a fused linear cross-entropy, Liger's: one chunk of logits at a time) or compiled (the standard "
-        "loss under torch.compile: the logits and their gradient in the compute dtype), docs/plan.md.",
-        LAYER,
-        ("plan",),
-        choices=("standard", "chunked", "compiled"),
-        default="standard",
-    ),
-    "recompute": Cli(
-        "plan: none, full (each block keeps its input and runs its forward again: --checkpointing) or selective "
-        "(--target model of a --model: torchtitan's op policy, attention and every other matmul output kept).",
-        LAYER,
-        ("plan",),
-        choices=("none", "full", "selective"),
-        **UNSET,
-    ),
-    "tiled_mlp": Cli(
-        "plan --model/--model-config: ALST's tiled MLP (the MLP in ceil(N / E) sequence shards, recomputed shard by "
-        "shard in the backward: it keeps only its input).",
-        LAYER,
-        ("plan",),
-        **FLAG,
-    ),
-    "fused_norm": Cli(
-        "plan --model/--model-config: the norms as fused kernels (Liger, TransformerEngine, apex or compiled: each "
-        "keeps its input and a per-token statistic) instead of transformers' eager RMSNorm (an fp32 input copy).",
-        LAYER,
-        ("plan",),
-        **FLAG,
-    ),
-    "fp8": Cli(
-        "plan --model/--model-config: the blocks' linear layers in FP8, as TransformerEngine (te: FP8 copies of "
-        "inputs and weights saved) or torchao (torchtitan's float8: float8 FSDP all-gathers) run them (docs/plan.md).",
-        LAYER,
-        ("plan",),
-        choices=("te", "torchao"),
-        **UNSET,
-    ),
-    "offload": Cli(
-        "plan --target model: kept in host memory, comma-separated: activations (--recompute full), optimizer "
-        "(ZeRO-Offload, --zero >= 1), parameters (ZeRO-Infinity, --zero 3); needs a profile's host section.",
-        LAYER,
-        ("plan",),
-        metavar="KINDS",
-        **TEXT,
-    ),
-    "model": Cli(
-        "Plan a shipped model (implies --target model): its shape and block replace --layers, --embed-dim, --heads, "
-        "--kv-heads, --head-dim and --vocab-size; an unknown NAME lists them (docs/plan.md).",
-        LAYER,
-        ("plan",),
-        metavar="NAME",
-        **TEXT,
-    ),
-    "model_config": Cli(
-        "Plan the model of a Hugging Face transformers config.json (llama, mistral, qwen2), as --model does.",
-        LAYER,
-        ("plan",),
-        **PATH,
-    ),
-    # --- measurement --------------------------------------------------------------------------------------
+    **MODEL_OPTIONS,
     "full": Cli("Full case matrix, or the quick one.", MEASURE, ("verify",), names=("--full/--quick",), **FLAG),
     "quick": Cli("Small CPU sweep: Dilated, Improved and sdpa at 2k-8k (< 60 s).", MEASURE, ("bench",), **FLAG),
     "until_oom": Cli(

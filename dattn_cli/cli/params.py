@@ -4,6 +4,7 @@ in one sentence naming the option (cli/options.py declares the options, cli/buil
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -52,3 +53,15 @@ def typed(key: str, cli: Cli, annotation: Any = None, default: Any = None) -> tu
         rich_help_panel=cli.panel,
     )
     return Annotated[kind, option], default
+
+
+# the keyword sets the option tables share (cli/options.py, cli/model_options.py)
+FLAG, PATH, FILE = (
+    dict(type=bool, default=False),
+    dict(type=Path, default=None),
+    dict(type=str, metavar="FILE", default=None),
+)
+UNSET = dict(default=None, show_default=False)  # its help says what not giving it means
+UNSET_INT = dict(type=int, **UNSET)
+TEXT = dict(type=str, default=None)
+PCT = dict(type=float, metavar="PCT")  # a percentage

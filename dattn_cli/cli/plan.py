@@ -3,15 +3,17 @@ the planner checked or calibrated against bench rows."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import typer
 
+from ..workload.parse import clip
 from .build import generated, model_values
 from .options import check_ranks
-from .render.common import emit_files, machine_output, note, stdout
+from .render.common import emit_files, literal, machine_output, note, stdout
 from .render.plan import check_table, layout_table, plan_table
 
 MODEL_SHAPE = ("layers", "embed_dim", "heads", "kv_heads", "head_dim", "vocab_size")  # what --model gives
@@ -95,7 +97,8 @@ def _solve(problem, hw, max_seq: bool, min_devices: bool, training=None):
             if n
             else f"no N fits on {devices} x {hw.name}"
         )
-        return result or solve.plan(problem, hw, devices, training), solved
+        result = result or solve.plan(problem, hw, devices, training)
+        return result.model_copy(update={"max_seq_len": n if n and not found.capped else None}), solved
     if min_devices:
         if problem.target != "attention":
             raise ValueError(
@@ -172,15 +175,66 @@ def _training(o: SimpleNamespace):
     given["tensor_parallel"] = o.tensor_parallel
     if o.target != "model":
         unset = dict(sequence_parallel=1, zero=0, optimizer="adamw", loss="standard", tensor_parallel=1)
-        if given != unset or recompute == "selective" or o.offload or o.sp_kind:
+        if given != unset or recompute == "selective" or o.offload or o.sp_kind or o.global_batch_tokens or o.search:
             raise ValueError(
-                "--sequence-parallel, --sp-kind, --tensor-parallel, --zero, --optimizer, --loss, --offload and "
-                "--recompute selective apply to --target model"
+                "--sequence-parallel, --sp-kind, --tensor-parallel, --zero, --optimizer, --loss, --offload, "
+                "--recompute selective, --global-batch-tokens and --search apply to --target model"
             )
         return None
     from ..plan.offload import parse
 
-    return Training(devices=o.world_size, recompute=recompute, offload=parse(o.offload), **given)
+    tokens = _tokens(o.global_batch_tokens) if o.global_batch_tokens is not None else None
+    return Training(
+        devices=o.world_size, recompute=recompute, offload=parse(o.offload), global_batch_tokens=tokens, **given
+    )
+
+
+def _tokens(text: str) -> int:
+    """'16M' -> 16 x 1024^2 tokens (k = 1024, M = 1024^2, as --seq-len)."""
+    match = re.fullmatch(r"\s*(\d{1,15})([kKmMgG]?)\s*", str(text))
+    if not match or int(match.group(1)) == 0:
+        raise ValueError(f"--global-batch-tokens: {clip(str(text))} is not a token count; write e.g. 16M or 4194304")
+    return int(match.group(1)) * {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[match.group(2).lower()]
+
+
+def _search(o: SimpleNamespace, problem, hw, training) -> None:
+    """plan --search: the layouts of a named model over --devices, ranked (plan/search.py)."""
+    from ..plan import solve
+    from ..plan.search import search
+    from .render.search import search_table
+
+    varied = dict(
+        sequence_parallel=training.sequence_parallel != 1,
+        tensor_parallel=training.tensor_parallel != 1,
+        zero=training.zero != 0,
+        recompute=o.recompute is not None or o.checkpointing,
+        loss=training.loss != "standard",
+        offload=bool(training.offload),
+        sp_kind=o.sp_kind is not None,
+        max_seq=o.max_seq,
+        min_devices=o.min_devices,
+    )
+    if given := [f"--{k.replace('_', '-')}" for k, on in varied.items() if on]:
+        raise ValueError(f"--search varies the layout itself: drop {', '.join(given)}")
+    if problem.architecture is None or training.global_batch_tokens is None:
+        raise ValueError(
+            "--search ranks a named model's layouts at a global batch: give --model and --global-batch-tokens"
+        )
+    note(f"plan --search: planning the layouts of {problem.architecture.name} over {training.devices} devices")
+    result = search(problem, hw, training.devices, training.global_batch_tokens, solve.plan)
+    title = (
+        f"dattn plan --search: {problem.architecture.name}, N={problem.seq_len:,}, B={problem.batch}, "
+        f"{training.devices} x {literal(hw.name)} ({hw.devices_per_node} a node), global batch "
+        f"{result.global_batch_tokens:,} tokens"
+    )
+    stdout.print(search_table(result, title))
+    record = result.model_dump()
+    emit_files(
+        o.json_out,
+        o.csv_out,
+        record,
+        [{**r["layout"], **{k: v for k, v in r.items() if k != "layout"}} for r in record["ranked"]],
+    )
 
 
 def _model_advice(solve, problem, hw, training) -> str:
@@ -293,6 +347,8 @@ def plan(**given: Any) -> None:
         check_offload(problem, training, hw.host is not None, hw.name)
     if problem.documents is not None and problem.world_size > 1:
         return _documents_only(problem, o.json_out, o.csv_out)
+    if o.search:
+        return _search(o, problem, hw, training)
     result, solved = _solve(problem, hw, o.max_seq, o.min_devices, training)
     advice = (
         solve.chunk_advice(result.problem, hw, result.devices)

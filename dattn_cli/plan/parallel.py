@@ -82,6 +82,7 @@ class Training(BaseModel):
     # plan/recompute.py; None: as the Problem's checkpointing says (full or none); given, it must agree with it
     recompute: Recompute | None = None
     offload: tuple[host.Offload, ...] = ()  # plan/offload.py: what lives in host memory
+    global_batch_tokens: int | None = None  # plan/throughput.py: tokens an optimizer step over all replicas
 
     @field_validator("devices", "sequence_parallel", "tensor_parallel")
     @classmethod
@@ -249,6 +250,8 @@ def model_memory(s: Problem, profile: HardwareProfile, t: Training, device_type:
 class StepTime(TimeBreakdown):
     collectives: list[Collective] = []
     optimizer_s: float = 0.0
+    attention_s: float = 0.0  # the attention's compute (recomputation included), of compute_s
+    exposed_s: float = 0.0  # communication not hidden under compute
 
 
 def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
@@ -307,6 +310,8 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
         note=note,
         collectives=collectives,
         optimizer_s=optimizer_s,
+        attention_s=attention_compute,
+        exposed_s=exposed,
     )
 
 

@@ -18,6 +18,7 @@ from .memory import MemoryBreakdown, estimate_memory, framework_bytes, reserved_
 from .offload import host_bytes_per_node
 from .parallel import Training, model_memory, model_states, model_time
 from .profiles import HardwareProfile, load_profile
+from .throughput import Throughput, throughput
 from .time import TimeBreakdown, compute_efficiency, estimate_time
 
 SEQ_SEARCH_CAP = MAX_SEQ_LEN  # max_seq searches no further: a Problem takes no longer sequence
@@ -39,6 +40,12 @@ class Plan(BaseModel):
     # what a GPU would report reserved at the peak (plan/memory.py ALLOCATOR_MARGIN); `fits` judges memory.total
     reserved_bytes: int | None = None
     host_bytes: int | None = None  # plan --offload: what the node's host memory holds (plan/offload.py)
+    # a model's training step (plan/throughput.py): the per-device figures --json carries at the top
+    peak_bytes: int | None = None
+    tokens_per_s_per_device: float | None = None
+    mfu: float | None = None
+    throughput: Throughput | None = None
+    max_seq_len: int | None = None  # --max-seq's answer
 
 
 class SeqSearch(BaseModel):
@@ -199,6 +206,16 @@ def _model_plan(s: Problem, profile: HardwareProfile, training: Training) -> Pla
     sp = training.sequence_parallel
     shard = shard_of(attention_call(s, sp)) if sp > 1 else None
     result = _built(s, profile, training.devices, None, memory, time, shard, training)
+    rate = throughput(s, profile, time, training, training.global_batch_tokens) if s.mode == "fwdbwd" else None
+    if rate is not None:
+        result = result.model_copy(
+            update=dict(
+                peak_bytes=memory.total,
+                throughput=rate,
+                tokens_per_s_per_device=rate.tokens_per_s_per_device,
+                mfu=rate.mfu,
+            )
+        )
     return _host_checked(result, s, profile, training) if training.offload else result
 
 
