@@ -25,6 +25,7 @@ forward and in the backward and a reduce-scatter of the gradients (3Ψ against D
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, field_validator, model_validator
@@ -198,7 +199,7 @@ def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelSta
         gathered = _gathered(s, t.tensor_parallel)
         forward["all-gathered parameters (unit in use + prefetched)"] = max(2 * gathered, head * p + gathered)
     if s.mode != "fwdbwd":
-        return ModelStates(resident, forward=forward, step_name="no optimizer step")
+        return ModelStates(_whole(resident), forward=_whole(forward), step_name="no optimizer step")
     states, master = optimizer_bytes(t.optimizer, p)
     split = n if z >= 1 else 1
     shard = f" (1/{n} shard)" if z >= 1 and sharded else ""
@@ -225,7 +226,12 @@ def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelSta
             step = {}
         on_host[f"{host.HOST_GRADIENTS}{shard}"] = params * 4 / split
     name = "optimizer step" + (" (on the host)" if "optimizer" in t.offload else "")
-    return ModelStates(resident, step, backward, forward, name, host=on_host)
+    return ModelStates(*map(_whole, (resident, step, backward, forward)), name, host=_whole(on_host))
+
+
+def _whole(items: dict[str, float]) -> dict[str, int]:
+    """Bytes are whole: a shard of P parameters over n devices rounds up (P·p/n need not be an integer)."""
+    return {k: math.ceil(v) for k, v in items.items()}
 
 
 def model_memory(s: Problem, profile: HardwareProfile, t: Training, device_type: str) -> LayerMemory:

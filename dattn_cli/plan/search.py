@@ -50,7 +50,7 @@ class Ranked(BaseModel):
     reserved_bytes: int | None
     tokens_per_s_per_device: float
     mfu: float
-    mfu_megatron: float
+    mfu_megatron: float | None
     step_s: float
     accumulation: int
     seconds_per_token: dict[str, float]  # a device's step time per token, by where it goes

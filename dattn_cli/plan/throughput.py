@@ -11,7 +11,8 @@ in two conventions.
   arXiv:2104.04473, Appendix: 96·B·s·l·h²(1 + s/6h + V/16lh) with activation recomputation): per token
   L x [(3 + r_lin)·2·P_b + (3 + r_att)·4·N·H·D] + 3·2·E·V, the attention as the full N x N square whatever the
   mask, the recomputed forward counted (r = 1 for full recompute; selective: the recomputed share), P_b a block's
-  matmul weights. NeMo's own formula (nemo/utils/flops_formulas.py) is this with r = 0.
+  matmul weights. NeMo's own formula (nemo/utils/flops_formulas.py) is this with r = 0. A convention for dense
+  attention: None for dattn's dilated or block-sparse attention, whose pairs are not the N x N square.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ class Throughput(BaseModel):
     step_s: float  # one optimizer step at that global batch
     tokens_per_s_per_device: float
     mfu: float  # causal-aware model FLOPs, no recompute
-    mfu_megatron: float  # Megatron's convention: full attention square, recompute counted
+    mfu_megatron: float | None  # Megatron's convention: full attention square, recompute counted (dense only)
     model_flops_per_token: float
-    megatron_flops_per_token: float
+    megatron_flops_per_token: float | None
 
 
 def megatron_flops_per_token(s: Problem, recompute: str) -> float:
@@ -60,14 +61,17 @@ def throughput(
     tokens = accumulation * replicas * micro
     peak = profile.required_peak(s.compute_dtype)
     model_flops = plan_time.flops * accumulation  # a device's useful FLOPs over the step
-    megatron = megatron_flops_per_token(s, training.recompute or ("full" if s.checkpointing else "none"))
+    dense = s.spec.strategy == "dense"
+    megatron = (
+        megatron_flops_per_token(s, training.recompute or ("full" if s.checkpointing else "none")) if dense else None
+    )
     return Throughput(
         global_batch_tokens=tokens,
         accumulation=accumulation,
         step_s=step,
         tokens_per_s_per_device=tokens / (step * training.devices),
         mfu=model_flops / (step * peak),
-        mfu_megatron=megatron * tokens / training.devices / (step * peak),
+        mfu_megatron=megatron * tokens / training.devices / (step * peak) if megatron else None,
         model_flops_per_token=model_flops * training.devices / tokens,
         megatron_flops_per_token=megatron,
     )

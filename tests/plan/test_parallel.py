@@ -183,3 +183,15 @@ def test_plan_cli_model_over_devices(tmp_path, capsys):
 def test_plan_cli_layout_errors_are_one_line(args, message, capsys):
     code, _, err = run_cli(["plan", *args], capsys)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_shard_that_is_not_a_whole_byte_count_rounds_up():
+    """P x p / n need not be an integer (8B bf16 weights over 400 devices): every item is whole bytes."""
+    from dattn_cli.workload.model_presets import load_preset
+
+    fields = {"impl": "sdpa", "target": "model", "seq_len": 2048, "dtype": "float16", "mode": "fwdbwd"}
+    s = Problem(**{**fields, **load_preset("llama-3.1-8b")})
+    states = model_states(s, Training(devices=400, zero=3))
+    shard = states.resident["parameters (1/400 shard)"]
+    assert isinstance(shard, int) and shard == -(-8_030_261_248 * 2 // 400)
+    assert solve.plan(s, load_profile("h100-sxm-80gb"), training=Training(devices=400, zero=3)).time is not None

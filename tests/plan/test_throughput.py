@@ -80,3 +80,9 @@ def test_bad_global_batch_is_one_line(extra, message, capsys):
     args = ["plan", "--model", "llama-3.1-8b", "--profile", "h100-sxm-80gb", "--dtype", "bfloat16", *extra]
     code, _, err = run_cli(args, capsys)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_megatrons_convention_is_for_dense_attention_only():
+    s = Problem(impl="ImprovedMultiheadDilatedAttention", target="model", seq_len=16384, embed_dim=512, heads=8)
+    plan = solve.plan(s.model_copy(update={"mode": "fwdbwd"}), H100, training=Training(devices=1))
+    assert plan.mfu > 0 and plan.throughput.mfu_megatron is None and plan.throughput.megatron_flops_per_token is None

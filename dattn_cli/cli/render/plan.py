@@ -79,6 +79,13 @@ def _time_rows(table: Table, result: Plan) -> None:
     _step_rows(table, result)
     label = "time per forward" if s.target == "model" and s.mode == "fwd" else TIME_LABELS[s.target]
     table.add_row(f"[bold]{label}[/]", f"[bold]{_ms(t.total_s)}[/]")
+    if (rate := result.throughput) is not None:
+        table.add_row(
+            f"per optimizer step ({rate.global_batch_tokens:,} tokens, {rate.accumulation} micro-step(s) a replica)",
+            f"{_ms(rate.step_s)}; {rate.tokens_per_s_per_device:,.1f} tokens/s per device",
+        )
+        megatron = f", {rate.mfu_megatron:.1%} in Megatron's (full square, recompute)" if rate.mfu_megatron else ""
+        table.add_row("MFU (plan/throughput.py)", f"{rate.mfu:.1%} causal-aware model FLOPs{megatron}")
 
 
 def _step_rows(table: Table, result: Plan) -> None:

@@ -47,7 +47,7 @@ def search_table(result: SearchResult, title: str, top: int = 10) -> Table:
             r.layout.describe(),
             f"{r.tokens_per_s_per_device:,.0f}",
             f"{r.mfu:.1%}",
-            f"{r.mfu_megatron:.1%}",
+            f"{r.mfu_megatron:.1%}" if r.mfu_megatron is not None else "-",
             size(r.peak_bytes),
             r.why or "-",
         )
