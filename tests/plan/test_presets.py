@@ -135,3 +135,12 @@ def test_a_named_model_refuses_what_its_block_cannot_take():
         Problem(impl="sdpa", target="attention", **fields)
     dilated = Problem(impl="ImprovedDilatedAttention", target="model", seq_len=8192, **fields)
     assert dilated.head_dim == 128 and model_parameters(dilated) == PUBLISHED["llama-3.1-8b"]
+
+
+def test_the_seed_projects_1t_model_is_a_trillion_parameters():
+    """docs/claims.md (e): the shape the seed's block-sparse study gives (E 32768, 128 layers, 128 heads), a SwiGLU
+    MLP of 35,840 and a 128,256 vocabulary (our choices, stated there)."""
+    from pathlib import Path
+
+    fields = read_config(Path(__file__).resolve().parents[2] / "examples" / "seed_1t_config.json")
+    assert model_parameters(model(fields)) == 1_009_141_186_560
