@@ -94,8 +94,11 @@ def split_rate(call: Problem) -> float:
 
 def attention_items(call: Problem, device_type: str) -> dict[str, int]:
     """The memory items of a block's attention call: plan/memory.py's, or a dense attention's split by head
-    parallelism (module docstring)."""
-    if split_kind(call) != "head_parallel":
+    parallelism or by the hybrid (module docstring)."""
+    kind = split_kind(call)
+    if kind == "hybrid":
+        return _hybrid_items(call, device_type)
+    if kind != "head_parallel":
         return estimate_memory(call, 0, device_type).items
     e, c = ELEMENT_BYTES[call.dtype], call.world_size
     x = call.batch * call.seq_len * (call.heads // c) * call.head_dim * e
@@ -111,4 +114,29 @@ def attention_items(call: Problem, device_type: str) -> dict[str, int]:
         items["all-to-all copies"] = x
         half = device_type == "cuda" and call.dtype in ("float16", "bfloat16")
         items["kernel workspace"] = int(FLASH_BACKWARD_DQ_ACCUMULATOR * x) if half else 0
+    return items
+
+
+def _hybrid_items(call: Problem, device_type: str) -> dict[str, int]:
+    """USP (module docstring): an all-to-all over h head ranks, then the ring's items on the head shard (H/h heads,
+    N·h/C positions) over C/h ranks, the output's local copy after the all-to-all back, and in the backward the
+    upstream gradient's head-shard copy."""
+    from ..kernels.registry import hybrid_size
+
+    h = hybrid_size(call, call.world_size)
+    ring = call.model_copy(
+        update={
+            "impl": KIND_IMPLS["ring"],
+            "sp_kind": "ring",
+            "world_size": call.world_size // h,
+            "heads": call.heads // h,
+            "kv_heads": max(call.kv_head_count // h, 1),
+            "head_parallel_size": None,
+        }
+    )
+    items = estimate_memory(ring, 0, device_type).items
+    x = call.batch * -(-call.seq_len // call.world_size) * call.heads * call.head_dim * ELEMENT_BYTES[call.dtype]
+    items["output"] = items.get("output", 0) + x
+    if call.mode == "fwdbwd":
+        items["all-to-all copies"] = x
     return items

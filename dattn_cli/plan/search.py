@@ -2,7 +2,7 @@
 ranked by tokens/s per device at the global batch (plan/throughput.py).
 
 A layout: tensor parallel T (powers of two dividing the query and kv heads, inside a node), the sequence-parallel
-kind (ring, allgather, head_parallel; hybrid has no memory model yet) and degree C (powers of two, T x C dividing
+kind (ring, allgather, head_parallel, hybrid) and degree C (powers of two, T x C dividing
 the devices), the ZeRO stage (0-3), recompute (none, selective, full), loss (standard, chunked) and offload (none,
 the optimizer, the checkpointed activations, both; only on a profile with a host section). A layout fits when its
 peak fits the device and its replicas' micro-step is no more than the global batch. Each loser's line says how
@@ -22,7 +22,7 @@ from . import context
 from .parallel import Training
 from .profiles import HardwareProfile
 
-KINDS = ("ring", "allgather", "head_parallel")
+KINDS = ("ring", "allgather", "head_parallel", "hybrid")
 OFFLOADS: tuple[tuple[str, ...], ...] = ((), ("optimizer",), ("activations",), ("activations", "optimizer"))
 
 
@@ -125,7 +125,7 @@ def why(row: Ranked, best: Ranked) -> str:
     )
     parts = [f"{k} {d / total:+.0%}" for k, d in extra if d > 0.005 * total][:2]
     hints = []
-    if row.layout.sp_kind in ("ring", "allgather") and best.layout.sp_kind not in ("ring", "allgather"):
+    if row.layout.sp_kind in ("ring", "allgather", "hybrid") and best.layout.sp_kind == "head_parallel":
         hints.append(
             f"its {row.layout.sp_kind} split runs attention at {context.CP_ATTENTION_EFFICIENCY:g} of the kernel's rate"
         )

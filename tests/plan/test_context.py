@@ -135,3 +135,26 @@ def test_what_the_head_split_keeps_is_counted_once_at_its_backward():
     key = "residual gradients, packed dq/dk/dv, attention gradients and scratch"
     assert memory.items[key] == residual + packed_qkv + transients
     assert memory.items["recomputed block: saved for backward"] > items["head-shard q, k, v, out"] > 0
+
+
+def test_the_hybrid_is_a_ring_on_the_head_shard_between_all_to_alls():
+    """USP: h = 2 head ranks (the default), a ring of C / h on H / h heads; plus the output's local copy and the
+    upstream gradient's head-shard copy. The plan fits where it was refused for want of a memory model."""
+    from dattn_cli.plan.context import attention_items
+    from dattn_cli.plan.memory import estimate_memory
+
+    n, sp = 131072, 8
+    s = llama8b(n, sp_kind="hybrid", checkpointing=True)
+    call = attention_call(s, sp)
+    ring = call.model_copy(
+        update={"impl": "RingDilatedAttention", "sp_kind": "ring", "world_size": sp // 2, "heads": 16, "kv_heads": 4}
+    )
+    x = (n // sp) * 32 * 128 * 2
+    expected = estimate_memory(ring, 0, "cuda").items
+    items = attention_items(call, "cuda")
+    assert items["output"] == expected["output"] + x and items["all-to-all copies"] == x
+    assert {k: v for k, v in items.items() if k not in ("output", "all-to-all copies")} == {
+        k: v for k, v in expected.items() if k != "output"
+    }
+    plan = solve.plan(s, H100, training=Training(devices=32, sequence_parallel=sp, zero=3, loss="chunked"))
+    assert plan.feasible and plan.memory.total > 0

@@ -24,7 +24,7 @@ def test_layouts_cover_the_dimensions_and_skip_the_impossible():
     found = list(layouts(llama8b(65536), 16, 8, host=True))
     assert {r.tensor_parallel for r in found} == {1, 2, 4, 8}  # 8 kv heads, 8 a node
     assert {r.sequence_parallel for r in found} == {1, 2, 4, 8, 16}
-    assert {r.sp_kind for r in found} == {None, "ring", "allgather", "head_parallel"}
+    assert {r.sp_kind for r in found} == {None, "ring", "allgather", "head_parallel", "hybrid"}
     assert all(r.tensor_parallel * r.sequence_parallel <= 16 for r in found)
     assert not any("activations" in r.offload and r.recompute != "full" for r in found)
     assert not any("optimizer" in r.offload and r.zero == 0 for r in found)
