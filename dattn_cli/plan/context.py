@@ -33,7 +33,10 @@ SpKind = Literal["ring", "allgather", "head_parallel", "hybrid"]
 # step (or gathered chunk) is a call of its own, cut in two for the causal load balance, its (out, lse) merged in
 # fp32, every step waiting on its neighbours. Fitted (python benchmarks/plan_published.py --fit) on one published
 # run, nemo-ls-llama2-7b-h100-256k (NeMo's long-sequence table: Llama 2 7B on 256 H100s, TP 4 x CP 8, N = 256K),
-# and checked on the others (benchmarks/RESULTS.md). head_parallel runs one whole call per head shard: 1.
+# and checked on the others (benchmarks/RESULTS.md). head_parallel runs one whole call per head shard: 1. A causal
+# ring (or all-gather) on contiguous shards is also imbalanced: rank r computes r + 1/2 of the r blocks' L x L
+# work, the last C - 1/2 where the mean is C/2, and every step (or the next layer) waits on it: its attention
+# takes (2C - 1) / C of the balanced time; zigzag shards (--layout zigzag) balance it.
 CP_ATTENTION_EFFICIENCY = 0.59
 KIND_IMPLS = {
     "ring": "RingDilatedAttention",
@@ -87,9 +90,17 @@ def split_kind(call: Problem) -> str | None:
 
 
 def split_rate(call: Problem) -> float:
-    """The share of its kernel's rate a dense attention reaches split by `call`'s kind (CP_ATTENTION_EFFICIENCY for
-    the ring, all-gather and hybrid kinds, whose calls are per step or chunk; 1 otherwise)."""
-    return CP_ATTENTION_EFFICIENCY if split_kind(call) in ("ring", "allgather", "hybrid") else 1.0
+    """The share of its kernel's rate a dense attention reaches split by `call`'s kind: CP_ATTENTION_EFFICIENCY for
+    the ring, all-gather and hybrid kinds, whose calls are per step or chunk, over their causal imbalance on
+    contiguous shards (module docstring); 1 otherwise."""
+    kind = split_kind(call)
+    if kind not in ("ring", "allgather", "hybrid"):
+        return 1.0
+    from ..kernels.registry import hybrid_size
+
+    ring = call.world_size // (hybrid_size(call, call.world_size) if kind == "hybrid" else 1)
+    imbalance = (2 * ring - 1) / ring if call.causal and call.layout == "contiguous" else 1.0
+    return CP_ATTENTION_EFFICIENCY / imbalance
 
 
 def attention_items(call: Problem, device_type: str) -> dict[str, int]:

@@ -297,7 +297,7 @@ def model_time(s: Problem, profile: HardwareProfile, t: Training) -> StepTime:
         )
     note = (
         f"attention {attention_compute * 1e3:.1f} ms"
-        + (f" (split: {rate:g} of the kernel's rate, plan/context.py)" if rate < 1 else "")
+        + (f" (split: {rate:.3g} of the kernel's rate, plan/context.py)" if rate < 1 else "")
         + f" + linear layers {linear_s * 1e3:.1f} ms; optimizer step "
         f"{optimizer_s * 1e3:.1f} ms at {'host ' if 'optimizer' in t.offload else ''}memory bandwidth; "
         f"communication exposed {exposed * 1e3:.1f} ms"

@@ -2,7 +2,8 @@
 ranked by tokens/s per device at the global batch (plan/throughput.py).
 
 A layout: tensor parallel T (powers of two dividing the query and kv heads, inside a node), the sequence-parallel
-kind (ring, allgather, head_parallel, hybrid) and degree C (powers of two, T x C dividing
+kind (ring, allgather, head_parallel, hybrid; the ring, all-gather and hybrid on zigzag shards, which balance the
+causal work) and degree C (powers of two, T x C dividing
 the devices), the ZeRO stage (0-3), recompute (none, selective, full), loss (standard, chunked) and offload (none,
 the optimizer, the checkpointed activations, both; only on a profile with a host section). A layout fits when its
 peak fits the device and its replicas' micro-step is no more than the global batch. Each loser's line says how
@@ -94,6 +95,13 @@ def layouts(s: Problem, devices: int, per_node: int, host: bool) -> Iterator[Lay
                 )
 
 
+def layout_problem(s: Problem, layout: Layout) -> Problem:
+    """`s` as `layout` plans it: its kind, its recompute, and the ring kinds on zigzag shards (balanced)."""
+    split = layout.sp_kind in ("ring", "allgather", "hybrid")
+    update = {"sp_kind": layout.sp_kind, "checkpointing": layout.recompute == "full"}
+    return s.model_copy(update={**update, "layout": "zigzag" if split else "contiguous"})
+
+
 def _ranked(layout: Layout, result) -> Ranked:
     rate, time = result.throughput, result.time
     per_token = rate.accumulation / (rate.tokens_per_s_per_device * rate.step_s)  # 1 / a device's tokens a micro-step
@@ -153,7 +161,7 @@ def search(
     for i, layout in enumerate(candidates):
         if progress is not None:
             progress(i, len(candidates))
-        problem = s.model_copy(update={"sp_kind": layout.sp_kind, "checkpointing": layout.recompute == "full"})
+        problem = layout_problem(s, layout)
         try:
             training = Training(
                 devices=devices,

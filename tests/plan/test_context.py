@@ -158,3 +158,19 @@ def test_the_hybrid_is_a_ring_on_the_head_shard_between_all_to_alls():
     }
     plan = solve.plan(s, H100, training=Training(devices=32, sequence_parallel=sp, zero=3, loss="chunked"))
     assert plan.feasible and plan.memory.total > 0
+
+
+@pytest.mark.parametrize("kind, ring", [("ring", 8), ("allgather", 8), ("hybrid", 4)])
+def test_contiguous_causal_shards_pay_their_imbalance_zigzag_does_not(kind, ring):
+    """The last rank of a causal split on contiguous shards computes C - 1/2 blocks where the mean is C/2."""
+    from dattn_cli.plan.context import CP_ATTENTION_EFFICIENCY, split_rate
+
+    layout = dict(devices=32, sequence_parallel=8, zero=3, loss="chunked")
+    times = {}
+    for shards in ("contiguous", "zigzag"):
+        s = llama8b(131072, sp_kind=kind, checkpointing=True, layout=shards)
+        times[shards] = solve.plan(s, H100, training=Training(**layout)).time.attention_s
+        assert split_rate(attention_call(s, 8)) == pytest.approx(
+            CP_ATTENTION_EFFICIENCY / ((2 * ring - 1) / ring if shards == "contiguous" else 1)
+        )
+    assert times["contiguous"] / times["zigzag"] == pytest.approx((2 * ring - 1) / ring)

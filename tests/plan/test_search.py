@@ -7,7 +7,7 @@ import pytest
 from dattn_cli.plan import solve
 from dattn_cli.plan.parallel import Training
 from dattn_cli.plan.profiles import load_profile
-from dattn_cli.plan.search import layouts, search
+from dattn_cli.plan.search import layout_problem, layouts, search
 from dattn_cli.workload import Problem
 from dattn_cli.workload.model_presets import load_preset
 from tests.cli.test_verify_env import run_cli
@@ -41,9 +41,7 @@ def test_every_ranked_layout_is_its_own_plan_and_fits(searched):
     rates = [r.tokens_per_s_per_device for r in searched.ranked]
     assert rates == sorted(rates, reverse=True) and len(rates) > 10
     for row in searched.ranked[:: max(1, len(searched.ranked) // 7)]:
-        s = llama8b(262144).model_copy(
-            update={"sp_kind": row.layout.sp_kind, "checkpointing": row.layout.recompute == "full"}
-        )
+        s = layout_problem(llama8b(262144), row.layout)
         training = Training(devices=16, global_batch_tokens=4 << 20, **row.layout.model_dump(exclude={"sp_kind"}))
         plan = solve.plan(s, H100, training=training)
         assert plan.feasible and plan.memory.total <= H100.memory_bytes
