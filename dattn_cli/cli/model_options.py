@@ -79,6 +79,14 @@ MODEL_OPTIONS: dict[str, Cli] = {
         ("plan",),
         **PATH,
     ),
+    "dp_shard": Cli(
+        "plan --target model: HSDP: ZeRO/FSDP shards over this many of the devices holding the same tensor shard "
+        "(consecutive, e.g. a node) and the groups hold copies, their gradient shards all-reduced (default: all).",
+        PLAN,
+        ("plan",),
+        type=int,
+        **UNSET,
+    ),
     "global_batch_tokens": Cli(
         "plan --target model: tokens per optimizer step over all replicas, e.g. 16M (M = 1024^2): each replica "
         "accumulates over global / (replicas x batch x N) micro-steps; tokens/s per device and MFU at that batch.",

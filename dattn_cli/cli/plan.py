@@ -175,17 +175,23 @@ def _training(o: SimpleNamespace):
     given["tensor_parallel"] = o.tensor_parallel
     if o.target != "model":
         unset = dict(sequence_parallel=1, zero=0, optimizer="adamw", loss="standard", tensor_parallel=1)
-        if given != unset or recompute == "selective" or o.offload or o.sp_kind or o.global_batch_tokens or o.search:
+        extra = (o.offload, o.sp_kind, o.global_batch_tokens, o.search, o.dp_shard is not None)
+        if given != unset or recompute == "selective" or any(extra):
             raise ValueError(
                 "--sequence-parallel, --sp-kind, --tensor-parallel, --zero, --optimizer, --loss, --offload, "
-                "--recompute selective, --global-batch-tokens and --search apply to --target model"
+                "--dp-shard, --recompute selective, --global-batch-tokens and --search apply to --target model"
             )
         return None
     from ..plan.offload import parse
 
     tokens = _tokens(o.global_batch_tokens) if o.global_batch_tokens is not None else None
     return Training(
-        devices=o.world_size, recompute=recompute, offload=parse(o.offload), global_batch_tokens=tokens, **given
+        devices=o.world_size,
+        recompute=recompute,
+        offload=parse(o.offload),
+        global_batch_tokens=tokens,
+        dp_shard=o.dp_shard,
+        **given,
     )
 
 
@@ -213,6 +219,7 @@ def _search(o: SimpleNamespace, problem, hw, training) -> None:
         sp_kind=o.sp_kind is not None,
         max_seq=o.max_seq,
         min_devices=o.min_devices,
+        dp_shard=o.dp_shard is not None,
     )
     if given := [f"--{k.replace('_', '-')}" for k, on in varied.items() if on]:
         raise ValueError(f"--search varies the layout itself: drop {', '.join(given)}")

@@ -73,6 +73,26 @@ def _ddp_all_reduce(total: float, profile: HardwareProfile, group: Group, backwa
     )
 
 
+def replicate_all_reduce(
+    profile: HardwareProfile, groups: Group, params: Sharded, shards: int, backward_s: float
+) -> Collective:
+    """HSDP (FSDP2's hybrid shard, torchtitan's data_parallel_replicate_degree): each unit's gradient shard,
+    reduce-scattered within its shard group, all-reduced across the `groups.size` groups holding copies, during the
+    backward; what exceeds the backward and the last unit's are exposed."""
+    n = groups.size
+    share = 2 * (n - 1) / n
+    last = profile.transfer_seconds(groups.span, 2 * (n - 1), share * params.unit / shards)
+    return timed(
+        f"HSDP all-reduce of gradient shards across {n} copies",
+        share * params.total / shards,
+        2 * (n - 1),
+        profile,
+        groups,
+        "per unit during the backward, after its reduce-scatter; what exceeds the backward and the last unit exposed",
+        lambda sec: max(0.0, sec - backward_s) + last,
+    )
+
+
 def data_parallel(
     s: Problem, profile: HardwareProfile, zero: int, group: Group, params: Sharded, passes: tuple[float, float]
 ) -> list[Collective]:

@@ -35,7 +35,7 @@ from ..workload.architecture import block_parameters_of
 from ..workload.counts import linear_flops
 from ..workload.problem import ELEMENT_BYTES, SIZE_LIMITS, Problem
 from . import context, fp8, nccl, offload as host, tensor
-from .collectives import Collective, Group, Sharded, data_parallel, tensor_parallel
+from .collectives import Collective, Group, Sharded, data_parallel, replicate_all_reduce, tensor_parallel
 from .layers import (
     LayerMemory,
     ModelStates,
@@ -84,6 +84,8 @@ class Training(BaseModel):
     recompute: Recompute | None = None
     offload: tuple[host.Offload, ...] = ()  # plan/offload.py: what lives in host memory
     global_batch_tokens: int | None = None  # plan/throughput.py: tokens an optimizer step over all replicas
+    # HSDP: ZeRO shards over this many of the replicas (consecutive) and the groups hold copies; None: all of them
+    dp_shard: int | None = None
 
     @field_validator("devices", "sequence_parallel", "tensor_parallel")
     @classmethod
@@ -103,6 +105,11 @@ class Training(BaseModel):
                 + f" does not divide --devices {self.devices}: devices = data parallel x sequence parallel"
                 + (" x tensor parallel" if tp else "")
             )
+        if self.dp_shard is not None and (self.dp_shard < 1 or self.replicas % self.dp_shard or self.zero == 0):
+            raise ValueError(
+                f"--dp-shard {self.dp_shard} must divide the {self.replicas} devices that hold the same tensor shard "
+                "(dp x sp), with --zero 1, 2 or 3 (it shards the ZeRO states over that many)"
+            )
         return self
 
     @property
@@ -111,14 +118,25 @@ class Training(BaseModel):
 
     @property
     def replicas(self) -> int:
-        """The devices holding the same tensor-parallel shard (dp x sp): what ZeRO shards over."""
+        """The devices holding the same tensor-parallel shard (dp x sp)."""
         return self.devices // self.tensor_parallel
+
+    @property
+    def shards(self) -> int:
+        """The devices ZeRO shards over: every replica, or --dp-shard of them (HSDP)."""
+        return self.dp_shard or self.replicas
 
     def describe(self) -> str:
         tp = f" x tp {self.tensor_parallel}" if self.tensor_parallel > 1 else ""
         return (
             f"{self.devices} devices = dp {self.data_parallel} x sp {self.sequence_parallel}{tp}; "
-            f"{ZERO_NAMES[self.zero] if self.devices > 1 else 'one device'}; {OPTIMIZERS[self.optimizer][1]}"
+            f"{ZERO_NAMES[self.zero] if self.devices > 1 else 'one device'}"
+            + (
+                f" over {self.shards}, {self.replicas // self.shards} copies (HSDP)"
+                if self.shards < self.replicas
+                else ""
+            )
+            + f"; {OPTIMIZERS[self.optimizer][1]}"
             + ("; chunked loss (no full logits)" if self.loss == "chunked" else "")
             + ("; selective recompute (matmul and attention outputs kept)" if self.recompute == "selective" else "")
             + (f"; offloaded to the host: {', '.join(self.offload)}" if self.offload else "")
@@ -190,7 +208,7 @@ def step_temporary(optimizer: str, state_bytes: float, params: float, largest: f
 def model_states(s: Problem, t: Training, device_type: str = "cuda") -> ModelStates:
     """The weights, gradients and optimizer of one device, by phase (module docstring); `device_type` decides
     torch's AdamW implementation (step_temporary)."""
-    p, params, n, z = ELEMENT_BYTES[s.dtype], device_parameters(s, t), t.replicas, t.zero
+    p, params, n, z = ELEMENT_BYTES[s.dtype], device_parameters(s, t), t.shards, t.zero
     block, head = _units(s, t.tensor_parallel)
     sharded = n > 1
     resident = {"parameters" + (f" (1/{n} shard)" if z == 3 and sharded else ""): params * p / (n if z == 3 else 1)}
@@ -327,7 +345,10 @@ def _weight_and_tensor_collectives(s: Problem, profile: HardwareProfile, t: Trai
     p, tp, (block, head) = ELEMENT_BYTES[s.dtype], t.tensor_parallel, _units(s, t.tensor_parallel)
     total = device_parameters(s, t) * p
     params = Sharded(total, max(block, head) * p, total - s.layers * (block * p - _gathered(s, tp)))
-    out = data_parallel(s, profile, t.zero, Group(t.replicas, t.devices), params, passes)
+    shard_group = Group(t.shards, t.devices if t.shards == t.replicas else t.shards * tp)  # HSDP: consecutive
+    out = data_parallel(s, profile, t.zero, shard_group, params, passes)
+    if t.shards < t.replicas and s.mode == "fwdbwd":  # HSDP: the gradient shard all-reduced across the copies
+        out.append(replicate_all_reduce(profile, Group(t.replicas // t.shards, t.devices), params, t.shards, passes[1]))
     tokens = s.batch * (s.seq_len // t.sequence_parallel)
     return out + tensor_parallel(s, profile, tp, tokens, s.checkpointing and s.mode == "fwdbwd")
 
@@ -335,7 +356,7 @@ def _weight_and_tensor_collectives(s: Problem, profile: HardwareProfile, t: Trai
 def _host_side(s: Problem, profile: HardwareProfile, t: Training, compute: tuple[float, float], step_s: float):
     """plan/offload.py: the host copies of a step (as collectives over the host link) and the optimizer step's
     seconds (on the host's CPUs where the optimizer is offloaded, else `step_s`)."""
-    shard = device_parameters(s, t) * ELEMENT_BYTES[s.dtype] / t.replicas
+    shard = device_parameters(s, t) * ELEMENT_BYTES[s.dtype] / t.shards
     local = local_part(tensor.token_share(s, t.tensor_parallel), t.sequence_parallel)
     copies = [Collective(**c, link="host") for c in host.transfers(s, t, profile, shard, compute, local)]
     if "optimizer" in t.offload:
@@ -350,7 +371,7 @@ def _optimizer_seconds(s: Problem, profile: HardwareProfile, t: Training) -> flo
     states = model_states(s, t)
     resident = sum(v for k, v in states.resident.items() if not k.startswith("DDP"))
     gradients = sum(v for k, v in states.step.items() if k.startswith("gradients"))
-    n = t.replicas
+    n = t.shards
     if t.zero < 3 and t.zero >= 1 and n > 1:  # only this device's shard of the weights is updated
         resident -= sum(v for k, v in states.resident.items() if k.startswith("parameters")) * (1 - 1 / n)
     return profile.memory_seconds(2 * resident + gradients / (n if 1 <= t.zero < 2 else 1))

@@ -76,7 +76,7 @@ def test_plan_loss_option(capsys):
     code, _, err = run_cli(["plan", "--seq-len", "4096", "--loss", "chunked"], capsys)
     assert (
         code == 2
-        and "--recompute selective, --global-batch-tokens and --search apply to --target model" in err
+        and "--dp-shard, --recompute selective, --global-batch-tokens and --search apply to --target model" in err
         and len(err.strip().splitlines()) == 1
     )
     code, _, err = run_cli([*args, "--loss", "tiled"], capsys)

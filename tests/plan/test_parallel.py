@@ -195,3 +195,36 @@ def test_a_shard_that_is_not_a_whole_byte_count_rounds_up():
     shard = states.resident["parameters (1/400 shard)"]
     assert isinstance(shard, int) and shard == -(-8_030_261_248 * 2 // 400)
     assert solve.plan(s, load_profile("h100-sxm-80gb"), training=Training(devices=400, zero=3)).time is not None
+
+
+def test_hsdp_shards_over_its_group_and_all_reduces_across_the_copies():
+    """--dp-shard 8 of 64 (FSDP2's hybrid shard): states over 8, the gathers inside a node, the gradient shards
+    all-reduced across the 8 copies over the inter-node link, 2(r-1)/r of a shard."""
+    from dattn_cli.workload.model_presets import load_preset
+
+    fields = {"impl": "sdpa", "target": "model", "seq_len": 8192, "dtype": "bfloat16", "mode": "fwdbwd"}
+    s = Problem(**{**fields, **load_preset("llama-3.1-8b"), "checkpointing": True})
+    h100 = load_profile("h100-sxm-80gb")
+    hsdp = Training(devices=64, zero=3, dp_shard=8)
+    states = model_states(s, hsdp)
+    total = 8_030_261_248 * 2
+    assert states.resident["parameters (1/8 shard)"] == -(-total // 8)
+    plan = solve.plan(s, h100, training=hsdp)
+    by_name = {c.name: c for c in plan.time.collectives}
+    assert by_name["FSDP all-gather (forward)"].link == "intra-node"
+    across = by_name["HSDP all-reduce of gradient shards across 8 copies"]
+    assert across.link == "inter-node" and across.bytes == pytest.approx(2 * 7 / 8 * total / 8, rel=1e-6)
+    flat = solve.plan(s, h100, training=Training(devices=64, zero=3))
+    assert {c.link for c in flat.time.collectives} == {"inter-node"} and plan.memory.total > flat.memory.total
+    assert "(HSDP)" in hsdp.describe()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [(["--dp-shard", "3"], "--dp-shard 3 must divide the 64 devices"), (["--zero", "0"], "with --zero 1, 2 or 3")],
+)
+def test_bad_dp_shard_is_one_line(extra, message, capsys):
+    args = ["plan", "--model", "llama-3.1-8b", "--profile", "h100-sxm-80gb", "--dtype", "bfloat16", "--devices", "64"]
+    args += ["--zero", "3", "--dp-shard", "8"] if "--dp-shard" not in extra else ["--zero", "3"]
+    code, _, err = run_cli([*args, *extra], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
