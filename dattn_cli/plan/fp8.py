@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from ..workload.architecture import block_matmul_parameters
+from ..workload.architecture import block_matmul_parameters, block_matmuls
 from ..workload.problem import ELEMENT_BYTES, Problem
 
 if TYPE_CHECKING:
@@ -48,13 +48,6 @@ def saves_fp8(s: Problem) -> bool:
     return kind(s) == "te"
 
 
-def _linears(s: Problem) -> list[tuple[int, int]]:
-    """(inputs, outputs) of each matmul of one block: q, k, v, o and the MLP's."""
-    width, attention, kv, hidden = s.width, s.attention_width, s.kv_head_count * s.head_dim, s.hidden
-    mlp = [(width, hidden), (width, hidden), (hidden, width)] if s.arch.gated else [(width, hidden), (hidden, width)]
-    return [(width, attention), (width, kv), (width, kv), (attention, width), *mlp]
-
-
 def weight_copies(s: Problem) -> int:
     """TransformerEngine's FP8 weight and its transpose, one block's (module docstring); 0 otherwise."""
     return 2 * block_matmul_parameters(s) if saves_fp8(s) else 0
@@ -68,7 +61,7 @@ def gathered_matmul_bytes(s: Problem) -> int:
 def linear_seconds(s: Problem, profile: HardwareProfile, flops: float, efficiency_of) -> float:
     """`flops` of the linear layers (recomputation included), the blocks' share at the float8 rate and the head's at
     the compute dtype's, plus the casts (module docstring). `efficiency_of(key)`: the profile's matmul efficiency."""
-    per_token = sum(i * o for i, o in _linears(s))
+    per_token = block_matmul_parameters(s)
     head = s.width * s.vocab_size if s.target == "model" else 0
     blocks = flops * s.layers * per_token / (s.layers * per_token + head)
     peak8 = profile.required_peak("float8", "drop --fp8, or give the profile a peak_tflops.float8")
@@ -77,7 +70,7 @@ def linear_seconds(s: Problem, profile: HardwareProfile, flops: float, efficienc
     rest = (flops - blocks) / (profile.required_peak(s.compute_dtype) * efficiency_of(f"matmul:{s.compute_dtype}"))
     c, p = ELEMENT_BYTES[s.compute_dtype], ELEMENT_BYTES[s.dtype]
     train = s.mode == "fwdbwd"
-    element_bytes = sum(i + (o if train else 0) for i, o in _linears(s)) * (c + 2)
+    element_bytes = sum(i + (o if train else 0) for _, o, i, _ in block_matmuls(s)) * (c + 2)
     token_layers = blocks / (2.0 * per_token * (3 if train else 1))  # tokens x blocks run, recomputation included
     casts = token_layers * element_bytes + s.layers * per_token * (p + 2)
     return gemm8 + rest + profile.memory_seconds(casts)

@@ -21,38 +21,24 @@ from __future__ import annotations
 
 from typing import Literal
 
+from ..workload.architecture import block_matmuls
 from ..workload.problem import ELEMENT_BYTES, Problem
 
 Recompute = Literal["none", "full", "selective"]
 
 
-def _matmuls(s: Problem) -> list[tuple[str, int, int, bool]]:
-    """The block's projections in the order they run: (name, output features, input features, has a bias)."""
-    a, width, attention, kv = s.arch, s.width, s.attention_width, s.kv_head_count * s.head_dim
-    biased = a.attention_bias != "none"
-    projections = [
-        ("q", attention, width, biased),
-        ("k", kv, width, biased),
-        ("v", kv, width, biased),
-        ("o", width, attention, a.attention_bias == "qkvo"),
-    ]
-    hidden = a.intermediate_size
-    mlp = [("gate", hidden, width), ("up", hidden, width)] if a.gated else [("fc1", hidden, width)]
-    return projections + [(name, out, inp, a.mlp_bias) for name, out, inp in [*mlp, ("down", width, hidden)]]
-
-
 def kept_matmuls(s: Problem) -> tuple[list[str], list[str]]:
     """(kept, recomputed) projection names: of those without a bias (aten.mm), the 1st, 3rd, ... are kept."""
-    plain = [name for name, *_, bias in _matmuls(s) if not bias]
+    plain = [name for name, *_, bias in block_matmuls(s) if not bias]
     kept = plain[0::2]
-    return kept, [name for name, *_ in _matmuls(s) if name not in kept]
+    return kept, [name for name, *_ in block_matmuls(s) if name not in kept]
 
 
 def kept_outputs(s: Problem) -> dict[str, int]:
     """What a block waiting for its backward keeps besides its input, itemised."""
     c, tokens = ELEMENT_BYTES[s.compute_dtype], s.batch * s.seq_len
     kept, _ = kept_matmuls(s)
-    widths = {name: out for name, out, *_ in _matmuls(s)}
+    widths = {name: out for name, out, *_ in block_matmuls(s)}
     return {
         f"kept matmul outputs ({', '.join(kept)})": sum(widths[name] for name in kept) * tokens * c,
         "kept attention output and lse": tokens * (s.attention_width * c + s.heads * 4),
@@ -62,7 +48,7 @@ def kept_outputs(s: Problem) -> dict[str, int]:
 def recomputed_linear_flops(s: Problem) -> float:
     """Forward FLOPs of the projections the backward runs again, per block: 2·T·(their weights)."""
     _, recomputed = kept_matmuls(s)
-    sizes = {name: out * inp for name, out, inp, _ in _matmuls(s)}
+    sizes = {name: out * inp for name, out, inp, _ in block_matmuls(s)}
     return 2.0 * s.batch * s.seq_len * sum(sizes[name] for name in recomputed)
 
 

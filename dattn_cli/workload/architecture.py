@@ -19,7 +19,7 @@ fields (longnet_architecture), so its counts did not change.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -83,11 +83,31 @@ def longnet_architecture(p: Problem) -> Architecture:
     )
 
 
+class Matmul(NamedTuple):
+    name: str
+    out: int  # output features
+    inp: int  # input features
+    bias: bool
+
+
+def block_matmuls(p: Problem) -> list[Matmul]:
+    """One block's projections in the order they run: q, k, v, o, then gate and up (or fc1) and down."""
+    a, width, attention, kv = p.arch, p.width, p.attention_width, p.kv_head_count * p.head_dim
+    biased = a.attention_bias != "none"
+    projections = [
+        Matmul("q", attention, width, biased),
+        Matmul("k", kv, width, biased),
+        Matmul("v", kv, width, biased),
+        Matmul("o", width, attention, a.attention_bias == "qkvo"),
+    ]
+    hidden = a.intermediate_size
+    mlp = [("gate", hidden, width), ("up", hidden, width)] if a.gated else [("fc1", hidden, width)]
+    return projections + [Matmul(name, out, inp, a.mlp_bias) for name, out, inp in [*mlp, ("down", width, hidden)]]
+
+
 def block_matmul_parameters(p: Problem) -> int:
     """The weights of one block's matrix multiplications: q, k, v, o and the MLP's (their FLOPs are 2·T·this)."""
-    a, width, attention, kv = p.arch, p.width, p.attention_width, p.kv_head_count * p.head_dim
-    mlp = (3 if a.gated else 2) * width * a.intermediate_size
-    return 2 * width * attention + 2 * width * kv + mlp
+    return sum(m.out * m.inp for m in block_matmuls(p))
 
 
 def norm_parameters(p: Problem) -> int:
