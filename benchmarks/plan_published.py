@@ -9,8 +9,8 @@ published metrics compared with the prediction:
 - peak memory (within 10%): `reserved` rows against PyTorch's reserved peak, the tensor bytes the plan counts with
   the allocator margin, less the CUDA context and NCCL's buffers (neither goes through the caching allocator);
   `nvidia-smi` rows against the device total: the context, NCCL's buffers and the reserved peak;
-- tokens/s/GPU (within 20%): a replica's B x N tokens over its tp x sp devices per step; with a global batch
-  the optimizer step is counted once per A = global tokens / (replicas x B x N) micro-steps. Rows that print only
+- tokens/s/GPU (within 20%): the plan's own (`--global-batch-tokens` with the row's global batch where it gives one:
+  plan/throughput.py). Rows that print only
   model TFLOP/s/GPU (NeMo, Megatron-Bridge) are compared in their own convention: NeMo's FLOPs per token
   (nemo/utils/flops_formulas.py, `llama2`/`llama3`: 6 x the block matmuls and the head, attention as the full
   square, no recompute) x the predicted tokens/s/GPU;
@@ -57,6 +57,8 @@ def mapped_rows(mapping: dict) -> list[tuple[dict, list[str] | None, str]]:
             out.append((row, None, entry["skip"]))
         else:
             argv = shlex.split(entry["args"]) + shlex.split(entry.get("extra", "")) + common
+            if row["global_batch_tokens"]:
+                argv += ["--global-batch-tokens", str(int(float(row["global_batch_tokens"])))]
             out.append((row, argv, entry.get("assume", "")))
     return out
 
@@ -97,26 +99,12 @@ def predicted_memory_gib(plan: dict, kind: str) -> float | None:
     return None
 
 
-def predicted_tokens_per_s(plan: dict, row: dict) -> float:
-    t, s = plan["training"], plan["problem"]
-    per_replica = t["tensor_parallel"] * t["sequence_parallel"]
-    replicas = plan["devices"] // per_replica
-    tokens = s["batch"] * s["seq_len"]
-    global_tokens = float(row["global_batch_tokens"] or 0)
-    accumulation = max(1.0, global_tokens / (replicas * tokens)) if global_tokens else 1.0
-    step = plan["time"]["total_s"] - plan["time"]["optimizer_s"] * (1 - 1 / accumulation)
-    return tokens / per_replica / step
-
-
 def nemo_flops_per_token(problem: dict) -> float:
-    """NeMo's model FLOPs per token (flops_formulas.py llama2/llama3, divided by gbs x seq_len)."""
-    a = problem["architecture"]
-    h, layers, n = problem["embed_dim"], problem["layers"], problem["seq_len"]
-    groups = (problem["kv_heads"] or problem["heads"]) / problem["heads"]
-    per_layer = (
-        12 + 12 * groups + 18 * a["intermediate_size"] / h + 12 * n / h + 6 * problem["vocab_size"] / (layers * h)
-    )
-    return layers * h * h * per_layer
+    """NeMo's model FLOPs per token (flops_formulas.py llama2/llama3): Megatron's convention without recompute."""
+    from dattn_cli.plan.throughput import megatron_flops_per_token
+    from dattn_cli.workload import Problem
+
+    return megatron_flops_per_token(Problem(**problem), "none")
 
 
 def compare(row: dict, plan: dict) -> list[dict]:
@@ -133,9 +121,9 @@ def compare(row: dict, plan: dict) -> list[dict]:
     if row["peak_memory_gib"]:
         add("peak_memory", float(row["peak_memory_gib"]), predicted_memory_gib(plan, row["memory_kind"]), "GiB")
     if row["tokens_per_s_per_gpu"]:
-        add("tokens_per_s_per_gpu", float(row["tokens_per_s_per_gpu"]), predicted_tokens_per_s(plan, row), "tok/s")
+        add("tokens_per_s_per_gpu", float(row["tokens_per_s_per_gpu"]), plan["tokens_per_s_per_device"], "tok/s")
     elif row["tflops_per_gpu"]:
-        tflops = predicted_tokens_per_s(plan, row) * nemo_flops_per_token(plan["problem"]) / 1e12
+        tflops = plan["tokens_per_s_per_device"] * nemo_flops_per_token(plan["problem"]) / 1e12
         add("tokens_per_s_per_gpu", float(row["tflops_per_gpu"]), tflops, "model TFLOP/s (NeMo)")
     if row["max_seq_len"]:
         add("max_seq_len", float(row["max_seq_len"]), float(plan["problem"]["seq_len"]), "tokens")

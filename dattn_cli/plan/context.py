@@ -38,6 +38,7 @@ SpKind = Literal["ring", "allgather", "head_parallel", "hybrid"]
 # work, the last C - 1/2 where the mean is C/2, and every step (or the next layer) waits on it: its attention
 # takes (2C - 1) / C of the balanced time; zigzag shards (--layout zigzag) balance it.
 CP_ATTENTION_EFFICIENCY = 0.59
+STEPPED = ("ring", "allgather", "hybrid")  # the kinds whose attention is a call per ring step or gathered chunk
 KIND_IMPLS = {
     "ring": "RingDilatedAttention",
     "allgather": "DistributedImprovedDilatedAttention",
@@ -94,7 +95,7 @@ def split_rate(call: Problem) -> float:
     the ring, all-gather and hybrid kinds, whose calls are per step or chunk, over their causal imbalance on
     contiguous shards (module docstring); 1 otherwise."""
     kind = split_kind(call)
-    if kind not in ("ring", "allgather", "hybrid"):
+    if kind not in STEPPED:
         return 1.0
     from ..kernels.registry import hybrid_size
 

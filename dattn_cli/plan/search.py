@@ -97,7 +97,7 @@ def layouts(s: Problem, devices: int, per_node: int, host: bool) -> Iterator[Lay
 
 def layout_problem(s: Problem, layout: Layout) -> Problem:
     """`s` as `layout` plans it: its kind, its recompute, and the ring kinds on zigzag shards (balanced)."""
-    split = layout.sp_kind in ("ring", "allgather", "hybrid")
+    split = layout.sp_kind in context.STEPPED
     update = {"sp_kind": layout.sp_kind, "checkpointing": layout.recompute == "full"}
     return s.model_copy(update={**update, "layout": "zigzag" if split else "contiguous"})
 
@@ -133,7 +133,7 @@ def why(row: Ranked, best: Ranked) -> str:
     )
     parts = [f"{k} {d / total:+.0%}" for k, d in extra if d > 0.005 * total][:2]
     hints = []
-    if row.layout.sp_kind in ("ring", "allgather", "hybrid") and best.layout.sp_kind == "head_parallel":
+    if row.layout.sp_kind in context.STEPPED and best.layout.sp_kind == "head_parallel":
         hints.append(
             f"its {row.layout.sp_kind} split runs attention at {context.CP_ATTENTION_EFFICIENCY:g} of the kernel's rate"
         )

@@ -206,7 +206,7 @@ def _model_plan(s: Problem, profile: HardwareProfile, training: Training) -> Pla
     sp = training.sequence_parallel
     shard = shard_of(attention_call(s, sp)) if sp > 1 else None
     result = _built(s, profile, training.devices, None, memory, time, shard, training)
-    rate = throughput(s, profile, time, training, training.global_batch_tokens) if s.mode == "fwdbwd" else None
+    rate = throughput(s, profile, time, training) if s.mode == "fwdbwd" else None
     if rate is not None:
         result = result.model_copy(
             update=dict(

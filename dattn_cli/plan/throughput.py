@@ -49,12 +49,10 @@ def megatron_flops_per_token(s: Problem, recompute: str) -> float:
     return s.layers * block + passes * 2 * s.width * s.vocab_size
 
 
-def throughput(
-    s: Problem, profile: HardwareProfile, plan_time, training, global_batch_tokens: int | None
-) -> Throughput:
-    """Tokens/s per device and MFU of a model's training step (module docstring); `plan_time`: its StepTime."""
-    per_replica = training.tensor_parallel * training.sequence_parallel
-    replicas = training.devices // per_replica
+def throughput(s: Problem, profile: HardwareProfile, plan_time, training) -> Throughput:
+    """Tokens/s per device and MFU of a model's training step at `training.global_batch_tokens` (module docstring);
+    `plan_time`: its StepTime."""
+    replicas, global_batch_tokens = training.data_parallel, training.global_batch_tokens
     micro = s.batch * s.seq_len
     accumulation = max(1, math.ceil(global_batch_tokens / (replicas * micro))) if global_batch_tokens else 1
     step = accumulation * (plan_time.total_s - plan_time.optimizer_s) + plan_time.optimizer_s
