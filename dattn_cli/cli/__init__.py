@@ -18,7 +18,7 @@ import signal
 import sys
 from typing import Any
 
-from ..runtime.signals import Interrupted, ignore_stopping_signals, raising_interrupted, take_pending
+from ..runtime.signals import Interrupted, deferred, ignore_stopping_signals, raising_interrupted, take_pending
 from .deprecated import rename_deprecated
 
 __all__ = ["app", "main"]
@@ -64,9 +64,11 @@ def _one_line(exc: Exception) -> str:
 
 
 def _run(args: list[str]) -> int:
-    import typer
+    with deferred():  # a signal raised inside an extension module's initialisation aborts the process (exit -6):
+        # during the start-up imports it waits for them, then stops the run as anywhere else
+        import typer
 
-    from .commands import app
+        from .commands import app
 
     debug = "--debug" in args
     command = typer.main.get_command(app)

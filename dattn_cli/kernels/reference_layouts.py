@@ -185,15 +185,16 @@ class Budget:
     keys): all heads at once where that leaves MIN_PART_ROWS rows, else fewer heads at a time (few rows against
     many keys make thin matmuls and many small steps)."""
 
-    def __init__(self, batch: int, heads: int, elements: int):
+    def __init__(self, batch: int, heads: int, elements: int, whole_heads: bool = False):
         self.batch, self.heads, self.elements = batch, heads, elements
+        self.whole_heads = whole_heads  # every head of a row in one part (a row-wise upstream gradient)
 
     def rows(self, keys: int, heads: int | None = None) -> int:
         return max(1, self.elements // max(1, self.batch * (self.heads if heads is None else heads) * keys))
 
     def split(self, rows: int, keys: int, heads: int) -> tuple[int, list[slice]]:
         """(rows per part, the head slices) of a chunk of `rows` rows, `keys` keys and `heads` heads."""
-        if self.rows(keys, heads) >= min(rows, MIN_PART_ROWS) or heads == 1:
+        if self.whole_heads or self.rows(keys, heads) >= min(rows, MIN_PART_ROWS) or heads == 1:
             return self.rows(keys, heads), [ALL]
         per = max(1, min(heads, self.elements // max(1, self.batch * keys * min(rows, MIN_PART_ROWS))))
         return self.rows(keys, per), [slice(h, min(heads, h + per)) for h in range(0, heads, per)]

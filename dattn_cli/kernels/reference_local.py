@@ -10,10 +10,11 @@ chunk per row range, masked where the table or window forbids. The backward is w
 (FlashAttention's recomputation: each chunk's probabilities again from the row's final lse), so memory is q,
 k, v, out, lse and the gradients, O(B x N x H x D), plus one chunk's scores (`max_chunk_elements`), not
 O(N^2) and not O(N x window x H). Where the caller passes the upstream gradient it will backpropagate
-(verify's float64 core checks), the forward pass computes the gradients as well, from the probabilities it
-holds: six products per score instead of seven, no second exponential. Work per head: each row class's rows x
-the union of its pairs' kept keys for the dilated pattern (at most the sum over pairs of (N / r) x (w / r)),
-N x (left + right + chunk) for the window, the table's key blocks for a block table.
+(verify's core checks), or a row-wise function giving it from the rows' output (verify's multihead modules on a
+block table or window: every head of a row in one part), the forward pass computes the gradients as well, from
+the probabilities it holds: six products per score instead of seven, no second exponential. Work per head:
+each row class's rows x the union of its pairs' kept keys for the dilated pattern (at most the sum over pairs
+of (N / r) x (w / r)), N x (left + right + chunk) for the window, the table's key blocks for a block table.
 
 Written from the documents, not from kernels/pattern.py or the engine; the dense references stay the
 definitions, and tests/kernels/test_reference_local.py proves these equal to them on the awkward cases.
@@ -130,9 +131,11 @@ class _LocalAttention(torch.autograd.Function):
         ctx.layout, ctx.scale, ctx.given = layout, scale, None
         if upstream is not None:  # the gradients too, with no recomputation
             grads = tuple(torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q, k, v))
+            rowwise = upstream if callable(upstream) else None
+            dout = torch.empty_like(q) if rowwise else upstream.to(q.dtype)  # row-wise: filled part by part
             for chunk in layout.chunks():
-                _whole_chunk(ctx, q, k, v, key_mask, chunk, (out, lse, upstream.to(q.dtype)), grads)
-            ctx.given = (upstream, tuple(g.to(x.dtype) for g, x in zip(grads, (q, k, v))))
+                _whole_chunk(ctx, q, k, v, key_mask, chunk, (out, lse, dout, rowwise), grads)
+            ctx.given = (dout, tuple(g.to(x.dtype) for g, x in zip(grads, (q, k, v))))
         else:
             for chunk in layout.chunks():
                 keys = _Keys(q, k, v, key_mask, chunk)
@@ -200,7 +203,7 @@ def _whole_chunk(ctx, q, k, v, key_mask, chunk, state, grads):
     """A chunk's forward and backward in one pass under a known upstream gradient: its rows' softmax is whole
     here, so out, lse and the probabilities are the rows' own, and dS = P (dP - rowsum(dO o O)) needs no
     recomputation (six products per score, not seven)."""
-    (out, lse, dout), dq = state, grads[0]
+    (out, lse, dout, rowwise), dq = state, grads[0]
     keys = _Keys(q, k, v, key_mask, chunk)
     shares = [torch.zeros(keys.kt.shape, dtype=dq.dtype, device=dq.device) for _ in range(2)]  # dk, dv (D x K)
     for rows, upto, hs in chunk.parts:
@@ -208,6 +211,10 @@ def _whole_chunk(ctx, q, k, v, key_mask, chunk, state, grads):
         qs = _scaled_rows(q, rows, heads, ctx.scale)
         probs, part_lse = _softmax(keys.scores(qs, rows, upto, hs))
         part_out = torch.matmul(probs, keys.vt[:, hs, :, :upto].transpose(-1, -2)).to(out.dtype)
+        if rowwise is not None:  # the part holds its rows' whole output, every head: their upstream gradient
+            if heads is not None:
+                raise RuntimeError("a row-wise upstream gradient needs every head of a row in one part")
+            _put(dout, rows, None, rowwise(rows, part_out.transpose(1, 2)).to(dout.dtype))
         do = _heads(_at(dout, rows), heads).transpose(1, 2).contiguous()
         rows_delta = (do.to(out.dtype) * part_out).sum(dim=-1, keepdim=True).to(q.dtype)
         _put(out, rows, heads, part_out.transpose(1, 2))
@@ -270,10 +277,10 @@ def _attend(q, k, v, layout_of, scale, key_padding_mask, compute_dtype, max_chun
         )
     batch, n, heads, head_dim = q.shape
     check_key_padding_mask(key_padding_mask, batch, n, q.device)
-    layout = layout_of(n, heads, Budget(batch, heads, max_chunk_elements))
+    layout = layout_of(n, heads, Budget(batch, heads, max_chunk_elements, whole_heads=callable(upstream)))
     tau = head_dim**-0.5 if scale is None else scale
     qc, kc, vc = (x.to(compute_dtype).contiguous() for x in (q, k, v))  # a fused projection's views: gathers 3x slower
-    given = None if upstream is None else upstream.to(compute_dtype)
+    given = upstream.to(compute_dtype) if isinstance(upstream, torch.Tensor) else upstream
     out, lse = _LocalAttention.apply(qc, kc, vc, key_padding_mask, layout, tau, given)
     return out.to(q.dtype), lse.float()
 
@@ -310,7 +317,8 @@ def dilated_attention_local(
     """`reference.dilated_attention_reference`, block-local: (out in q's dtype, lse float32), differentiable;
     cu_seqlens: packed documents, each attended on its own. upstream: the gradient of out the caller will
     backpropagate, where known (then the gradients are computed in the forward pass, without recomputation; a
-    backward with any other gradient recomputes)."""
+    backward with any other gradient recomputes); block_sparse_local and sliding_window_local also take a
+    row-wise function of the output, (rows, out (B, R, H, D)) -> its gradient, each part holding every head."""
     segs, rates = _check_pattern(segment_lengths, dilation_rates, semantics, q.shape[2] if q.dim() == 4 else 0)
     layout = lambda n, h, rows: Dilated(n, h, segs, rates, semantics, is_causal, rows, q.device)
     return _attend(q, k, v, layout, scale, key_padding_mask, compute_dtype, max_chunk_elements, cu_seqlens, upstream)

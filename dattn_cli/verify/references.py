@@ -14,7 +14,10 @@ it while later checks use it (verify runs the checks of one key together).
 Which definition: the dense references of kernels/reference.py for N <= LOCAL_REFERENCE_ABOVE, the
 block-local ones of kernels/reference_local.py above (the same function, tested equal; memory
 O(N x H x D) plus a chunk instead of B x H x N^2 saved scores). Both follow the Problem's pattern, not the
-module under test.
+module under test. A block-local computation, the reference and the naive one alike, is given the upstream
+gradient its output will get where that is known beforehand (a core's; a multihead module's through its output
+projection and sub-LayerNorm, output_gradient) and computes the gradients in its forward pass from the
+probabilities it holds, as autograd does from the dense reference's: no recomputation.
 """
 
 from __future__ import annotations
@@ -133,10 +136,10 @@ def attention_of(p: Problem, compute_dtype: torch.dtype) -> Callable[..., tuple[
         return fn(q, k, v, *table_args, is_causal, key_padding_mask=key_padding_mask, **extra, **options, **given)
 
     def call(q, k, v, is_causal=False, key_padding_mask=None, cu_seqlens=None, upstream=None):
-        if cu_seqlens is None:  # the upstream gradient, where known, spares a float64 local reference's
-            # recomputation (not the naive computation's: its error, the tolerance's basis, stays the recomputing one's)
-            exact = compute_dtype == torch.float64
-            given = {"upstream": upstream} if is_local and exact and upstream is not None else {}
+        if cu_seqlens is None:  # the upstream gradient, where known, spares a local reference's recomputation; a
+            # row-wise one needs every head of a row in one part: block tables and windows, not the dilated layout
+            usable = upstream is not None and (p.spec.block_sparse or not callable(upstream))
+            given = {"upstream": upstream} if is_local and usable else {}
             return one_document(q, k, v, is_causal, key_padding_mask, **given)
         return attend_documents(lambda *x: one_document(*x[:3], is_causal, x[3]), q, k, v, key_padding_mask, cu_seqlens)
 
@@ -144,14 +147,42 @@ def attention_of(p: Problem, compute_dtype: torch.dtype) -> Callable[..., tuple[
 
 
 class PatternReference(torch.nn.Module):
-    """Stands in for a multihead module's core: the reference attention, differentiable."""
+    """Stands in for a multihead module's core: the reference attention, differentiable; `upstream`: the gradient
+    its output will get, where known (output_gradient)."""
 
-    def __init__(self, attention: Callable[..., tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, attention: Callable[..., tuple[torch.Tensor, torch.Tensor]], upstream=None):
         super().__init__()
-        self.attention = attention
+        self.attention, self.upstream = attention, upstream
 
     def forward(self, q, k, v, is_causal=False, key_padding_mask=None, **documents):
-        return self.attention(q, k, v, is_causal, key_padding_mask=key_padding_mask, **documents)[0]
+        given = {"upstream": self.upstream} if self.upstream is not None else {}
+        return self.attention(q, k, v, is_causal, key_padding_mask=key_padding_mask, **documents, **given)[0]
+
+
+def output_gradient(module: torch.nn.Module, upstream: torch.Tensor):
+    """The gradient that a MultiheadDilatedAttention's core output gets under `upstream`: (B, N, H, D) where the
+    module has no sub-LayerNorm; else a row-wise function of that output, rows, out (B, R, H, D) -> (B, R, H, D):
+    the output projection's gradient is a constant and the LayerNorm's backward is each row's own (bitwise the same
+    by row blocks as whole, so autograd later hands the reference the very gradient it used). None for a module
+    with another forward."""
+    from ..kernels.multihead import MultiheadDilatedAttention
+
+    if type(module).forward is not MultiheadDilatedAttention.forward:
+        return None
+    shape = (*upstream.shape[:-1], module.num_heads, module.head_dim)
+    with torch.enable_grad():  # the output projection's input gradient, as the module's own backward computes it
+        z = torch.zeros(upstream.shape, dtype=module.out_proj.weight.dtype, requires_grad=True)
+        g = torch.autograd.grad(module.out_proj(z), z, upstream.to(z.dtype))[0]
+    if module.norm is None:
+        return g.view(shape)
+
+    def rows_gradient(rows, out: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            o = out.detach().flatten(2).requires_grad_()
+            at = g[:, rows] if isinstance(rows, slice) else g.index_select(1, rows)
+            return torch.autograd.grad(module.norm(o), o, at)[0].view(out.shape)
+
+    return rows_gradient
 
 
 def reference_outputs(p: Problem, seed: int, compute_dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -161,7 +192,8 @@ def reference_outputs(p: Problem, seed: int, compute_dtype: torch.dtype) -> dict
     attention, documents = attention_of(p, compute_dtype), document_options(p)
     if p.spec.kind == "multihead":
         module = copy.deepcopy(multihead_module(p, seed)).to(compute_dtype)
-        module.attention = PatternReference(attention)
+        given = uses_local_reference(p) and not documents
+        module.attention = PatternReference(attention, output_gradient(module, upstream) if given else None)
         return multihead_outputs(module, inputs[0].to(compute_dtype), upstream, p.causal, **documents)
     xs = [x.to(compute_dtype).requires_grad_() for x in inputs]
     return core_outputs(lambda q, k, v: attention(q, k, v, p.causal, upstream=upstream, **documents), xs, upstream)

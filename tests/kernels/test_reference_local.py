@@ -264,3 +264,29 @@ def test_many_pairs_classify_rows_without_overflow(segs, rates):
     q, k, v, up = draw(1, 8, 2, 1, dim=4)
     dense = outputs(dilated_attention_reference, q, k, v, up, segs, rates)
     assert_same(dense, outputs(dilated_attention_local, q, k, v, up, segs, rates))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_row_wise_upstream_gradient_gives_the_reference_gradients_without_recomputing(causal):
+    """upstream as a function of the rows' output: the same out, lse and gradients as the dense reference
+    backpropagating what the function gives of the whole output, with no chunk recomputed. The function mixes
+    every head of a row (as a sub-LayerNorm does), so each part holds all of them; the budget (64 scores) would
+    otherwise split the heads."""
+    q, k, v, up = draw(2, 40, 4, 2)
+    table = torch.rand(5, 5, generator=torch.Generator().manual_seed(3)) < 0.6
+    weight = torch.linspace(0.5, 1.5, 8, dtype=torch.float64)
+
+    def row_wise(rows, out):
+        return up[:, rows] * weight + out.sum(dim=(2, 3), keepdim=True)
+
+    patterns = (
+        (block_sparse_local, block_sparse_reference, (table, 8)),
+        (sliding_window_local, sliding_window_reference, (5, 3)),
+    )
+    for local, dense, args in patterns:
+        xs = [x.clone().requires_grad_() for x in (q, k, v)]
+        with mock.patch.object(reference_local, "_accumulate", side_effect=AssertionError("recomputed")):
+            out, lse = local(*xs, *args, causal, upstream=row_wise, max_chunk_elements=64)
+            expected = row_wise(slice(None), out.detach())
+            got = [out.detach(), lse, *torch.autograd.grad(out, xs, expected)]
+        assert_same(outputs(dense, q, k, v, expected, *args, causal), got)

@@ -1,6 +1,7 @@
 """Inputs are a function of (case, seed), and each reference is computed once and shared by every
 implementation checked against it, in any run order."""
 
+import pytest
 import torch
 
 from dattn_cli.verify import run_verify
@@ -121,3 +122,53 @@ def test_process_groups_sharing_a_reference_run_together(monkeypatch):
     assert ran == ["RingDilatedAttention", "DistributedImprovedDilatedAttention", "RingMultiheadDilatedAttention"]
     assert computed == ["RingDilatedAttention", "RingMultiheadDilatedAttention"]
     assert [r.impl for r in report.results] == impls
+
+
+@pytest.mark.parametrize("layer_norm", [True, False])
+def test_output_gradient_is_the_gradient_the_core_output_gets(layer_norm):
+    """Bitwise, for the whole sequence and for any rows: the reference uses what it computed only if autograd
+    then hands it exactly that gradient."""
+    from dattn_cli.kernels.multihead import MultiheadDilatedAttention
+    from dattn_cli.verify.references import output_gradient
+
+    torch.manual_seed(0)
+    module = MultiheadDilatedAttention(
+        32, 4, segment_lengths=[8, 16], dilation_rates=[1, 2], layer_norm=layer_norm, dtype=torch.float64
+    )
+    x, up = (torch.randn(2, 24, 32, dtype=torch.float64) for _ in range(2))
+    seen = []
+    module.attention.register_forward_hook(lambda _m, _a, out: seen.append(out) or out.retain_grad())
+    module(x, x, x)[0].backward(up)
+    out, got = seen[0].detach(), seen[0].grad
+    gradient = output_gradient(module, up)
+    if not layer_norm:
+        assert torch.equal(gradient, got)
+        return
+    rows = torch.tensor([1, 5, 6, 20])
+    assert torch.equal(gradient(slice(None), out), got)
+    assert torch.equal(gradient(rows, out.index_select(1, rows)), got.index_select(1, rows))
+    assert torch.equal(gradient(slice(3, 11, 2), out[:, 3:11:2]), got[:, 3:11:2])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_multihead_block_sparse_reference_is_given_its_core_gradient(monkeypatch, dtype):
+    """Above LOCAL_REFERENCE_ABOVE the reference (float64) and the naive computation of a multihead module on a
+    block table recompute no chunk, and give what the recomputing path gives (float64: to 1e-12)."""
+    import dattn_cli.kernels.reference_local as local
+    from dattn_cli.verify import references
+    from dattn_cli.verify.cases import for_impl
+
+    case = own_cases([1100], heads=4, head_dim=8, segment_lengths=[256, 512], dilation_rates=[1, 2])[0]
+    p = for_impl(case.problem, "BlockSparseRingMultiheadDilatedAttention", pattern="longnet").with_(causal=True)
+    compute = torch.float64 if dtype == "float64" else torch.float32
+    recomputed = []
+    real = local._accumulate
+    monkeypatch.setattr(local, "_accumulate", lambda *a: recomputed.append(1) or real(*a))
+    given = references.reference_outputs(p, 7, compute)
+    assert not recomputed
+    monkeypatch.setattr(references, "output_gradient", lambda module, upstream: None)
+    again = references.reference_outputs(p, 7, compute)
+    assert recomputed
+    tol = 1e-12 if compute == torch.float64 else 1e-5
+    for key, value in again.items():
+        assert ((given[key] - value).abs().max() / value.abs().max()).item() < tol, key
