@@ -82,6 +82,8 @@ def reference_items(p: Problem, local: bool, chunk_elements: int, compute: str =
         rows = p.batch * p.seq_len * p.heads  # lse, and rowsum(dO o O) of the backward
         if fwdbwd:
             items["rowsum(dO o O)"] = rows * e
+            if p.spec.kind == "multihead":  # the core output's gradient, given part by part (references.py)
+                items["core output gradient"] = x * e
         if e < 4:  # out, lse and the gradients are summed across chunks in float32
             items["float32 accumulators"] = (x + rows + (x + 2 * (kv or x) + rows if fwdbwd else 0)) * 4
     elif fwdbwd:
