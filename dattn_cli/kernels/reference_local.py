@@ -56,8 +56,8 @@ class _Keys:
     def __init__(self, q, k, v, key_mask, chunk):
         self.chunk, self.n = chunk, q.shape[1]
         kv_of = _kv_heads(chunk, q.shape[2], k.shape[2], q.device)
-        self.kt, self.vt = (_heads(_at(x, chunk.keys), kv_of).permute(0, 2, 3, 1).contiguous() for x in (k, v))
-        self.mask = None if key_mask is None else _at(key_mask, chunk.keys).view(q.shape[0], 1, 1, -1)
+        self.kt, self.vt = (_heads(at_rows(x, chunk.keys), kv_of).permute(0, 2, 3, 1).contiguous() for x in (k, v))
+        self.mask = None if key_mask is None else at_rows(key_mask, chunk.keys).view(q.shape[0], 1, 1, -1)
         self.positions = torch.arange(self.n, device=q.device)[chunk.keys] if chunk.rule is not None else None
         self.bias = None if chunk.bias is None else chunk.bias.to(q.dtype)
 
@@ -74,7 +74,7 @@ class _Keys:
         return scores
 
 
-def _at(x: torch.Tensor, positions: Rows) -> torch.Tensor:
+def at_rows(x: torch.Tensor, positions: Rows) -> torch.Tensor:
     """x[:, positions] (a gather by index_select, faster than advanced indexing)."""
     return x[:, positions] if isinstance(positions, slice) else x.index_select(1, positions)
 
@@ -115,7 +115,7 @@ def _put(target: torch.Tensor, rows: Rows, heads: torch.Tensor | slice | None, v
 def _scaled_rows(q: torch.Tensor, rows: Rows, heads, scale: float) -> torch.Tensor:
     """scale x q at the rows and heads, (B, heads, R, D) contiguous, a copy (never a view of q: scaled in place):
     the scale on q, not on the R x K scores."""
-    return _heads(_at(q, rows), heads).transpose(1, 2).clone(memory_format=torch.contiguous_format).mul_(scale)
+    return _heads(at_rows(q, rows), heads).transpose(1, 2).clone(memory_format=torch.contiguous_format).mul_(scale)
 
 
 class _LocalAttention(torch.autograd.Function):
@@ -191,10 +191,10 @@ def _accumulate(ctx, q, k, v, key_mask, chunk, saved, grads):
         heads = _part_heads(chunk.heads, hs)
         qs = _scaled_rows(q, rows, heads, ctx.scale)
         scores = keys.scores(qs, rows, upto, hs)
-        rows_lse = _heads(_at(lse, rows), heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
+        rows_lse = _heads(at_rows(lse, rows), heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
         probs = scores.sub_(rows_lse.masked_fill(rows_lse == NEG_INF, float("inf"))).exp_()  # dead rows: 0
-        rows_delta = _heads(_at(delta, rows), heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
-        do = _heads(_at(dout, rows), heads).transpose(1, 2).contiguous()
+        rows_delta = _heads(at_rows(delta, rows), heads).transpose(1, 2).unsqueeze(-1).to(q.dtype)
+        do = _heads(at_rows(dout, rows), heads).transpose(1, 2).contiguous()
         _part_grads(ctx.scale, keys, (rows, upto, hs), qs, probs, do, rows_delta, dq, shares)
     _add_key_shares(chunk, q, k, grads, shares)
 
@@ -215,7 +215,7 @@ def _whole_chunk(ctx, q, k, v, key_mask, chunk, state, grads):
             if heads is not None:
                 raise RuntimeError("a row-wise upstream gradient needs every head of a row in one part")
             _put(dout, rows, None, rowwise(rows, part_out.transpose(1, 2)).to(dout.dtype))
-        do = _heads(_at(dout, rows), heads).transpose(1, 2).contiguous()
+        do = _heads(at_rows(dout, rows), heads).transpose(1, 2).contiguous()
         rows_delta = (do.to(out.dtype) * part_out).sum(dim=-1, keepdim=True).to(q.dtype)
         _put(out, rows, heads, part_out.transpose(1, 2))
         _put(lse, rows, heads, part_lse.squeeze(-1).transpose(1, 2).to(lse.dtype))

@@ -179,8 +179,7 @@ def output_gradient(module: torch.nn.Module, upstream: torch.Tensor):
     def rows_gradient(rows, out: torch.Tensor) -> torch.Tensor:
         with torch.enable_grad():
             o = out.detach().flatten(2).requires_grad_()
-            at = g[:, rows] if isinstance(rows, slice) else g.index_select(1, rows)
-            return torch.autograd.grad(module.norm(o), o, at)[0].view(out.shape)
+            return torch.autograd.grad(module.norm(o), o, local.at_rows(g, rows))[0].view(out.shape)
 
     return rows_gradient
 
@@ -192,8 +191,7 @@ def reference_outputs(p: Problem, seed: int, compute_dtype: torch.dtype) -> dict
     attention, documents = attention_of(p, compute_dtype), document_options(p)
     if p.spec.kind == "multihead":
         module = copy.deepcopy(multihead_module(p, seed)).to(compute_dtype)
-        given = uses_local_reference(p) and not documents
-        module.attention = PatternReference(attention, output_gradient(module, upstream) if given else None)
+        module.attention = PatternReference(attention, output_gradient(module, upstream))  # `call` decides its use
         return multihead_outputs(module, inputs[0].to(compute_dtype), upstream, p.causal, **documents)
     xs = [x.to(compute_dtype).requires_grad_() for x in inputs]
     return core_outputs(lambda q, k, v: attention(q, k, v, p.causal, upstream=upstream, **documents), xs, upstream)
